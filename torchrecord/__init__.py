@@ -1,0 +1,20 @@
+"""torchrecord: pre-shuffled TensorProtos records in LMDB, read fast by PyTorch.
+
+Write once with :func:`write_record`, read in a DataLoader with
+:class:`RecordDataset`, or randomly with :class:`RecordFile`.
+"""
+
+from torchrecord._version import __version__
+from torchrecord.errors import TorchRecordError
+from torchrecord.record_file import RecordFile
+from torchrecord.schema import Field, Schema
+from torchrecord.writer import write_record
+
+__all__ = [
+    "Field",
+    "RecordFile",
+    "Schema",
+    "TorchRecordError",
+    "__version__",
+    "write_record",
+]

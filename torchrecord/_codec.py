@@ -1,0 +1,146 @@
+"""Encode a sample's leaves as one TensorProtos message, and decode it back.
+
+This is the general, per-record codec: every record is parsed by protobuf and
+every field checked against the schema before a single byte is trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from google.protobuf.message import DecodeError
+
+from torchrecord import _dtypes
+from torchrecord._proto import torchrecord_pb2 as pb
+from torchrecord.errors import CorruptRecordError
+from torchrecord.schema import Field, LeafSignature
+
+__all__ = ["decode_leaves", "encode_payloads", "leaf_payload", "materialize"]
+
+_RAW = pb.TensorProto.StorageType.RAW
+_STRING = pb.TensorProto.DataType.STRING
+
+Payload = np.ndarray | bytes
+
+
+def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
+    """Normalize one leaf to its signature and its bytes-to-store.
+
+    Numeric leaves become little-endian, C-contiguous arrays; strings become bytes.
+    Raises TypeError for a leaf type torchrecord cannot store.
+    """
+    if isinstance(leaf, torch.Tensor):
+        info = _dtypes.from_torch(leaf.dtype)
+        t = leaf.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        arr = t.view(torch.uint16).numpy() if info.name == "bfloat16" else t.numpy()
+        arr = np.ascontiguousarray(arr, dtype=info.numpy)
+        return LeafSignature("tensor", info.name, tuple(arr.shape)), arr
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        info = _dtypes.from_numpy(leaf.dtype)
+        arr = np.ascontiguousarray(leaf, dtype=info.numpy)
+        return LeafSignature("ndarray", info.name, tuple(arr.shape)), arr
+    if isinstance(leaf, bool):
+        return LeafSignature("bool", "bool", ()), np.array(leaf, dtype="?")
+    if isinstance(leaf, int):
+        try:
+            arr = np.array(leaf, dtype="<i8")
+        except OverflowError:
+            raise TypeError(f"int {leaf} does not fit in int64") from None
+        return LeafSignature("int", "int64", ()), arr
+    if isinstance(leaf, float):
+        return LeafSignature("float", "float64", ()), np.array(leaf, dtype="<f8")
+    if isinstance(leaf, (bytes, bytearray, memoryview)):
+        return LeafSignature("bytes", "bytes", ()), bytes(leaf)
+    if isinstance(leaf, str):
+        return LeafSignature("str", "str", ()), leaf.encode("utf-8")
+    raise TypeError(
+        f"cannot store a leaf of type {type(leaf).__name__}; use a tensor, NumPy array, "
+        "Python scalar, bytes or str (inside tuples, lists or dicts)"
+    )
+
+
+def encode_payloads(payloads: Sequence[Payload], signatures: Sequence[LeafSignature]) -> bytes:
+    """Serialize leaves (from :func:`leaf_payload`) as one TensorProtos message."""
+    msg = pb.TensorProtos()
+    for payload, sig in zip(payloads, signatures):
+        proto = msg.protos.add()
+        if isinstance(payload, bytes):
+            proto.data_type = _STRING
+            proto.string_data.append(payload)
+        else:
+            proto.dims.extend(payload.shape)
+            proto.data_type = _dtypes.by_name(sig.dtype).code  # type: ignore[assignment]
+            proto.storage_type = _RAW
+            proto.raw_data = payload.tobytes()
+    return msg.SerializeToString()
+
+
+def decode_leaves(value: bytes | memoryview, fields: Sequence[Field], where: str) -> list[Payload]:
+    """Parse and check one record; returns one array or bytes per field.
+
+    ``where`` names the record in errors (``"/data/train.tr: record 12"``).
+    Raises CorruptRecordError for anything that does not match the schema.
+    """
+    try:
+        msg = pb.TensorProtos.FromString(bytes(value) if isinstance(value, memoryview) else value)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise CorruptRecordError(f"{where}: not a valid TensorProtos message ({exc})") from None
+    protos = msg.protos
+    if len(protos) != len(fields):
+        raise CorruptRecordError(f"{where}: {len(protos)} fields stored, the schema has {len(fields)}")
+    return [_decode_one(p, f, where) for p, f in zip(protos, fields)]
+
+
+def _decode_one(proto: pb.TensorProto, fld: Field, where: str) -> Payload:
+    if not fld.is_numeric:
+        if proto.data_type != _STRING or len(proto.string_data) != 1:
+            raise CorruptRecordError(f"{where}, field {fld.name!r}: expected one string element")
+        return proto.string_data[0]
+    info = _dtypes.by_code(proto.data_type)
+    if info is None or info.name != fld.dtype:
+        got = info.name if info else f"code {proto.data_type}"
+        raise CorruptRecordError(f"{where}, field {fld.name!r}: dtype {got}, schema says {fld.dtype}")
+    dims = list(proto.dims)
+    if len(dims) != len(fld.shape) or any(
+        d < 0 or (s is not None and d != s) for d, s in zip(dims, fld.shape)
+    ):
+        raise CorruptRecordError(f"{where}, field {fld.name!r}: shape {dims}, schema says {list(fld.shape)}")
+    count = 1
+    for d in dims:
+        count *= d
+    raw = proto.raw_data
+    if count * info.itemsize != len(raw):
+        raise CorruptRecordError(
+            f"{where}, field {fld.name!r}: shape {dims} needs {count * info.itemsize} bytes, "
+            f"the record holds {len(raw)}"
+        )
+    arr = np.frombuffer(raw, dtype=info.numpy).reshape(dims)
+    if info.name == "bool" and count and arr.view(np.uint8).max() > 1:
+        raise CorruptRecordError(f"{where}, field {fld.name!r}: bool data holds values other than 0 and 1")
+    return arr
+
+
+def materialize(payload: Payload, fld: Field, where: str) -> Any:
+    """Turn a decoded payload into the kind the user wrote (tensor, array, scalar, str...)."""
+    kind = fld.kind
+    if kind == "bytes":
+        return bytes(payload)  # type: ignore[arg-type]
+    if kind == "str":
+        try:
+            return bytes(payload).decode("utf-8")  # type: ignore[arg-type]
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(f"{where}, field {fld.name!r}: not valid UTF-8 ({exc})") from None
+    assert isinstance(payload, np.ndarray)
+    if kind == "tensor":
+        arr = payload if payload.flags.writeable else payload.copy()
+        tensor = torch.from_numpy(arr)
+        return tensor.view(torch.bfloat16) if fld.dtype == "bfloat16" else tensor
+    if kind == "ndarray":
+        return payload if payload.flags.writeable else payload.copy()
+    return payload.item()

@@ -1,0 +1,122 @@
+"""Append records to a fresh LMDB file: growing map, bounded commits, no guessing.
+
+Owned by exactly one process. Keys must be appended in increasing order.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import lmdb
+
+from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_key
+from torchrecord.errors import WriteError
+
+__all__ = ["LmdbAppender"]
+
+_CRC_BYTES = 4
+
+
+class LmdbAppender:
+    """Appends (index, value) records and their CRCs; grows the map on MapFullError.
+
+    Args:
+        path: the LMDB data file to create (its lock file is ``path + "-lock"``).
+        initial_map_size: starting map size in bytes; it doubles whenever it is full.
+        commit_bytes: commit after this many value bytes, which bounds both the
+            memory held for a retry and the work lost to a crash.
+        checksums: also write the CRC-32 of every value to the ``crc32`` database.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        initial_map_size: int = 1 << 28,
+        commit_bytes: int = 64 << 20,
+        checksums: bool = True,
+    ) -> None:
+        self.path = path
+        self._commit_bytes = commit_bytes
+        self._checksums = checksums
+        self._env = lmdb.open(
+            path,
+            subdir=False,
+            map_size=max(initial_map_size, 1 << 16),
+            max_dbs=MAX_DBS,
+            sync=False,
+            metasync=False,
+            readahead=False,
+            meminit=False,
+            map_async=False,
+        )
+        self._records = self._env.open_db(RECORDS_DB)
+        self._crcs = self._env.open_db(CRC_DB)
+        self._meta = self._env.open_db(META_DB)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self.records_written = 0
+        self.bytes_written = 0
+        self.map_growths = 0
+
+    def append(self, value: bytes) -> None:
+        """Queue the next record; commits when the pending chunk is large enough."""
+        self._pending.append((encode_key(self.records_written + len(self._pending)), value))
+        self._pending_bytes += len(value)
+        if self._pending_bytes >= self._commit_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit the pending records, growing the map and retrying if it is full."""
+        if not self._pending:
+            return
+        self._commit(self._put_pending)
+        self.records_written += len(self._pending)
+        self.bytes_written += self._pending_bytes
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def finish(self, metadata: bytes) -> None:
+        """Commit what is pending and the metadata, then flush everything to disk."""
+        self.flush()
+        self._commit(lambda txn: txn.put(META_KEY, metadata, db=self._meta))
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise WriteError(f"{self.path}: flushing to disk failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._env.close()
+
+    def _put_pending(self, txn: lmdb.Transaction) -> None:
+        records, crcs, checksums = self._records, self._crcs, self._checksums
+        for key, value in self._pending:
+            txn.put(key, value, db=records, append=True)
+            if checksums:
+                crc = zlib.crc32(value).to_bytes(_CRC_BYTES, "little")
+                txn.put(key, crc, db=crcs, append=True)
+
+    def _commit(self, work: object) -> None:
+        while True:
+            txn = self._env.begin(write=True)
+            try:
+                work(txn)  # type: ignore[operator]
+                txn.commit()
+                return
+            except lmdb.MapFullError:
+                txn.abort()
+                self._grow()
+            except lmdb.Error as exc:
+                txn.abort()
+                raise WriteError(f"{self.path}: LMDB write failed: {exc}") from exc
+            except BaseException:
+                txn.abort()
+                raise
+
+    def _grow(self) -> None:
+        new_size = self._env.info()["map_size"] * 2
+        try:
+            self._env.set_mapsize(new_size)
+        except lmdb.Error as exc:
+            raise WriteError(f"{self.path}: cannot grow the LMDB map to {new_size} bytes: {exc}") from exc
+        self.map_growths += 1

@@ -1,0 +1,124 @@
+"""Read a user's dataset in write order, optionally in parallel, one sample at a time.
+
+Every sample comes out as ``(source_index, outcome)`` where outcome is either the
+normalized sample (structure tree, leaf signatures, leaf payloads) or the error the
+source raised for it, so the writer can name the index or skip it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from torchrecord._codec import Payload, leaf_payload
+from torchrecord._structure import Tree, flatten
+from torchrecord.schema import LeafSignature
+
+__all__ = ["Failed", "Normalized", "is_map_style", "iterate_source", "normalize", "read_in_order"]
+
+
+@dataclass
+class Normalized:
+    """A sample split into its structure and storable leaves."""
+
+    tree: Tree
+    signatures: list[LeafSignature]
+    payloads: list[Payload]
+
+
+@dataclass
+class Failed:
+    """The source raised (or gave an unstorable sample) at this index."""
+
+    message: str
+    detail: str
+
+
+def normalize(sample: Any) -> Normalized:
+    """Flatten a sample and normalize each leaf (TypeError for unstorable leaves)."""
+    tree, leaves = flatten(sample)
+    pairs = [leaf_payload(leaf) for leaf in leaves]
+    return Normalized(tree, [p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def _attempt(dataset: Any, index: int) -> Normalized | Failed:
+    try:
+        return normalize(dataset[index])
+    except Exception as exc:  # the user's code: any exception is reported with its index
+        return Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def is_map_style(dataset: Any) -> bool:
+    """True when the dataset has ``__len__`` and ``__getitem__`` (and is no iterator)."""
+    return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and not hasattr(dataset, "__next__")
+
+
+class _Reorder(torch.utils.data.Dataset[tuple[int, Any]]):
+    """Position p of the write order -> (source index, outcome); runs in DataLoader workers."""
+
+    def __init__(self, dataset: Any, order: np.ndarray) -> None:
+        self.dataset = dataset
+        self.order = order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, position: int) -> tuple[int, Any]:
+        index = int(self.order[position])
+        return index, _attempt(self.dataset, index)
+
+
+def _as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def read_in_order(
+    dataset: Any, order: np.ndarray, num_workers: int, mp_context: str | None = None
+) -> Iterator[tuple[int, Normalized | Failed]]:
+    """Yield ``(index, outcome)`` for ``dataset[i]`` for i in ``order``, in that order."""
+    reorder = _Reorder(dataset, order)
+    if num_workers <= 0:
+        for position in range(len(order)):
+            yield reorder[position]
+        return
+    loader = torch.utils.data.DataLoader(
+        reorder,
+        batch_size=64,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=_as_list,
+        multiprocessing_context=mp_context,
+        prefetch_factor=4,
+    )
+    for batch in loader:
+        yield from batch
+
+
+def iterate_source(source: Iterable[Any]) -> Iterator[tuple[int, Normalized | Failed]]:
+    """Yield ``(index, outcome)`` for an iterable in its own order.
+
+    An exception from the iterator is reported for that index; iteration then
+    continues if the iterator allows it (a generator that raised is finished).
+    """
+    it = iter(source)
+    index = 0
+    while True:
+        try:
+            sample = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            index += 1
+            continue
+        try:
+            yield index, normalize(sample)
+        except Exception as exc:
+            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        index += 1
+

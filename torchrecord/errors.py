@@ -1,0 +1,87 @@
+"""The exceptions torchrecord raises.
+
+Every error the library raises on purpose derives from :class:`TorchRecordError`
+and, where one fits, from the matching builtin too, so ``except FileNotFoundError``
+or ``except ValueError`` keeps working::
+
+    TorchRecordError
+    ├── RecordNotFoundError      (also FileNotFoundError)  no record set at the path
+    ├── RecordExistsError        (also FileExistsError)    target exists, overwrite=False
+    ├── FormatError              (also ValueError)         the file is not what it should be
+    │   ├── NotARecordSetError                             not LMDB, or no torchrecord metadata
+    │   ├── IncompleteRecordSetError                       written but never finished
+    │   ├── VersionError                                   written by a newer format version
+    │   └── CorruptRecordError                             a record fails to decode
+    │       └── ChecksumError                              a record's CRC does not match
+    ├── SchemaError              (also ValueError)         a sample differs from the first one
+    ├── SourceError                                        the user's dataset raised at sample i
+    └── WriteError               (also OSError)            the write failed (disk full, ...)
+
+Messages name the file, the record (or sample) index and the field where they
+are known, and say what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChecksumError",
+    "CorruptRecordError",
+    "FormatError",
+    "IncompleteRecordSetError",
+    "NotARecordSetError",
+    "RecordExistsError",
+    "RecordNotFoundError",
+    "SchemaError",
+    "SourceError",
+    "TorchRecordError",
+    "VersionError",
+    "WriteError",
+]
+
+
+class TorchRecordError(Exception):
+    """Base class of every error torchrecord raises on purpose."""
+
+
+class RecordNotFoundError(TorchRecordError, FileNotFoundError):
+    """No record set exists at the given path."""
+
+
+class RecordExistsError(TorchRecordError, FileExistsError):
+    """The target path exists and ``overwrite=True`` was not given."""
+
+
+class FormatError(TorchRecordError, ValueError):
+    """The file at the path is not a valid record set, or a record is malformed."""
+
+
+class NotARecordSetError(FormatError):
+    """The file is not an LMDB environment, or has no torchrecord metadata."""
+
+
+class IncompleteRecordSetError(FormatError):
+    """The record set was never finished (no completeness marker)."""
+
+
+class VersionError(FormatError):
+    """The record set was written by a newer, unsupported format version."""
+
+
+class CorruptRecordError(FormatError):
+    """A record does not decode to what its schema says."""
+
+
+class ChecksumError(CorruptRecordError):
+    """A record's stored checksum does not match its bytes."""
+
+
+class SchemaError(TorchRecordError, ValueError):
+    """A sample's structure, dtype or rank differs from the first sample's."""
+
+
+class SourceError(TorchRecordError):
+    """The user's dataset raised while producing a sample; the cause is chained."""
+
+
+class WriteError(TorchRecordError, OSError):
+    """Writing the record set failed (for example the disk is full)."""

@@ -1,0 +1,162 @@
+"""RecordFile: random access to a record set, opened lazily in the process that reads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import lmdb
+
+from torchrecord import _format
+from torchrecord._codec import decode_leaves, materialize
+from torchrecord._structure import unflatten
+from torchrecord.errors import CorruptRecordError, NotARecordSetError
+from torchrecord.schema import Schema
+
+__all__ = ["RecordFile"]
+
+
+class RecordFile:
+    """Map-style, read-only access to the records of a record set.
+
+    ``rf[i]`` is the i-th stored sample (negative indices count from the end),
+    with the structure, kinds, dtypes and shapes it was written with. Iteration
+    walks the records in stored order with one cursor.
+
+    The LMDB environment is opened on first use, read-only and without a lock
+    file, and re-opened after a fork; a RecordFile pickles as its path alone, so it
+    can be handed to DataLoader workers under fork, spawn or forkserver.
+
+    Args:
+        path: a record set written by :func:`torchrecord.write_record`.
+
+    Example:
+        >>> rf = RecordFile("train.tr")                      # doctest: +SKIP
+        >>> len(rf), rf.schema, rf[0]                        # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._env: lmdb.Environment | None = None
+        self._pid = -1
+        self._meta: dict[str, Any] | None = None
+        self._schema: Schema | None = None
+        self._records_db: Any = None
+        self._crc_db: Any = None
+
+    # -- lazy opening -------------------------------------------------------
+    def _open(self) -> lmdb.Environment:
+        if self._env is not None and self._pid == os.getpid():
+            return self._env
+        env = _format.open_readonly(self.path)
+        try:
+            meta = _format.read_metadata(env, self.path)
+            self._records_db = env.open_db(_format.RECORDS_DB, create=False)
+            self._crc_db = env.open_db(_format.CRC_DB, create=False) if meta.get("checksum") else None
+        except lmdb.Error as exc:
+            env.close()
+            raise NotARecordSetError(f"{self.path}: missing database ({exc})") from None
+        except BaseException:
+            env.close()
+            raise
+        self._env, self._pid, self._meta = env, os.getpid(), meta
+        schema = meta.get("schema")
+        self._schema = Schema.from_dict(schema) if schema is not None else Schema({"t": "leaf"}, [])
+        return env
+
+    def close(self) -> None:
+        """Close the environment in this process (it re-opens on next use)."""
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def __enter__(self) -> RecordFile:
+        self._open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- description --------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The metadata map (format version, count, schema, seed, user metadata...)."""
+        self._open()
+        assert self._meta is not None
+        return self._meta
+
+    @property
+    def schema(self) -> Schema:
+        """The field schema: names, kinds, dtypes and shapes."""
+        self._open()
+        assert self._schema is not None
+        return self._schema
+
+    @property
+    def user_metadata(self) -> dict[str, Any]:
+        """The ``metadata=`` dict given to write_record."""
+        return dict(self.metadata.get("user") or {})
+
+    def __len__(self) -> int:
+        return int(self.metadata["count"])
+
+    def __repr__(self) -> str:
+        return f"RecordFile({self.path!r})"
+
+    # -- access ---------------------------------------------------------------
+    def environment(self) -> tuple[lmdb.Environment, Any]:
+        """The open environment of this process and its records database (for readers)."""
+        env = self._open()
+        return env, self._records_db
+
+    def decode(self, value: bytes | memoryview, index: int) -> Any:
+        """Decode one stored value into the sample it was written from."""
+        fields = self.schema.fields
+        where = f"{self.path}: record {index}"
+        payloads = decode_leaves(value, fields, where)
+        leaves = [materialize(p, f, where) for p, f in zip(payloads, fields)]
+        return unflatten(self.schema.tree, leaves)
+
+    def raw(self, index: int) -> bytes:
+        """The stored bytes of record ``index`` (a serialized TensorProtos)."""
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"record index {index} out of range for {self.path} with {n} records")
+        env, db = self.environment()
+        with env.begin(db=db) as txn:
+            value = txn.get(_format.encode_key(index))
+        if value is None:
+            raise CorruptRecordError(f"{self.path}: record {index} is missing")
+        return bytes(value)
+
+    def __getitem__(self, index: int) -> Any:
+        if not isinstance(index, int):
+            index = int(index)  # numpy / torch integers
+        n = len(self)
+        position = index + n if index < 0 else index
+        return self.decode(self.raw(index), position)
+
+    def __iter__(self) -> Iterator[Any]:
+        env, db = self.environment()
+        n = len(self)
+        with env.begin(db=db) as txn:
+            cursor = txn.cursor()
+            expected = 0
+            for key, value in cursor:
+                if expected >= n:
+                    break
+                if _format.decode_key(key) != expected:
+                    raise CorruptRecordError(f"{self.path}: record {expected} is missing")
+                yield self.decode(value, expected)
+                expected += 1
+        if expected != n:
+            raise CorruptRecordError(f"{self.path}: holds {expected} records, the metadata says {n}")
