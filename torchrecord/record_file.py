@@ -8,7 +8,7 @@ from typing import Any
 
 import lmdb
 
-from torchrecord import _format
+from torchrecord import _envcache, _format
 from torchrecord._codec import decode_leaves, materialize
 from torchrecord._structure import unflatten
 from torchrecord.errors import CorruptRecordError, NotARecordSetError
@@ -38,8 +38,7 @@ class RecordFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._env: lmdb.Environment | None = None
-        self._pid = -1
+        self._handle: _envcache.Handle | None = None
         self._meta: dict[str, Any] | None = None
         self._schema: Schema | None = None
         self._records_db: Any = None
@@ -47,29 +46,25 @@ class RecordFile:
 
     # -- lazy opening -------------------------------------------------------
     def _open(self) -> lmdb.Environment:
-        if self._env is not None and self._pid == os.getpid():
-            return self._env
-        env = _format.open_readonly(self.path)
+        handle = self._handle
+        if handle is not None and handle.usable():
+            return handle.env
+        handle = _envcache.acquire(self.path)
+        env = handle.env
         try:
             meta = _format.read_metadata(env, self.path)
             self._records_db = env.open_db(_format.RECORDS_DB, create=False)
             self._crc_db = env.open_db(_format.CRC_DB, create=False) if meta.get("checksum") else None
         except lmdb.Error as exc:
-            env.close()
             raise NotARecordSetError(f"{self.path}: missing database ({exc})") from None
-        except BaseException:
-            env.close()
-            raise
-        self._env, self._pid, self._meta = env, os.getpid(), meta
+        self._handle, self._meta = handle, meta
         schema = meta.get("schema")
         self._schema = Schema.from_dict(schema) if schema is not None else Schema({"t": "leaf"}, [])
         return env
 
     def close(self) -> None:
-        """Close the environment in this process (it re-opens on next use)."""
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env = None
+        """Forget the environment (it re-opens on next use; the process shares one per file)."""
+        self._handle = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}

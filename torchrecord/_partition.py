@@ -1,0 +1,119 @@
+"""Which records a reader visits in an epoch, in what coarse order: pure functions.
+
+An epoch's visiting order is built in three steps, each a pure function of
+(count, seed, epoch, world size, rank, number of workers, worker):
+
+1. the index range is cut into fixed-size blocks, and the blocks are put in a
+   seeded order (new every epoch): the coarse, global shuffle;
+2. that virtual sequence (padded by wrapping around, or cut, so it divides
+   evenly) is split into equal contiguous spans, one per rank;
+3. a rank's span is split among its DataLoader workers (on batch boundaries
+   when the reader yields batches, so only one worker yields a short batch).
+
+A reader then walks its runs of consecutive records with one LMDB cursor and
+mixes them further in a shuffle buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "auto_block_size",
+    "block_order",
+    "rank_span",
+    "reader_runs",
+    "reader_seed",
+    "samples_per_rank",
+    "worker_span",
+]
+
+Run = tuple[int, int]
+
+
+def auto_block_size(count: int) -> int:
+    """A block size giving about 256 blocks, kept within [16, 4096] records."""
+    return int(min(4096, max(16, count // 256)))
+
+
+def block_order(count: int, block_size: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The start index of every block, in the order this epoch visits them."""
+    starts = np.arange(0, count, block_size, dtype=np.int64)
+    if shuffle:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x626C6F63]))
+        starts = starts[rng.permutation(len(starts))]
+    return starts
+
+
+def samples_per_rank(count: int, world_size: int, drop_last: bool) -> int:
+    """How many samples each rank yields per epoch (equal on every rank)."""
+    if drop_last:
+        return count // world_size
+    return -(-count // world_size)
+
+
+def rank_span(count: int, rank: int, world_size: int, drop_last: bool) -> Run:
+    """The span [lo, hi) of virtual positions that ``rank`` reads (hi may pass count: padding)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    per_rank = samples_per_rank(count, world_size, drop_last)
+    return rank * per_rank, (rank + 1) * per_rank
+
+
+def worker_span(span: Run, worker: int, num_workers: int, batch_size: int | None = None) -> Run:
+    """The part of a rank's span that one worker reads.
+
+    With ``batch_size``, the cut falls on batch boundaries, so every worker but
+    the last yields whole batches and the batch count does not depend on workers.
+    """
+    lo, hi = span
+    unit = batch_size or 1
+    units = -(-(hi - lo) // unit)
+    first = worker * units // num_workers
+    last = (worker + 1) * units // num_workers
+    return min(lo + first * unit, hi), min(lo + last * unit, hi)
+
+
+def reader_runs(
+    count: int,
+    *,
+    block_size: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    drop_last: bool = False,
+    batch_size: int | None = None,
+) -> list[Run]:
+    """The runs [start, stop) of record indices one reader visits, in order."""
+    if count <= 0:
+        return []
+    span = worker_span(rank_span(count, rank, world_size, drop_last), worker, num_workers, batch_size)
+    starts = block_order(count, block_size, seed, epoch, shuffle)
+    lengths = np.minimum(starts + block_size, count) - starts
+    ends = np.cumsum(lengths)  # virtual position where each visited block ends
+    runs: list[Run] = []
+    lo, hi = span
+    while lo < hi:
+        # positions past count wrap around to the start of the sequence (padding)
+        base = (lo // count) * count
+        a, b = lo - base, min(hi - base, count)
+        first = int(np.searchsorted(ends, a, side="right"))
+        for i in range(first, len(starts)):
+            block_lo = int(ends[i] - lengths[i])
+            if block_lo >= b:
+                break
+            start = int(starts[i]) + max(a - block_lo, 0)
+            stop = int(starts[i]) + min(b - block_lo, int(lengths[i]))
+            runs.append((start, stop))
+        lo = base + b
+    return runs
+
+
+def reader_seed(seed: int, epoch: int, rank: int, worker: int) -> int:
+    """The seed of one reader's shuffle buffer for one epoch."""
+    state = np.random.SeedSequence([seed, epoch, rank, worker, 0x62756666]).generate_state(2)
+    return int(state[0]) << 32 | int(state[1])

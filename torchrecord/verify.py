@@ -1,0 +1,109 @@
+"""verify: walk a whole record set, checking every checksum and every decode."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+
+import lmdb
+
+from torchrecord import _format
+from torchrecord._codec import decode_leaves
+from torchrecord.errors import CorruptRecordError, TorchRecordError
+from torchrecord.record_file import RecordFile
+
+__all__ = ["VerifyReport", "check_crc", "verify"]
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found.
+
+    Attributes:
+        path: the record set.
+        records: records checked.
+        bad: how many failed (checksum, decode or a missing key).
+        first_bad: index of the first bad record, or None.
+        first_error: the message for the first bad record, or None.
+        errors: up to ``max_errors`` (index, message) pairs.
+    """
+
+    path: str
+    records: int = 0
+    bad: int = 0
+    first_bad: int | None = None
+    first_error: str | None = None
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.bad == 0
+
+    def _fail(self, index: int, message: str, max_errors: int) -> None:
+        self.bad += 1
+        if self.first_bad is None:
+            self.first_bad, self.first_error = index, message
+        if len(self.errors) < max_errors:
+            self.errors.append((index, message))
+
+
+def check_crc(value: bytes, stored: bytes | None, where: str) -> None:
+    """Raise ChecksumError unless ``stored`` is the CRC-32 of ``value``."""
+    if stored is None:
+        raise CorruptRecordError(f"{where}: no checksum stored")
+    actual = zlib.crc32(value)
+    expected = int.from_bytes(stored, "little")
+    if len(stored) != 4 or actual != expected:
+        from torchrecord.errors import ChecksumError
+
+        raise ChecksumError(f"{where}: CRC-32 is {actual:08x}, the stored checksum is {expected:08x}")
+
+
+def verify(
+    path: str | os.PathLike[str], *, progress: bool | None = None, max_errors: int = 20
+) -> VerifyReport:
+    """Check every record of a record set: present, checksum matches, decodes per the schema.
+
+    Opening problems (missing file, not a record set, newer version) raise; per-record
+    problems are counted in the report, which names the first bad index.
+    """
+    rf = RecordFile(path)
+    env, records_db = rf.environment()
+    schema_fields = rf.schema.fields
+    count = rf.metadata["records"] if "records" in rf.metadata else len(rf)
+    crc_db = env.open_db(_format.CRC_DB, create=False) if rf.metadata.get("checksum") else None
+    report = VerifyReport(rf.path)
+    bar = _bar(count, progress)
+    try:
+        with env.begin(buffers=False) as txn:
+            cursor = txn.cursor(db=records_db)
+            crcs = txn.cursor(db=crc_db) if crc_db is not None else None
+            for index in range(count):
+                where = f"{rf.path}: record {index}"
+                key = _format.encode_key(index)
+                value = cursor.get(key)
+                try:
+                    if value is None:
+                        raise CorruptRecordError(f"{where}: missing")
+                    if crcs is not None:
+                        check_crc(value, crcs.get(key), where)
+                    decode_leaves(value, schema_fields, where)
+                except TorchRecordError as exc:
+                    report._fail(index, str(exc), max_errors)
+                report.records += 1
+                bar.update(1)
+            extra = txn.stat(records_db)["entries"] - count
+            if extra > 0:
+                report._fail(count, f"{rf.path}: {extra} records beyond the count in the metadata", max_errors)
+    except lmdb.Error as exc:
+        report._fail(report.records, f"{rf.path}: LMDB error at record {report.records}: {exc}", max_errors)
+    finally:
+        bar.close()
+    return report
+
+
+def _bar(total: int, progress: bool | None):  # type: ignore[no-untyped-def]
+    from torchrecord.writer import _progress_bar
+
+    return _progress_bar(total, progress, "verifying")
