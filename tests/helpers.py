@@ -1,0 +1,16 @@
+"""Test helpers shared by every reader test."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+
+def assert_exactly_once(seen: Iterable[int], count: int, *, pad: int = 0, drop: int = 0) -> None:
+    """Every index in [0, count) appears once, except `pad` repeats or `drop` absentees."""
+    counts = Counter(int(i) for i in seen)
+    assert all(0 <= i < count for i in counts), "index out of range"
+    repeats = sum(c - 1 for c in counts.values())
+    missing = count - len(counts)
+    assert repeats == pad, f"{repeats} repeated samples, expected {pad}"
+    assert missing == drop, f"{missing} missing samples, expected {drop}"
