@@ -39,11 +39,11 @@ def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
             t = t.cpu()
         t = t.contiguous()
         arr = t.view(torch.uint16).numpy() if info.name == "bfloat16" else t.numpy()
-        arr = np.ascontiguousarray(arr, dtype=info.numpy)
+        arr = np.asarray(arr, dtype=info.numpy, order="C")  # keeps 0-d (ascontiguousarray makes it 1-d)
         return LeafSignature("tensor", info.name, tuple(arr.shape)), arr
     if isinstance(leaf, (np.ndarray, np.generic)):
         info = _dtypes.from_numpy(leaf.dtype)
-        arr = np.ascontiguousarray(leaf, dtype=info.numpy)
+        arr = np.asarray(leaf, dtype=info.numpy, order="C")
         return LeafSignature("ndarray", info.name, tuple(arr.shape)), arr
     if isinstance(leaf, bool):
         return LeafSignature("bool", "bool", ()), np.array(leaf, dtype="?")
