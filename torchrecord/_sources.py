@@ -54,7 +54,13 @@ def _attempt(dataset: Any, index: int) -> Normalized | Failed:
 
 
 def is_map_style(dataset: Any) -> bool:
-    """True when the dataset has ``__len__`` and ``__getitem__`` (and is no iterator)."""
+    """True when the dataset has ``__len__`` and ``__getitem__`` (and is no iterator).
+
+    A torch ``IterableDataset`` is never map-style, even with ``__len__``: it inherits
+    a ``__getitem__`` that only raises.
+    """
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return False
     return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and not hasattr(dataset, "__next__")
 
 
