@@ -5,6 +5,8 @@ Owned by exactly one process. Keys must be appended in increasing order.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import zlib
 
 import lmdb
@@ -12,7 +14,7 @@ import lmdb
 from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_key
 from torchrecord.errors import WriteError
 
-__all__ = ["LmdbAppender"]
+__all__ = ["LmdbAppender", "space_hint"]
 
 _CRC_BYTES = 4
 
@@ -26,6 +28,8 @@ class LmdbAppender:
         commit_bytes: commit after this many value bytes, which bounds both the
             memory held for a retry and the work lost to a crash.
         checksums: also write the CRC-32 of every value to the ``crc32`` database.
+        name: the path to name in error messages (the target a temporary file
+            will be renamed to); default ``path``.
     """
 
     def __init__(
@@ -35,24 +39,40 @@ class LmdbAppender:
         initial_map_size: int = 1 << 28,
         commit_bytes: int = 64 << 20,
         checksums: bool = True,
+        name: str | None = None,
     ) -> None:
         self.path = path
+        self.name = name or path
         self._commit_bytes = commit_bytes
         self._checksums = checksums
-        self._env = lmdb.open(
-            path,
-            subdir=False,
-            map_size=max(initial_map_size, 1 << 16),
-            max_dbs=MAX_DBS,
-            sync=False,
-            metasync=False,
-            readahead=False,
-            meminit=False,
-            map_async=False,
-        )
-        self._records = self._env.open_db(RECORDS_DB)
-        self._crcs = self._env.open_db(CRC_DB)
-        self._meta = self._env.open_db(META_DB)
+        # lock=False: the file is private to this process until it is renamed into
+        # place, so LMDB's lock file is not needed; and on a full tmpfs, touching
+        # that mmap'ed lock file kills the process with SIGBUS instead of ENOSPC.
+        env = None
+        existed = os.path.lexists(path)
+        try:
+            env = lmdb.open(
+                path,
+                subdir=False,
+                map_size=max(initial_map_size, 1 << 16),
+                max_dbs=MAX_DBS,
+                lock=False,
+                sync=False,
+                metasync=False,
+                readahead=False,
+                meminit=False,
+                map_async=False,
+            )
+            self._records = env.open_db(RECORDS_DB)
+            self._crcs = env.open_db(CRC_DB)
+            self._meta = env.open_db(META_DB)
+        except lmdb.Error as exc:
+            if env is not None:
+                env.close()
+            if not existed:  # do not leave a half-initialized file behind
+                _remove(path)
+            raise WriteError(f"{self.name}: cannot create the LMDB file: {exc}{space_hint(path)}") from exc
+        self._env = env
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self.records_written = 0
@@ -83,7 +103,7 @@ class LmdbAppender:
         try:
             self._env.sync(True)
         except lmdb.Error as exc:
-            raise WriteError(f"{self.path}: flushing to disk failed: {exc}") from exc
+            raise WriteError(f"{self.name}: flushing to disk failed: {exc}{space_hint(self.path)}") from exc
 
     def close(self) -> None:
         self._env.close()
@@ -108,7 +128,7 @@ class LmdbAppender:
                 self._grow()
             except lmdb.Error as exc:
                 txn.abort()
-                raise WriteError(f"{self.path}: LMDB write failed: {exc}") from exc
+                raise WriteError(f"{self.name}: LMDB write failed: {exc}{space_hint(self.path)}") from exc
             except BaseException:
                 txn.abort()
                 raise
@@ -118,5 +138,27 @@ class LmdbAppender:
         try:
             self._env.set_mapsize(new_size)
         except lmdb.Error as exc:
-            raise WriteError(f"{self.path}: cannot grow the LMDB map to {new_size} bytes: {exc}") from exc
+            raise WriteError(f"{self.name}: cannot grow the LMDB map to {new_size} bytes: {exc}") from exc
         self.map_growths += 1
+
+
+def space_hint(path: str) -> str:
+    """A note on the free space where ``path`` lives, for write errors.
+
+    LMDB reports a short write (disk full, file size limit) as a bare EIO, so
+    the free space is what tells the user the likely cause.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free < 1 << 20:
+        return f" (the disk of {directory} is full: {free} bytes free; free some space or write elsewhere)"
+    return f" ({free} bytes free in {directory}; check the disk space and the file size limit, ulimit -f)"
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)

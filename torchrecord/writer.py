@@ -6,6 +6,7 @@ hidden temporary file beside it, which is renamed over the path at the end.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
@@ -127,7 +128,11 @@ class _WriteJob:
         self._map_size = initial_map_size
         self._commit_bytes = commit_bytes
         self.appender = LmdbAppender(
-            temp, initial_map_size=initial_map_size, commit_bytes=commit_bytes, checksums=checksums
+            temp,
+            initial_map_size=initial_map_size,
+            commit_bytes=commit_bytes,
+            checksums=checksums,
+            name=target,
         )
 
     def run(
@@ -174,7 +179,11 @@ class _WriteJob:
     def _spool_then_shuffle(self, dataset: Any, seed: int, progress: bool | None) -> None:
         """Unknown length: spool encoded samples to disk, then copy them out in shuffled order."""
         spool = LmdbAppender(
-            self.spool, initial_map_size=self._map_size, commit_bytes=self._commit_bytes, checksums=False
+            self.spool,
+            initial_map_size=self._map_size,
+            commit_bytes=self._commit_bytes,
+            checksums=False,
+            name=self.target,
         )
         bar = _progress_bar(None, progress, "spooling")
         try:
@@ -224,10 +233,8 @@ class _WriteJob:
         }
 
     def abort(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.appender.close()
-        except Exception:
-            pass
         for p in (self.temp, self.temp + "-lock", self.spool, self.spool + "-lock"):
             _remove(p)
 
@@ -284,10 +291,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _fsync_dir(directory: str) -> None:
