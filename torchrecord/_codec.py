@@ -65,14 +65,22 @@ def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
     )
 
 
-def encode_payloads(payloads: Sequence[Payload], signatures: Sequence[LeafSignature]) -> bytes:
-    """Serialize leaves (from :func:`leaf_payload`) as one TensorProtos message."""
+def encode_payloads(payloads: Sequence[Payload | list[bytes]], signatures: Sequence[LeafSignature]) -> bytes:
+    """Serialize leaves (from :func:`leaf_payload`) as one TensorProtos message.
+
+    A chunk of several samples passes each numeric field stacked along a new
+    first axis, and each string field as a list of bytes (stored with dims [k]).
+    """
     msg = pb.TensorProtos()
     for payload, sig in zip(payloads, signatures):
         proto = msg.protos.add()
         if isinstance(payload, bytes):
             proto.data_type = _STRING
             proto.string_data.append(payload)
+        elif isinstance(payload, list):
+            proto.dims.append(len(payload))
+            proto.data_type = _STRING
+            proto.string_data.extend(payload)
         else:
             proto.dims.extend(payload.shape)
             proto.data_type = _dtypes.by_name(sig.dtype).code  # type: ignore[assignment]
@@ -81,9 +89,13 @@ def encode_payloads(payloads: Sequence[Payload], signatures: Sequence[LeafSignat
     return msg.SerializeToString()
 
 
-def decode_leaves(value: bytes | memoryview, fields: Sequence[Field], where: str) -> list[Payload]:
-    """Parse and check one record; returns one array or bytes per field.
+def decode_leaves(
+    value: bytes | memoryview, fields: Sequence[Field], where: str, rows: int | None = None
+) -> list[Any]:
+    """Parse and check one record; returns one array (or bytes) per field.
 
+    With ``rows`` the record is a chunk of that many samples: numeric fields come
+    back with a leading axis of ``rows``, string fields as a list of ``rows`` bytes.
     ``where`` names the record in errors (``"/data/train.tr: record 12"``).
     Raises CorruptRecordError for anything that does not match the schema.
     """
@@ -94,23 +106,25 @@ def decode_leaves(value: bytes | memoryview, fields: Sequence[Field], where: str
     protos = msg.protos
     if len(protos) != len(fields):
         raise CorruptRecordError(f"{where}: {len(protos)} fields stored, the schema has {len(fields)}")
-    return [_decode_one(p, f, where) for p, f in zip(protos, fields)]
+    return [_decode_one(p, f, where, rows) for p, f in zip(protos, fields)]
 
 
-def _decode_one(proto: pb.TensorProto, fld: Field, where: str) -> Payload:
+def _decode_one(proto: pb.TensorProto, fld: Field, where: str, rows: int | None) -> Any:
+    lead: tuple[int | None, ...] = () if rows is None else (rows,)
     if not fld.is_numeric:
-        if proto.data_type != _STRING or len(proto.string_data) != 1:
-            raise CorruptRecordError(f"{where}, field {fld.name!r}: expected one string element")
-        return proto.string_data[0]
+        expected = 1 if rows is None else rows
+        dims_ok = list(proto.dims) == ([] if rows is None else [rows])
+        if proto.data_type != _STRING or len(proto.string_data) != expected or not dims_ok:
+            raise CorruptRecordError(f"{where}, field {fld.name!r}: expected {expected} string element(s)")
+        return proto.string_data[0] if rows is None else list(proto.string_data)
     info = _dtypes.by_code(proto.data_type)
     if info is None or info.name != fld.dtype:
         got = info.name if info else f"code {proto.data_type}"
         raise CorruptRecordError(f"{where}, field {fld.name!r}: dtype {got}, schema says {fld.dtype}")
     dims = list(proto.dims)
-    if len(dims) != len(fld.shape) or any(
-        d < 0 or (s is not None and d != s) for d, s in zip(dims, fld.shape)
-    ):
-        raise CorruptRecordError(f"{where}, field {fld.name!r}: shape {dims}, schema says {list(fld.shape)}")
+    shape = lead + tuple(fld.shape)
+    if len(dims) != len(shape) or any(d < 0 or (s is not None and d != s) for d, s in zip(dims, shape)):
+        raise CorruptRecordError(f"{where}, field {fld.name!r}: shape {dims}, schema says {list(shape)}")
     count = 1
     for d in dims:
         count *= d
@@ -130,12 +144,14 @@ def materialize(payload: Payload, fld: Field, where: str) -> Any:
     """Turn a decoded payload into the kind the user wrote (tensor, array, scalar, str...)."""
     kind = fld.kind
     if kind == "bytes":
-        return bytes(payload)  # type: ignore[arg-type]
+        return bytes(payload)
     if kind == "str":
         try:
-            return bytes(payload).decode("utf-8")  # type: ignore[arg-type]
+            return bytes(payload).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise CorruptRecordError(f"{where}, field {fld.name!r}: not valid UTF-8 ({exc})") from None
+    if isinstance(payload, np.generic):  # one row of a chunk's scalar column
+        payload = np.array(payload)
     assert isinstance(payload, np.ndarray)
     if kind == "tensor":
         arr = payload if payload.flags.writeable else payload.copy()

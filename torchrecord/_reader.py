@@ -1,45 +1,49 @@
-"""Walk runs of consecutive records with one LMDB cursor, and mix them in a buffer."""
+"""The general read path: walk runs of records with one cursor, mix them in a buffer."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice
 from typing import Any, TypeVar
 
 import lmdb
 
-from torchrecord._format import decode_key, encode_key
-from torchrecord.errors import CorruptRecordError
+from torchrecord._fastread import check_crcs, read_records
 
-__all__ = ["iter_runs", "shuffle_buffer"]
+__all__ = ["iter_records", "shuffle_buffer"]
 
 T = TypeVar("T")
 
+_PIECE = 256  # records fetched per cursor step: bounds memory, amortizes the calls
 
-def iter_runs(
-    env: lmdb.Environment, db: Any, runs: Sequence[tuple[int, int]], path: str
+
+def iter_records(
+    env: lmdb.Environment,
+    db: Any,
+    runs: Sequence[tuple[int, int]],
+    path: str,
+    *,
+    samples_per_record: int = 1,
+    crc_db: Any = None,
 ) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(index, value)`` for every record of every run, in run order.
+    """Yield ``(record index, value)`` for the records covering each run of sample indices.
 
-    One read transaction and one cursor serve the whole walk: each run is one
-    ``set_range`` seek followed by sequential ``next`` steps. The first and last
-    keys of each run are checked, which (keys being dense) proves none is missing.
+    One read transaction and one cursor serve the whole walk: a ``set_range``
+    seek per piece, then sequential steps. With ``crc_db`` every value's CRC-32
+    is checked against the stored one.
     """
+    k = samples_per_record
     with env.begin(db=db, buffers=False) as txn:
-        cursor = txn.cursor()
+        cursor = txn.cursor(db=db)
+        crc_cursor = txn.cursor(db=crc_db) if crc_db is not None else None
         for start, stop in runs:
-            if not cursor.set_range(encode_key(start)) or decode_key(cursor.key()) != start:
-                raise CorruptRecordError(f"{path}: record {start} is missing")
-            index = start
-            for value in islice(cursor.iternext(keys=False, values=True), stop - start):
-                yield index, value
-                index += 1
-            # the cursor rests on the last record yielded; keys are dense, so checking
-            # the first and the last key of a run proves none in between is missing
-            last = cursor.key()
-            if index != stop or not last or decode_key(last) != stop - 1:
-                raise CorruptRecordError(f"{path}: records {start} to {stop - 1} are not all present")
+            first, last = start // k, (stop - 1) // k + 1
+            for piece_start in range(first, last, _PIECE):
+                piece_stop = min(last, piece_start + _PIECE)
+                values = read_records(cursor, piece_start, piece_stop, path)
+                if crc_cursor is not None:
+                    check_crcs(values, read_records(crc_cursor, piece_start, piece_stop, path), piece_start, path)
+                yield from zip(range(piece_start, piece_stop), values)
 
 
 def shuffle_buffer(items: Iterable[T], size: int, seed: int) -> Iterator[T]:

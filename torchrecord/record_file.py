@@ -111,26 +111,56 @@ class RecordFile:
         env = self._open()
         return env, self._records_db
 
+    @property
+    def samples_per_record(self) -> int:
+        """Samples stored in each LMDB value (1 unless written with ``samples_per_record``)."""
+        return int(self.metadata.get("samples_per_record", 1))
+
+    @property
+    def num_records(self) -> int:
+        """LMDB values in the set (``len(self)`` divided by ``samples_per_record``, rounded up)."""
+        return int(self.metadata.get("records", len(self)))
+
+    @property
+    def crc_db(self) -> Any:
+        """The checksum database handle, or None for a set written without checksums."""
+        self._open()
+        return self._crc_db
+
     def decode(self, value: bytes | memoryview, index: int) -> Any:
-        """Decode one stored value into the sample it was written from."""
+        """Decode one stored value of a set with one sample per record."""
         fields = self.schema.fields
         where = f"{self.path}: record {index}"
         payloads = decode_leaves(value, fields, where)
         leaves = [materialize(p, f, where) for p, f in zip(payloads, fields)]
         return unflatten(self.schema.tree, leaves)
 
-    def raw(self, index: int) -> bytes:
-        """The stored bytes of record ``index`` (a serialized TensorProtos)."""
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"record index {index} out of range for {self.path} with {n} records")
+    def decode_record(self, value: bytes | memoryview, record: int) -> list[Any]:
+        """Decode one stored value into the list of samples it holds."""
+        k = self.samples_per_record
+        if k == 1:
+            return [self.decode(value, record)]
+        fields = self.schema.fields
+        rows = min(k, len(self) - record * k)
+        where = f"{self.path}: record {record}"
+        columns = decode_leaves(value, fields, where, rows)
+        return [
+            unflatten(self.schema.tree, [materialize(col[j], f, where) for col, f in zip(columns, fields)])
+            for j in range(rows)
+        ]
+
+    def raw(self, record: int) -> bytes:
+        """The stored bytes of record ``record`` (a serialized TensorProtos)."""
+        n = self.num_records
+        if record < 0:
+            record += n
+        if not 0 <= record < n:
+            raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
         env, db = self.environment()
         with env.begin(db=db) as txn:
-            value = txn.get(_format.encode_key(index))
+            value = txn.get(_format.encode_key(record))
         if value is None:
-            raise CorruptRecordError(f"{self.path}: record {index} is missing")
+            raise CorruptRecordError(f"{self.path}: record {record} is missing")
         return bytes(value)
 
     def __getitem__(self, index: int) -> Any:
@@ -138,11 +168,17 @@ class RecordFile:
             index = int(index)  # numpy / torch integers
         n = len(self)
         position = index + n if index < 0 else index
-        return self.decode(self.raw(index), position)
+        if not 0 <= position < n:
+            raise IndexError(f"sample index {index} out of range for {self.path} with {n} samples")
+        k = self.samples_per_record
+        if k == 1:
+            return self.decode(self.raw(position), position)
+        record = position // k
+        return self.decode_record(self.raw(record), record)[position % k]
 
     def __iter__(self) -> Iterator[Any]:
         env, db = self.environment()
-        n = len(self)
+        n = self.num_records
         with env.begin(db=db) as txn:
             cursor = txn.cursor()
             expected = 0
@@ -151,7 +187,7 @@ class RecordFile:
                     break
                 if _format.decode_key(key) != expected:
                     raise CorruptRecordError(f"{self.path}: record {expected} is missing")
-                yield self.decode(value, expected)
+                yield from self.decode_record(value, expected)
                 expected += 1
         if expected != n:
             raise CorruptRecordError(f"{self.path}: holds {expected} records, the metadata says {n}")

@@ -73,6 +73,7 @@ def verify(
     schema_fields = rf.schema.fields
     count = rf.metadata["records"] if "records" in rf.metadata else len(rf)
     crc_db = env.open_db(_format.CRC_DB, create=False) if rf.metadata.get("checksum") else None
+    chunk = rf.samples_per_record
     report = VerifyReport(rf.path)
     bar = _bar(count, progress)
     try:
@@ -88,7 +89,8 @@ def verify(
                         raise CorruptRecordError(f"{where}: missing")
                     if crcs is not None:
                         check_crc(value, crcs.get(key), where)
-                    decode_leaves(value, schema_fields, where)
+                    rows = min(chunk, len(rf) - index * chunk) if chunk > 1 else None
+                    decode_leaves(value, schema_fields, where, rows)
                 except TorchRecordError as exc:
                     report._fail(index, str(exc), max_errors)
                 report.records += 1
