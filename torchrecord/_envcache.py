@@ -2,15 +2,22 @@
 
 LMDB (and py-lmdb, which refuses it) forbids opening one file twice in a
 process, and an environment must not be used across ``fork()``. This registry
-hands every RecordFile of a path the same environment, drops environments a
-forked child inherited (it never uses them), and re-opens a path whose file was
-replaced on disk (for new RecordFiles; open ones keep reading their snapshot
-until the registry closes it, after which they re-open too).
+hands every RecordFile of a path the same environment, closes environments a
+forked child inherited (it never uses them), and opens the new file when the
+path was replaced on disk (``write_record(..., overwrite=True)`` renames a new
+file over it).
+
+A replaced file's environment is *not* closed: RecordFiles and transactions
+that already use it keep reading that complete, unchanged snapshot (the old
+file lives on, unlinked, while it is mapped), so no reader ever mixes records
+of two record sets. It is closed when the last of them lets go of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from dataclasses import dataclass
 
 import lmdb
@@ -34,33 +41,62 @@ class Handle:
         return not self.closed and self.pid == os.getpid()
 
 
+#: path -> handle of the file currently at that path
 _OPEN: dict[str, Handle] = {}
+#: (st_dev, st_ino) -> every environment still open in this process, held alive
+#: by a Handle or a transaction; a file must never be opened a second time
+_LIVE: weakref.WeakValueDictionary[tuple[int, int], lmdb.Environment] = weakref.WeakValueDictionary()
+_OWNER = os.getpid()
+_OPEN_ATTEMPTS = 3
 
 
 def acquire(path: str) -> Handle:
     """The open handle of ``path`` in this process, opening it if needed."""
+    _forget_inherited()
     real = os.path.realpath(path)
-    try:
-        st = os.stat(real)
-    except FileNotFoundError:
-        raise RecordNotFoundError(f"{path}: no record set here (write one with torchrecord.write_record)") from None
-    inode = (st.st_dev, st.st_ino)
+    inode = _identity(path, real)
     handle = _OPEN.get(real)
-    if handle is not None:
-        if handle.usable() and handle.inode == inode:
-            return handle
-        _discard(real, handle)
-    env = open_readonly(path)
+    if handle is not None and handle.usable() and handle.inode == inode:
+        return handle
+    for _ in range(_OPEN_ATTEMPTS):
+        env = _LIVE.get(inode)  # still open for an old reader, or under another name (hard link)
+        if env is not None:
+            break
+        env = open_readonly(path)
+        now = _identity(path, real)
+        if now == inode:  # not replaced between the stat and the open
+            _LIVE[inode] = env
+            break
+        env.close()
+        inode = now
+    else:
+        raise RecordNotFoundError(f"{path}: the file keeps being replaced while it is opened; try again")
     handle = Handle(env, os.getpid(), inode)
     _OPEN[real] = handle
     return handle
 
 
-def _discard(real: str, handle: Handle) -> None:
-    """Close an inherited or stale environment so its path can be opened afresh."""
-    del _OPEN[real]
-    handle.closed = True
+def _identity(path: str, real: str) -> tuple[int, int]:
     try:
-        handle.env.close()
-    except lmdb.Error:
-        pass
+        st = os.stat(real)
+    except FileNotFoundError:
+        raise RecordNotFoundError(
+            f"{path}: no record set here (write one with torchrecord.write_record)"
+        ) from None
+    return (st.st_dev, st.st_ino)
+
+
+def _forget_inherited() -> None:
+    """In a forked child, close every environment inherited from the parent (once)."""
+    global _OWNER
+    pid = os.getpid()
+    if pid == _OWNER:
+        return
+    _OWNER = pid
+    for handle in _OPEN.values():
+        handle.closed = True
+    _OPEN.clear()
+    for env in list(_LIVE.values()):
+        with contextlib.suppress(lmdb.Error):
+            env.close()
+    _LIVE.clear()

@@ -10,6 +10,7 @@ not match the template are re-encoded through the checked slow decoder first.
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -49,56 +50,146 @@ def check_crcs(values: Sequence[Any], crcs: Sequence[Any], first: int, path: str
 
 
 class _Window:
-    """A set of whole records and the samples (record, row) chosen from them."""
+    """Whole records in one fixed layout, ready for gathering samples (record, row)."""
 
-    def __init__(self, layout: FixedLayout, values: list[Any], records: np.ndarray, count: int, path: str):
+    def __init__(
+        self, layout: FixedLayout, joined: np.ndarray | None, views: list[np.ndarray] | None, buffer: bytearray
+    ) -> None:
         self.layout = layout
-        self.records = records  # global record index of each value
-        k, length = layout.rows, layout.length
-        for i, value in enumerate(values):
-            record = int(records[i])
-            rows = min(k, count - record * k)
-            if len(value) != length or rows != k:
-                values[i] = layout.canonical(value, record, rows, f"{path}: record {record}")
-        self.joined = length < JOIN_LIMIT
-        if self.joined:
-            buf = np.frombuffer(b"".join(values), np.uint8).reshape(len(values), length)
-            bad = np.flatnonzero((buf[:, layout.header_cols] != layout.header).any(axis=1))
-            if len(bad):
-                buf = buf.copy()
-                for bad_row in bad:
-                    i = int(bad_row)
-                    record = int(records[i])
-                    buf[i] = np.frombuffer(
-                        layout.canonical(bytes(buf[i]), record, k, f"{path}: record {record}"), np.uint8
-                    )
-            self.views = [
-                as_strided(buf[:, off:], shape=(len(values), k, n), strides=(length, n, 1), writeable=False)
-                for off, n in zip(layout.offsets, layout.sample_bytes)
+        self.buffer = buffer  # the builder's storage, recycled once this window is gone
+        n, length, k = 0, layout.length, layout.rows
+        if joined is not None:
+            n = len(joined)
+            self.fields = [
+                as_strided(joined[:, off:], shape=(n, k, size), strides=(length, size, 1), writeable=False)
+                for off, size in zip(layout.offsets, layout.sample_bytes)
             ]
-        else:
-            rows_arrays = []
-            for i, value in enumerate(values):
-                row = np.frombuffer(value, np.uint8)
-                if (row[layout.header_cols] != layout.header).any():
-                    record = int(records[i])
-                    row = np.frombuffer(layout.canonical(value, record, k, f"{path}: record {record}"), np.uint8)
-                rows_arrays.append(row)
-            self.rows_arrays = rows_arrays
+        self.views = views
 
     def gather(self, rec: np.ndarray, row: np.ndarray) -> list[np.ndarray]:
         """Per field, a fresh (len(rec), sample_bytes) uint8 array of the chosen samples."""
-        if self.joined:
-            return [view[rec, row] for view in self.views]
+        if self.views is None:
+            return [field[rec, row] for field in self.fields]
         out = []
-        arrays = self.rows_arrays
-        for off, n in zip(self.layout.offsets, self.layout.sample_bytes):
-            dst = np.empty((len(rec), n), np.uint8)
+        views = self.views
+        for off, size in zip(self.layout.offsets, self.layout.sample_bytes):
+            dst = np.empty((len(rec), size), np.uint8)
             for i, (r, j) in enumerate(zip(rec.tolist(), row.tolist())):
-                start = off + j * n
-                dst[i] = arrays[r][start : start + n]
+                start = off + j * size
+                dst[i] = views[r][start : start + size]
             out.append(dst)
         return out
+
+
+class _WindowBuilder:
+    """Collects whole records for one window and checks them against the layout.
+
+    Short records are copied one by one into a preallocated buffer (one copy out
+    of the map, no per-record objects kept alive); long ones are kept as views.
+    A record of the wrong length, the short final chunk, or one whose header
+    bytes differ from the template is replaced by its checked canonical encoding.
+    """
+
+    def __init__(self, layout: FixedLayout, buffer: bytearray, count: int, path: str) -> None:
+        self.layout, self.count, self.path = layout, count, path
+        self.joined = layout.length < JOIN_LIMIT
+        self.buffer = buffer
+        self.views: list[Any] = []
+        self.records: list[int] = []  # first record index of each piece
+        self.pieces: list[int] = []  # record count of each piece
+        self.held = 0  # records held
+        self.odd: dict[int, Any] = {}  # row -> original value of a record of the wrong length
+
+    def add(self, cursor: Any, crc_cursor: Any, first: int, stop: int) -> int:
+        """Append records [first, stop); returns the row of the first one."""
+        row0 = self.held
+        n = stop - first
+        if not cursor.set_range(encode_key(first)) or decode_key(cursor.key()) != first:
+            raise CorruptRecordError(f"{self.path}: record {first} is missing")
+        values = islice(cursor.iternext(keys=False, values=True), n)
+        if self.joined:
+            self._copy_in(values, row0, n)
+        else:
+            self.views.extend(values)
+        last = cursor.key()
+        if self.held + n != (row0 + n) or not len(last) or decode_key(last) != stop - 1 or self._short(row0, n):
+            raise CorruptRecordError(f"{self.path}: records {first} to {stop - 1} are not all present")
+        if crc_cursor is not None:
+            self._check_crcs(crc_cursor, first, stop, row0)
+        self.records.append(first)
+        self.pieces.append(n)
+        self.held += n
+        return row0
+
+    def _copy_in(self, values: Iterator[Any], row0: int, n: int) -> None:
+        length = self.layout.length
+        if (row0 + n) * length > len(self.buffer):
+            grown = bytearray((row0 + n) * length)
+            grown[: row0 * length] = self.buffer[: row0 * length]
+            self.buffer = grown
+        out = memoryview(self.buffer)
+        pos = row0 * length
+        i = -1
+        for i, value in enumerate(values):  # noqa: B007 (i is read after the loop)
+            try:
+                out[pos : pos + length] = value
+            except ValueError:  # wrong length: keep it aside for the checked decoder
+                self.odd[row0 + i] = bytes(value)
+            pos += length
+        self._copied = i + 1
+
+    def _short(self, row0: int, n: int) -> bool:
+        got = self._copied if self.joined else len(self.views) - row0
+        return got != n
+
+    def _check_crcs(self, crc_cursor: Any, first: int, stop: int, row0: int) -> None:
+        stored = read_records(crc_cursor, first, stop, self.path)
+        length = self.layout.length
+        for i, crc in enumerate(stored):
+            row = row0 + i
+            if self.joined:
+                value = self.odd.get(row) or memoryview(self.buffer)[row * length : (row + 1) * length]
+            else:
+                value = self.views[row]
+            if zlib.crc32(value) != int.from_bytes(crc, "little"):
+                raise ChecksumError(f"{self.path}: record {first + i}: CRC-32 mismatch (the record is corrupt)")
+
+    def record_index(self, row: int) -> int:
+        for first, n in zip(self.records, self.pieces):
+            if row < n:
+                return first + row
+            row -= n
+        raise IndexError(row)
+
+    def finish(self) -> _Window:
+        layout, k = self.layout, self.layout.rows
+        partial = self.count // k if self.count % k else -1  # the short final chunk, if any
+        suspects = set(self.odd)
+        if partial >= 0:
+            suspects.update(r for r in range(self.held) if self.record_index(r) == partial)
+        if self.joined:
+            joined = np.frombuffer(self.buffer, np.uint8, count=self.held * layout.length)
+            joined = joined.reshape(self.held, layout.length)
+            bad = np.flatnonzero((joined[:, layout.header_cols] != layout.header).any(axis=1))
+            suspects.update(int(r) for r in bad)
+            if suspects:
+                joined = joined.copy()
+                for row in suspects:
+                    joined[row] = np.frombuffer(self._canonical(row, self.odd.get(row, joined[row])), np.uint8)
+            return _Window(layout, joined, None, self.buffer)
+        views = [np.frombuffer(v, np.uint8) for v in self.views]
+        for row, view in enumerate(views):
+            if len(view) != layout.length or (view[layout.header_cols] != layout.header).any():
+                suspects.add(row)
+        for row in suspects:
+            views[row] = np.frombuffer(self._canonical(row, self.views[row]), np.uint8)
+        return _Window(layout, None, views, self.buffer)
+
+    def _canonical(self, row: int, value: Any) -> bytes:
+        record = self.record_index(row)
+        rows = min(self.layout.rows, self.count - record * self.layout.rows)
+        data = value.tobytes() if isinstance(value, np.ndarray) else value
+        return self.layout.canonical(data, record, rows, f"{self.path}: record {record}")
 
 
 def _windows(
@@ -115,8 +206,24 @@ def _windows(
     k = layout.rows
     cursor = txn.cursor(db=db)
     crc_cursor = txn.cursor(db=crc_db) if crc_db is not None else None
-    values: list[Any] = []
-    records: list[np.ndarray] = []
+
+    capacity = (-(-target // k) + 2) * layout.length if layout.length < JOIN_LIMIT else 0
+    recycled: list[tuple[bytearray, weakref.ref[_Window]]] = []
+
+    def builder() -> _WindowBuilder:
+        # reuse the storage of a window nobody holds any more: no fresh pages to fault in
+        for i, (buffer, window) in enumerate(recycled):
+            if window() is None:
+                del recycled[i]
+                return _WindowBuilder(layout, buffer, count, path)
+        return _WindowBuilder(layout, bytearray(capacity), count, path)
+
+    def finish(build: _WindowBuilder) -> _Window:
+        window = build.finish()
+        recycled.append((window.buffer, weakref.ref(window)))
+        return window
+
+    build = builder()
     recs: list[np.ndarray] = []
     rows: list[np.ndarray] = []
     held = 0
@@ -126,21 +233,17 @@ def _windows(
             end = min(stop, pos + max(target - held, 1))
             first, last = pos // k, (end - 1) // k + 1
             end = min(stop, last * k)
-            piece = read_records(cursor, first, last, path)
-            if crc_cursor is not None:
-                check_crcs(piece, read_records(crc_cursor, first, last, path), first, path)
+            row0 = build.add(cursor, crc_cursor, first, last)
             samples = np.arange(pos, end, dtype=np.int64)
-            recs.append(samples // k - first + len(values))
+            recs.append(samples // k - first + row0)
             rows.append(samples % k)
-            records.append(np.arange(first, last, dtype=np.int64))
-            values.extend(piece)
             held += end - pos
             pos = end
             if held >= target:
-                yield _Window(layout, values, np.concatenate(records), count, path), *_cat(recs, rows)
-                values, records, recs, rows, held = [], [], [], [], 0
+                yield finish(build), *_cat(recs, rows)
+                build, recs, rows, held = builder(), [], [], 0
     if held:
-        yield _Window(layout, values, np.concatenate(records), count, path), *_cat(recs, rows)
+        yield finish(build), *_cat(recs, rows)
 
 
 def _cat(recs: list[np.ndarray], rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any
+from typing import Any, TypeGuard
 
 import lmdb
 import msgpack
 
+from torchrecord import _dtypes
 from torchrecord.errors import (
+    CorruptRecordError,
     FormatError,
     IncompleteRecordSetError,
     NotARecordSetError,
@@ -29,10 +31,12 @@ __all__ = [
     "CRC_DB",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "MAX_DBS",
     "META_DB",
     "META_KEY",
     "RECORDS_DB",
     "decode_key",
+    "check_metadata",
     "encode_key",
     "open_readonly",
     "pack_metadata",
@@ -51,6 +55,9 @@ META_KEY = b"metadata"
 MAX_DBS = 4
 
 _KEY = struct.Struct(">Q")
+
+#: What to tell the user when a file is damaged beyond reading.
+_REWRITE = "copy it again from a good source or write it again with torchrecord.write_record"
 
 
 def encode_key(index: int) -> bytes:
@@ -73,9 +80,13 @@ def unpack_metadata(raw: bytes, path: str) -> dict[str, Any]:
     try:
         meta = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_no_ext, max_bin_len=1 << 30)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise NotARecordSetError(f"{path}: metadata is not valid msgpack ({exc}); the file is damaged") from None
+        raise NotARecordSetError(
+            f"{path}: metadata is not valid msgpack ({exc}); the file is damaged: {_REWRITE}"
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise NotARecordSetError(f"{path}: metadata does not describe a torchrecord record set")
+        raise NotARecordSetError(
+            f"{path}: metadata does not describe a torchrecord record set; check the path"
+        )
     return meta
 
 
@@ -86,7 +97,10 @@ def _no_ext(code: int, data: bytes) -> Any:
 def open_readonly(path: str) -> lmdb.Environment:
     """Open a record set read-only, creating no lock file (safe in any process).
 
-    Raises RecordNotFoundError / NotARecordSetError with the path in the message.
+    Raises RecordNotFoundError / NotARecordSetError with the path in the message,
+    and CorruptRecordError for a file shorter than its LMDB pages (truncated):
+    LMDB maps the file, and reading a page past its end would kill the process
+    with SIGBUS, so the length is checked here, before any page is read.
     """
     if not os.path.exists(path):
         raise RecordNotFoundError(f"{path}: no record set here (write one with torchrecord.write_record)")
@@ -94,8 +108,11 @@ def open_readonly(path: str) -> lmdb.Environment:
         raise NotARecordSetError(
             f"{path}: is a directory; a torchrecord record set is a single file written by write_record"
         )
+    size = os.path.getsize(path)
+    if size == 0:
+        raise NotARecordSetError(f"{path}: empty file, not a record set; {_REWRITE}")
     try:
-        return lmdb.open(
+        env = lmdb.open(
             path,
             subdir=False,
             readonly=True,
@@ -104,22 +121,51 @@ def open_readonly(path: str) -> lmdb.Environment:
             max_spare_txns=2,
         )
     except lmdb.InvalidError:
-        raise NotARecordSetError(f"{path}: not an LMDB file, so not a torchrecord record set") from None
+        raise NotARecordSetError(
+            f"{path}: not an LMDB file, so not a torchrecord record set; check the path, or {_REWRITE}"
+        ) from None
     except lmdb.Error as exc:
-        raise NotARecordSetError(f"{path}: cannot open as LMDB ({exc}); the file may be truncated") from None
+        raise NotARecordSetError(f"{path}: cannot open as LMDB ({exc}); {_REWRITE}") from None
+    try:
+        needed = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+    except lmdb.Error as exc:
+        env.close()
+        raise NotARecordSetError(f"{path}: unreadable LMDB header ({exc}); {_REWRITE}") from None
+    if size < needed:
+        env.close()
+        raise CorruptRecordError(
+            f"{path}: the file is truncated: it has {size} bytes, its LMDB pages need {needed}; {_REWRITE}"
+        )
+    return env
 
 
 def read_metadata(env: lmdb.Environment, path: str) -> dict[str, Any]:
-    """Read and check the metadata: known format, supported version, completed write."""
+    """Read and check the metadata: known format, supported version, completed write, sane fields."""
     try:
         meta_db = env.open_db(META_DB, create=False)
     except (lmdb.NotFoundError, lmdb.Error):
-        raise NotARecordSetError(f"{path}: LMDB file without torchrecord metadata (no 'meta' database)") from None
-    with env.begin(db=meta_db) as txn:
-        raw = txn.get(META_KEY)
+        raise NotARecordSetError(
+            f"{path}: LMDB file without torchrecord metadata (no 'meta' database); "
+            "it was not written by torchrecord.write_record"
+        ) from None
+    try:
+        with env.begin(db=meta_db) as txn:
+            raw = txn.get(META_KEY)
+    except lmdb.Error as exc:
+        raise CorruptRecordError(f"{path}: cannot read the metadata ({exc}); {_REWRITE}") from None
     if raw is None:
-        raise NotARecordSetError(f"{path}: the 'meta' database holds no metadata record")
-    meta = unpack_metadata(bytes(raw), path)
+        raise NotARecordSetError(f"{path}: the 'meta' database holds no metadata record; {_REWRITE}")
+    return check_metadata(unpack_metadata(bytes(raw), path), path)
+
+
+def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
+    """Check decoded metadata before any reader relies on it; returns it unchanged.
+
+    Checks the format version first (a newer version may lay fields out
+    differently), then that the write completed, then the fields readers use:
+    counts, checksum kind and a well-formed schema, so that damaged metadata is
+    a FormatError here rather than a KeyError or TypeError deep in a reader.
+    """
     version = meta.get("format_version")
     if not isinstance(version, int):
         raise FormatError(f"{path}: metadata has no integer format_version")
@@ -133,4 +179,94 @@ def read_metadata(env: lmdb.Environment, path: str) -> dict[str, Any]:
         raise VersionError(f"{path}: unknown record format version {version}")
     if meta.get("complete") is not True:
         raise IncompleteRecordSetError(f"{path}: the write of this record set never finished; write it again")
+    count = meta.get("count")
+    if not _is_int(count) or count < 0:
+        raise FormatError(f"{path}: metadata count {count!r} is not a record count; {_REWRITE}")
+    per_record = meta.get("samples_per_record", 1)
+    if not _is_int(per_record) or per_record < 1:
+        raise FormatError(f"{path}: metadata samples_per_record {per_record!r} is not >= 1; {_REWRITE}")
+    records = meta.get("records", count)
+    if not _is_int(records) or records != -(-count // per_record):
+        raise FormatError(
+            f"{path}: metadata records {records!r} does not match count {count} at "
+            f"{per_record} samples per record; {_REWRITE}"
+        )
+    if meta.get("checksum") not in (None, "crc32"):
+        raise FormatError(f"{path}: unknown checksum kind {meta.get('checksum')!r} in the metadata")
+    if not isinstance(meta.get("user", {}), dict):
+        raise FormatError(f"{path}: metadata 'user' is not a map; {_REWRITE}")
+    schema = meta.get("schema")
+    if schema is None:
+        if count:
+            raise FormatError(f"{path}: metadata has {count} samples but no schema; {_REWRITE}")
+    else:
+        _check_schema(schema, path)
     return meta
+
+
+_MAX_DEPTH = 64  # write_record refuses samples nested deeper than 32
+_MAX_RANK = 32  # below NumPy's limit on dimensions
+_STRING_KINDS = ("bytes", "str")
+_SCALAR_KINDS = ("int", "float", "bool")
+_ARRAY_KINDS = ("tensor", "ndarray")
+
+
+def _is_int(x: object) -> TypeGuard[int]:
+    """True for an int that is not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_schema(schema: Any, path: str) -> None:
+    """A FormatError unless ``schema`` is a tree plus one valid field per leaf."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
+        raise FormatError(f"{path}: the schema in the metadata is malformed; {_REWRITE}")
+    leaves = _count_leaves(schema.get("tree"), 0, path)
+    fields = schema["fields"]
+    if leaves != len(fields):
+        raise FormatError(f"{path}: the schema tree has {leaves} leaves but {len(fields)} fields; {_REWRITE}")
+    for fld in fields:
+        _check_field(fld, path)
+
+
+def _count_leaves(tree: Any, depth: int, path: str) -> int:
+    bad = FormatError(f"{path}: the sample structure in the metadata schema is malformed; {_REWRITE}")
+    if depth > _MAX_DEPTH or not isinstance(tree, dict):
+        raise bad
+    kind = tree.get("t")
+    if kind == "leaf":
+        return 1
+    children = tree.get("c")
+    if kind not in ("tuple", "list", "dict") or not isinstance(children, list):
+        raise bad
+    if kind == "dict":
+        keys = tree.get("k")
+        if (
+            not isinstance(keys, list)
+            or len(keys) != len(children)
+            or not all(isinstance(k, str) for k in keys)
+        ):
+            raise bad
+    return sum(_count_leaves(child, depth + 1, path) for child in children)
+
+
+def _check_field(fld: Any, path: str) -> None:
+    if not isinstance(fld, dict) or not isinstance(fld.get("name"), str):
+        raise FormatError(f"{path}: a schema field in the metadata is malformed; {_REWRITE}")
+    name, kind, dtype, shape = fld["name"], fld.get("kind"), fld.get("dtype"), fld.get("shape")
+    where = f"{path}: schema field {name!r}"
+    if kind in _STRING_KINDS:
+        if dtype != kind or shape != []:
+            raise FormatError(f"{where}: a {kind} field with dtype {dtype!r} and shape {shape!r}; {_REWRITE}")
+        return
+    if kind not in _SCALAR_KINDS + _ARRAY_KINDS:
+        raise FormatError(f"{where}: unknown kind {kind!r}; {_REWRITE}")
+    try:
+        _dtypes.by_name(str(dtype) if isinstance(dtype, str) else "")
+    except KeyError:
+        raise FormatError(f"{where}: unknown dtype {dtype!r}; {_REWRITE}") from None
+    if not isinstance(shape, list) or len(shape) > _MAX_RANK:
+        raise FormatError(f"{where}: shape {shape!r} is not a list of at most {_MAX_RANK} sizes; {_REWRITE}")
+    if not all(d is None or (_is_int(d) and d >= 0) for d in shape):
+        raise FormatError(f"{where}: shape {shape!r} holds something other than sizes >= 0; {_REWRITE}")
+    if kind in _SCALAR_KINDS and shape:
+        raise FormatError(f"{where}: a Python {kind} with shape {shape!r}; {_REWRITE}")
