@@ -1,0 +1,433 @@
+"""The ``torchrecord`` command line (also ``python -m torchrecord``).
+
+Each subcommand is registered by its own ``_add_*`` function and runs a thin
+handler over the library. :func:`main` returns the exit code: 0 on success, 1
+with a one-line ``torchrecord <command>: error: ...`` on stderr when the input is
+at fault (a torchrecord error, OSError, ValueError, or a missing optional
+extra), 2 for usage errors. Progress bars go to stderr, only on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torchrecord._structure import flatten
+from torchrecord._version import __version__
+from torchrecord.errors import RecordExistsError, TorchRecordError
+
+__all__ = ["build_parser", "main"]
+
+_USER_ERRORS = (TorchRecordError, OSError, ValueError, ImportError)
+
+_EPILOG = """examples:
+  torchrecord convert data/train train.tr --workers 4   # class-per-folder images
+  torchrecord convert arrays.npz train.tr --keys x,y
+  torchrecord info train.tr
+  torchrecord head train.tr -n 3
+  torchrecord verify train.tr
+  torchrecord bench train.tr --workers 2 --batch-size 256
+run 'torchrecord COMMAND --help' for a command's options."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version or a usage error, already printed by argparse
+        return exc.code if isinstance(exc.code, int) else 1
+    try:
+        return int(args.func(args))
+    except _USER_ERRORS as exc:
+        print(f"torchrecord {args.command}: error: {_first_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"torchrecord {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="torchrecord",
+        description="Create, inspect, check and benchmark torchrecord record sets.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"torchrecord {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_convert, _add_info, _add_head, _add_verify, _add_bench):
+        add(commands)
+    return parser
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _command(commands: Any, name: str, func: Callable[[argparse.Namespace], int], help: str, description: str) -> Any:
+    parser = commands.add_parser(name, help=help, description=description)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar (it is shown only on a terminal anyway)"
+    )
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if args.quiet else None  # None: a bar on a terminal only
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _short(value: Any, limit: int = 72) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- convert ---------------------------------------------------------------------
+
+
+def _add_convert(commands: Any) -> None:
+    from torchrecord.convert import FORMATS
+
+    p = _command(
+        commands,
+        "convert",
+        _convert,
+        "convert an image folder, list file, .npy/.npz or HDF5 file into a record set",
+        "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n"
+        "  folder  root/<class>/<image>: samples {'image': bytes, 'label': class index},\n"
+        "          class names in the user metadata ('classes')\n"
+        "  list    text file of '<path> <label>' lines, paths relative to the list file\n"
+        "  npy     one array; a sample is a row (first axis), memory-mapped\n"
+        "  npz     {name: row} over its arrays (compressed archives are streamed)\n"
+        "  hdf5    {name: row} over its datasets, which share their first dimension\n\n"
+        "Images stay encoded; decode them when reading with\n"
+        "RecordDataset(path, transform=torchrecord.transforms.decode_image).",
+    )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("source", help="image folder, list file, .npy, .npz or HDF5 file")
+    p.add_argument("path", help="the record set to create (a single file)")
+    p.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source format (default: auto)")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True, help="pre-shuffle the samples")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed, stored in the metadata (default: 0)")
+    p.add_argument(
+        "--workers", type=_non_negative, default=0, help="processes reading the source (default: 0, this one)"
+    )
+    p.add_argument("--skip-bad", action="store_true", help="leave unreadable or non-image files out, counted")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing record set at PATH")
+    p.add_argument(
+        "--keys", type=lambda s: [k for k in s.split(",") if k], help="npz/hdf5: comma-separated arrays to convert"
+    )
+    p.add_argument(
+        "--no-check-images",
+        dest="check_images",
+        action="store_false",
+        help="images: check file signatures only, do not decode each image (faster; no Pillow needed)",
+    )
+    _add_quiet(p)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from torchrecord.convert import convert
+
+    started = time.perf_counter()
+    try:
+        rf = convert(
+            args.source,
+            args.path,
+            format=args.format,
+            keys=args.keys,
+            check_images=args.check_images,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            num_workers=args.workers,
+            on_error="skip" if args.skip_bad else "raise",
+            overwrite=args.overwrite,
+            progress=_progress(args),
+        )
+    except RecordExistsError as exc:
+        if os.path.isdir(args.path):
+            raise
+        raise RecordExistsError(f"{args.path}: exists already; pass --overwrite to replace it") from exc
+    meta = rf.metadata
+    order = f"shuffled with seed {meta['seed']}" if meta.get("shuffled") else "in source order"
+    print(
+        f"wrote {rf.path}: {len(rf)} samples from {args.source} ({rf.user_metadata.get('source_format')}), "
+        f"{order}, {meta.get('skipped', 0)} skipped, {_size(os.path.getsize(rf.path))}, "
+        f"{time.perf_counter() - started:.1f} s"
+    )
+    return 0
+
+
+# -- info ------------------------------------------------------------------------
+
+
+def _add_info(commands: Any) -> None:
+    p = _command(
+        commands,
+        "info",
+        _info,
+        "describe a record set: count, fields, size, versions, seed, metadata",
+        "Describe the record set at PATH: sample count, fields (dtype and shape, fixed or "
+        "variable), size on disk, format and writer versions, shuffle seed, creation time and "
+        "user metadata.",
+    )
+    p.add_argument("path", help="a record set")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the count is under 'count')")
+
+
+def _describe_set(path: str) -> dict[str, Any]:
+    from torchrecord.record_file import RecordFile
+
+    rf = RecordFile(path)
+    meta = rf.metadata
+    fields = [
+        {"name": f.name, "kind": f.kind, "dtype": f.dtype, "shape": list(f.shape), "fixed": f.is_fixed}
+        for f in rf.schema.fields
+    ]
+    return {
+        "path": rf.path,
+        "count": len(rf),
+        "records": int(meta.get("records", len(rf))),
+        "samples_per_record": int(meta.get("samples_per_record", 1)),
+        "fields": fields,
+        "size_bytes": os.path.getsize(rf.path),
+        "format_version": meta.get("format_version"),
+        "library_version": meta.get("library_version"),
+        "shuffled": meta.get("shuffled"),
+        "seed": meta.get("seed"),
+        "created": meta.get("created"),
+        "checksum": meta.get("checksum"),
+        "skipped": meta.get("skipped", 0),
+        "user_metadata": rf.user_metadata,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return repr(value)
+
+
+def _field_shape(f: dict[str, Any]) -> str:
+    if f["kind"] in ("bytes", "str"):
+        return "variable length"
+    dims = ", ".join("?" if d is None else str(d) for d in f["shape"])
+    return f"[{dims}] " + ("fixed" if f["fixed"] else "variable")
+
+
+def _info(args: argparse.Namespace) -> int:
+    d = _describe_set(args.path)
+    if args.json:
+        print(json.dumps(d, default=_jsonable, sort_keys=True))
+        return 0
+    per_record = f" in {d['records']} records" if d["samples_per_record"] > 1 else ""
+    rows = [
+        ("path", d["path"]),
+        ("samples", f"{d['count']}{per_record}" + (f" ({d['skipped']} skipped at write)" if d["skipped"] else "")),
+        ("size on disk", f"{_size(d['size_bytes'])} ({d['size_bytes']} bytes)"),
+        ("format", f"version {d['format_version']}, written by torchrecord {d['library_version']}"),
+        ("order", f"shuffled with seed {d['seed']}" if d["shuffled"] else f"source order (seed {d['seed']})"),
+        ("created", d["created"]),
+        ("checksums", d["checksum"] or "none"),
+    ]
+    for label, value in rows:
+        print(f"{label + ':':<14}{value}")
+    print("fields:")
+    width = max([len(f["name"]) for f in d["fields"]] + [4])
+    for f in d["fields"]:
+        print(f"  {f['name']:<{width}}  {f['kind']:<7} {f['dtype']:<9} {_field_shape(f)}")
+    print("user metadata:" + ("" if d["user_metadata"] else " none"))
+    for key, value in d["user_metadata"].items():
+        print(f"  {key}: {_short(value)}")
+    return 0
+
+
+# -- head ------------------------------------------------------------------------
+
+
+def _add_head(commands: Any) -> None:
+    p = _command(
+        commands,
+        "head",
+        _head,
+        "show the first samples: per field dtype, shape and a preview of values",
+        "Show N samples from index I in stored (shuffled) order: for each field its kind, "
+        "dtype, shape and a short preview of its values.",
+    )
+    p.add_argument("path", help="a record set")
+    p.add_argument("-n", type=_positive, default=5, help="how many samples (default: 5)")
+    p.add_argument("--index", type=int, default=0, help="first sample index; negative counts from the end")
+
+
+def _preview(leaf: Any) -> str:
+    import numpy as np
+    import torch
+
+    if isinstance(leaf, (bytes, str)):
+        unit = "bytes" if isinstance(leaf, bytes) else "chars"
+        return f"{type(leaf).__name__:<7} {len(leaf)} {unit}: {_short(leaf, 60)}"
+    if isinstance(leaf, (torch.Tensor, np.ndarray)):
+        kind = "tensor" if isinstance(leaf, torch.Tensor) else "ndarray"
+        dtype = str(leaf.dtype).removeprefix("torch.")
+        flat = leaf.reshape(-1)[:8].tolist()
+        values = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat)
+        if leaf.ndim:
+            values = "[" + values + (", ...]" if leaf.reshape(-1).shape[0] > 8 else "]")
+        return f"{kind:<7} {dtype} {list(leaf.shape)}: {values}"
+    return f"{type(leaf).__name__:<7} {_short(leaf, 60)}"
+
+
+def _head(args: argparse.Namespace) -> int:
+    from torchrecord.record_file import RecordFile
+
+    rf = RecordFile(args.path)
+    n = len(rf)
+    start = args.index + n if args.index < 0 else args.index
+    if not 0 <= start < n:
+        raise ValueError(f"{rf.path}: index {args.index} is out of range; the set holds {n} samples")
+    names = rf.schema.names
+    width = max(len(name) for name in names)
+    for index in range(start, min(n, start + args.n)):
+        print(f"sample {index}:")
+        for name, leaf in zip(names, flatten(rf[index])[1]):
+            print(f"  {name:<{width}}  {_preview(leaf)}")
+    return 0
+
+
+# -- verify ----------------------------------------------------------------------
+
+
+def _add_verify(commands: Any) -> None:
+    p = _command(
+        commands,
+        "verify",
+        _verify,
+        "check every record: present, checksum matches, decodes per the schema",
+        "Read every record of PATH, check its CRC-32 and decode it against the schema. "
+        "Exits 1 naming the first bad record if any is bad.",
+    )
+    p.add_argument("path", help="a record set")
+    _add_quiet(p)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from torchrecord.verify import verify
+
+    report = verify(args.path, progress=_progress(args))
+    if report.ok:
+        print(f"{report.path}: OK, {report.records} records checked, none bad")
+        return 0
+    print(f"{report.path}: {report.bad} of {report.records} records bad")
+    for index, message in report.errors:
+        print(f"  record {index}: {_first_line(Exception(message))}")
+    print(
+        f"torchrecord verify: error: {report.path}: {report.bad} bad records, the first is record "
+        f"{report.first_bad}: {_first_line(Exception(report.first_error))}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+# -- bench -----------------------------------------------------------------------
+
+
+def _add_bench(commands: Any) -> None:
+    p = _command(
+        commands,
+        "bench",
+        _bench,
+        "measure read throughput (samples/s, MB/s) on this machine",
+        "Read PATH for E epochs with RecordDataset(batch_size=B) in "
+        "DataLoader(batch_size=None, num_workers=N) and report samples/s and MB/s of the "
+        "record file (median over epochs; the first epoch includes starting the workers).",
+    )
+    p.add_argument("path", help="a record set")
+    p.add_argument("--workers", type=_non_negative, default=2, help="DataLoader workers (default: 2)")
+    p.add_argument("--batch-size", type=_positive, default=64, help="samples per batch (default: 64)")
+    p.add_argument("--epochs", type=_positive, default=3, help="epochs to time (default: 3)")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True, help="read shuffled")
+    _add_quiet(p)
+
+
+def _batch_len(batch: Any) -> int:
+    """Samples in a collated batch: the length of its first leaf's batch axis."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        return _batch_len(next(iter(batch.values())))
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], (torch.Tensor, dict, tuple, list)):
+        return _batch_len(batch[0])
+    return len(batch)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from torch.utils.data import DataLoader
+
+    from torchrecord.dataset import RecordDataset
+    from torchrecord.writer import _progress_bar
+
+    dataset = RecordDataset(args.path, batch_size=args.batch_size, shuffle=args.shuffle)
+    n, size = len(dataset.file), os.path.getsize(args.path)
+    if n == 0:
+        raise ValueError(f"{args.path}: holds no samples; nothing to measure")
+    loader = DataLoader(dataset, batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0)
+    print(
+        f"{args.path}: {n} samples, {size / 1e6:.1f} MB; workers={args.workers} batch_size={args.batch_size} "
+        f"epochs={args.epochs} shuffle={args.shuffle}"
+    )
+    seconds = []
+    for epoch in range(args.epochs):
+        dataset.set_epoch(epoch)
+        bar = _progress_bar(n, _progress(args), f"epoch {epoch}")
+        seen, started = 0, time.perf_counter()
+        for batch in loader:
+            size_of_batch = _batch_len(batch)
+            seen += size_of_batch
+            bar.update(size_of_batch)
+        seconds.append(time.perf_counter() - started)
+        bar.close()
+        if seen != n:
+            raise TorchRecordError(f"{args.path}: epoch {epoch} gave {seen} samples, the set holds {n}")
+        print(f"epoch {epoch}: {seen / seconds[-1]:,.0f} samples/s, {size / seconds[-1] / 1e6:,.1f} MB/s")
+    median = statistics.median(seconds)
+    print(f"median: {n / median:,.0f} samples/s, {size / median / 1e6:,.1f} MB/s")
+    return 0

@@ -1,0 +1,116 @@
+"""Convert common dataset layouts into record sets (what ``torchrecord convert`` runs).
+
+========  ====================================  ==============================================
+format    source                                sample
+========  ====================================  ==============================================
+folder    ``root/<class>/<image>`` tree          ``{"image": bytes, "label": int}``; the class
+                                                names are ``user_metadata["classes"]``
+list      text file of ``<path> <label>`` lines  ``{"image": bytes, "label": int}``
+npy       one ``.npy`` array                     its row ``array[i]``
+npz       ``.npz`` archive                       ``{name: array[i]}`` over its arrays
+hdf5      HDF5 file                              ``{name: dataset[i]}`` (groups nest dicts)
+========  ====================================  ==============================================
+
+Every converter returns the :class:`~torchrecord.RecordFile` it wrote and passes
+its other keyword arguments to :func:`torchrecord.write_record` (``shuffle``,
+``seed``, ``num_workers``, ``on_error``, ``overwrite``, ``progress``, ``metadata``).
+The user metadata also records ``source_format``. Images are stored encoded; use
+``RecordDataset(path, transform=torchrecord.transforms.decode_image)`` to decode
+them after shuffling. Pillow (``images`` extra) and h5py (``hdf5`` extra) are
+imported only when needed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torchrecord.convert._common import existing
+from torchrecord.convert.arrays import from_numpy
+from torchrecord.convert.hdf5 import from_hdf5
+from torchrecord.convert.images import from_image_folder, from_list_file
+from torchrecord.errors import SourceError
+from torchrecord.record_file import RecordFile
+
+__all__ = [
+    "CONVERTERS",
+    "FORMATS",
+    "convert",
+    "detect_format",
+    "from_hdf5",
+    "from_image_folder",
+    "from_list_file",
+    "from_numpy",
+]
+
+#: The converter of each source format.
+CONVERTERS: dict[str, Callable[..., RecordFile]] = {
+    "folder": from_image_folder,
+    "list": from_list_file,
+    "npy": from_numpy,
+    "npz": from_numpy,
+    "hdf5": from_hdf5,
+}
+#: Format names accepted by :func:`convert` (besides ``"auto"``).
+FORMATS = tuple(CONVERTERS)
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def detect_format(source: str | os.PathLike[str]) -> str:
+    """Guess a source's format: a directory is ``folder``; files are told by content.
+
+    NumPy and HDF5 files are recognized by their signature bytes (HDF5 also by
+    suffix); any other file without NUL bytes in its first 64 KiB is taken as a
+    ``list`` file. SourceError if the path is missing or the format is unclear.
+    """
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        return "folder"
+    existing(path)
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if head.startswith(b"\x93NUMPY"):
+        return "npy"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return "npz"
+    if any(head[at : at + 8] == _HDF5_MAGIC for at in (0, 512, 1024, 2048)) or path.endswith(_HDF5_SUFFIXES):
+        return "hdf5"
+    if head and b"\0" not in head:
+        return "list"
+    raise SourceError(f"{path}: cannot tell its format; choose one with format= (--format): {', '.join(FORMATS)}")
+
+
+def convert(
+    source: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    format: str = "auto",
+    keys: Sequence[str] | None = None,
+    check_images: bool = True,
+    **kwargs: Any,
+) -> RecordFile:
+    """Convert ``source`` into a record set at ``path`` with the converter of its format.
+
+    Args:
+        source: a folder, list file, ``.npy``/``.npz`` or HDF5 file.
+        path: the record set to write.
+        format: one of :data:`FORMATS`, or ``"auto"`` (:func:`detect_format`).
+        keys: arrays to convert (``npz`` and ``hdf5`` only).
+        check_images: decode each image while converting (``folder`` and ``list``
+            only; see :func:`from_image_folder`).
+        **kwargs: passed to :func:`torchrecord.write_record`.
+    """
+    fmt = detect_format(source) if format == "auto" else format
+    if fmt not in CONVERTERS:
+        raise ValueError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
+    options: dict[str, Any] = {}
+    if keys is not None:
+        if fmt not in ("npz", "hdf5"):
+            raise ValueError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
+        options["keys"] = keys
+    if fmt in ("folder", "list"):
+        options["check_images"] = check_images
+    return CONVERTERS[fmt](source, path, **options, **kwargs)

@@ -1,0 +1,122 @@
+"""Helpers shared by the converters: checking the source path, optional imports, writing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from torchrecord import _dtypes
+from torchrecord.errors import SourceError
+from torchrecord.record_file import RecordFile
+from torchrecord.writer import write_record
+
+__all__ = ["RowStream", "common_length", "existing", "require", "row_converter", "write", "write_stream"]
+
+
+def existing(source: str | os.PathLike[str], *, directory: bool = False) -> str:
+    """``source`` as a str, after checking it exists and is a directory (or a file)."""
+    path = os.fspath(source)
+    if not os.path.exists(path):
+        raise SourceError(f"{path}: no such file or directory; check the source path")
+    if directory and not os.path.isdir(path):
+        raise SourceError(f"{path}: not a directory; an image folder is root/<class>/<image>")
+    if not directory and os.path.isdir(path):
+        raise SourceError(f"{path}: is a directory; expected a file (an image folder needs format 'folder')")
+    return path
+
+
+def require(module: str, extra: str, purpose: str) -> Any:
+    """Import an optional dependency, or raise ImportError naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{purpose} needs {module.split('.')[0]}: pip install torchrecord-lmdb[{extra}]") from exc
+
+
+def write(
+    dataset: Any, path: str | os.PathLike[str], source_meta: dict[str, Any], kwargs: dict[str, Any]
+) -> RecordFile:
+    """write_record with the converter's description merged under the caller's ``metadata``."""
+    kwargs = dict(kwargs)
+    user = kwargs.pop("metadata", None) or {}
+    return write_record(dataset, path, metadata={**source_meta, **user}, **kwargs)
+
+
+def write_stream(
+    stream: RowStream, path: str | os.PathLike[str], source_meta: dict[str, Any], kwargs: dict[str, Any]
+) -> RecordFile:
+    """:func:`write` for a :class:`RowStream`: any read error is fatal (``on_error`` is ignored)."""
+    kwargs = {**kwargs, "on_error": "raise"}
+    kwargs.pop("num_workers", None)  # an iterable is read in this process
+    return write(stream, path, source_meta, kwargs)
+
+
+class RowStream:
+    """An iterable over the rows of a source read in order (no ``__getitem__``).
+
+    write_record treats it as an iterable: with ``shuffle=True`` it spools the
+    encoded samples to a temporary file beside the output and copies them out in
+    shuffled order, so memory stays bounded. ``open_rows`` is called afresh by
+    each iteration. Write it with :func:`write_stream`: a stream cannot skip past a
+    read error, so such an error always stops the conversion.
+    """
+
+    def __init__(self, length: int, open_rows: Callable[[], Iterator[Any]]) -> None:
+        self.length = length
+        self.open_rows = open_rows
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.open_rows()
+
+
+def common_length(source: str, shapes: dict[str, tuple[int, ...]]) -> int:
+    """The shared first (sample) dimension of the named arrays, or a SourceError saying why not."""
+    if not shapes:
+        raise SourceError(f"{source}: holds no arrays to convert")
+    for name, shape in shapes.items():
+        if len(shape) == 0:
+            raise SourceError(
+                f"{source}: array {name!r} is 0-d and has no sample axis; leave it out with keys=[...] (--keys)"
+            )
+    lengths = {name: int(shape[0]) for name, shape in shapes.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name!r} has {n}" for name, n in lengths.items())
+        raise SourceError(
+            f"{source}: the arrays disagree in their first (sample) dimension: {listed}; every array needs "
+            "one row per sample (choose arrays with keys=[...] / --keys)"
+        )
+    n = next(iter(lengths.values()))
+    if n == 0:
+        raise SourceError(f"{source}: the arrays have 0 rows; there is nothing to convert")
+    return n
+
+
+def row_converter(source: str, name: str, dtype: np.dtype, ndim: int) -> Callable[[Any], Any]:
+    """How to turn row ``i`` of a column into a storable leaf (numeric rows pass as they are).
+
+    Numeric dtypes torchrecord stores pass unchanged; 1-d byte strings become ``bytes``
+    and 1-d unicode strings ``str``; anything else is a SourceError naming the array.
+    """
+    if dtype.kind in "SU" and ndim == 1:
+        return bytes if dtype.kind == "S" else str
+    try:
+        _dtypes.from_numpy(dtype)
+    except TypeError:
+        strings = " (strings are supported in 1-d arrays only)" if dtype.kind in "SU" else ""
+        raise SourceError(
+            f"{source}: array {name!r} has dtype {dtype}, which torchrecord cannot store{strings}; "
+            "convert it or leave it out with keys=[...] (--keys)"
+        ) from None
+    return _identity
+
+
+def _identity(value: Any) -> Any:
+    return value
