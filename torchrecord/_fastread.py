@@ -53,7 +53,7 @@ class _Window:
     """Whole records in one fixed layout, ready for gathering samples (record, row)."""
 
     def __init__(
-        self, layout: FixedLayout, joined: np.ndarray | None, views: list[np.ndarray] | None, buffer: bytearray
+        self, layout: FixedLayout, joined: np.ndarray | None, views: list[np.ndarray] | None, buffer: np.ndarray
     ) -> None:
         self.layout = layout
         self.buffer = buffer  # the builder's storage, recycled once this window is gone
@@ -90,7 +90,7 @@ class _WindowBuilder:
     bytes differ from the template is replaced by its checked canonical encoding.
     """
 
-    def __init__(self, layout: FixedLayout, buffer: bytearray, count: int, path: str) -> None:
+    def __init__(self, layout: FixedLayout, buffer: np.ndarray, count: int, path: str) -> None:
         self.layout, self.count, self.path = layout, count, path
         self.joined = layout.length < JOIN_LIMIT
         self.buffer = buffer
@@ -124,7 +124,7 @@ class _WindowBuilder:
     def _copy_in(self, values: Iterator[Any], row0: int, n: int) -> None:
         length = self.layout.length
         if (row0 + n) * length > len(self.buffer):
-            grown = bytearray((row0 + n) * length)
+            grown = np.empty((row0 + n) * length, np.uint8)
             grown[: row0 * length] = self.buffer[: row0 * length]
             self.buffer = grown
         out = memoryview(self.buffer)
@@ -208,7 +208,7 @@ def _windows(
     crc_cursor = txn.cursor(db=crc_db) if crc_db is not None else None
 
     capacity = (-(-target // k) + 2) * layout.length if layout.length < JOIN_LIMIT else 0
-    recycled: list[tuple[bytearray, weakref.ref[_Window]]] = []
+    recycled: list[tuple[np.ndarray, weakref.ref[_Window]]] = []
 
     def builder() -> _WindowBuilder:
         # reuse the storage of a window nobody holds any more: no fresh pages to fault in
@@ -216,7 +216,7 @@ def _windows(
             if window() is None:
                 del recycled[i]
                 return _WindowBuilder(layout, buffer, count, path)
-        return _WindowBuilder(layout, bytearray(capacity), count, path)
+        return _WindowBuilder(layout, np.empty(capacity, np.uint8), count, path)
 
     def finish(build: _WindowBuilder) -> _Window:
         window = build.finish()

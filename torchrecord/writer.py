@@ -17,13 +17,13 @@ import lmdb
 import numpy as np
 
 from torchrecord import _format
-from torchrecord._codec import encode_payloads
+from torchrecord._codec import decode_leaves, encode_payloads
 from torchrecord._lmdb_writer import LmdbAppender
 from torchrecord._sources import Failed, Normalized, is_map_style, iterate_source, read_in_order
 from torchrecord._version import __version__
-from torchrecord.errors import RecordExistsError, SourceError, TorchRecordError, WriteError
+from torchrecord.errors import RecordExistsError, SchemaError, SourceError, TorchRecordError, WriteError
 from torchrecord.record_file import RecordFile
-from torchrecord.schema import Schema
+from torchrecord.schema import LeafSignature, Schema
 
 __all__ = ["write_record"]
 
@@ -42,6 +42,7 @@ def write_record(
     metadata: dict[str, Any] | None = None,
     on_error: str = "raise",
     checksums: bool = True,
+    samples_per_record: int = 1,
     initial_map_size: int = 1 << 28,
     commit_bytes: int = 64 << 20,
     multiprocessing_context: str | None = None,
@@ -66,6 +67,10 @@ def write_record(
             naming its index; ``"skip"`` leaves such samples out and counts them in
             the metadata (``skipped``).
         checksums: store a CRC-32 per record (checked by ``verify``).
+        samples_per_record: store this many consecutive samples per LMDB value
+            (chunked records, stacked along a new first axis) to cut per-record
+            overhead for tiny samples; needs fixed shapes. Readers mix samples
+            across chunks as usual.
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction (bounded memory for retries).
         multiprocessing_context: start method of the reader workers.
@@ -82,6 +87,8 @@ def write_record(
     target = os.fspath(path)
     if on_error not in _ON_ERROR:
         raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+    if samples_per_record < 1:
+        raise ValueError(f"samples_per_record must be >= 1, got {samples_per_record}")
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError("metadata must be a dict of msgpack-able values")
     if os.path.lexists(target) and (not overwrite or os.path.isdir(target)):
@@ -93,7 +100,7 @@ def write_record(
         raise WriteError(f"{target}: parent directory {parent} does not exist")
     _remove_stale_temporaries(target)
     temp = _temporary_path(target)
-    job = _WriteJob(target, temp, on_error, checksums, initial_map_size, commit_bytes)
+    job = _WriteJob(target, temp, on_error, checksums, initial_map_size, commit_bytes, samples_per_record)
     try:
         job.run(dataset, shuffle, seed, num_workers, progress, multiprocessing_context)
         meta = job.metadata(shuffle, seed, metadata or {})
@@ -116,7 +123,14 @@ class _WriteJob:
     """The state of one write: temp files, appender, schema and counters."""
 
     def __init__(
-        self, target: str, temp: str, on_error: str, checksums: bool, initial_map_size: int, commit_bytes: int
+        self,
+        target: str,
+        temp: str,
+        on_error: str,
+        checksums: bool,
+        initial_map_size: int,
+        commit_bytes: int,
+        samples_per_record: int,
     ) -> None:
         self.target = target
         self.temp = temp
@@ -134,6 +148,8 @@ class _WriteJob:
             checksums=checksums,
             name=target,
         )
+        self.chunk = samples_per_record
+        self._group: list[Normalized] = []
 
     def run(
         self, dataset: Any, shuffle: bool, seed: int, num_workers: int, progress: bool | None, ctx: str | None
@@ -163,17 +179,47 @@ class _WriteJob:
                 self.schema = Schema.from_first(outcome.tree, outcome.signatures)
             else:
                 self.schema.merge(outcome.tree, outcome.signatures, f"{self.target}: sample {index}")
+                if self.chunk > 1:
+                    self._require_fixed(index)
             yield outcome
+
+    def _require_fixed(self, index: int) -> None:
+        assert self.schema is not None
+        for fld in self.schema.fields:
+            if fld.is_numeric and not fld.is_fixed:
+                raise SchemaError(
+                    f"{self.target}: sample {index}, field {fld.name!r}: its shape differs from earlier "
+                    f"samples'; chunked records (samples_per_record={self.chunk}) need fixed shapes, "
+                    "use samples_per_record=1 for variable shapes"
+                )
+
+    def _add(self, sample: Normalized) -> None:
+        """Encode one sample (or, in chunked mode, a full group of them) and append it."""
+        self.count += 1
+        if self.chunk == 1:
+            self.appender.append(encode_payloads(sample.payloads, sample.signatures))
+            return
+        self._group.append(sample)
+        if len(self._group) == self.chunk:
+            self._flush_group()
+
+    def _flush_group(self) -> None:
+        if not self._group:
+            return
+        columns: list[Any] = []
+        for column in zip(*(s.payloads for s in self._group)):
+            columns.append(list(column) if isinstance(column[0], bytes) else np.stack(column))
+        self.appender.append(encode_payloads(columns, self._group[0].signatures))
+        self._group = []
 
     def _append_all(
         self, stream: Iterator[tuple[int, Normalized | Failed]], total: int | None, progress: bool | None
     ) -> None:
         bar = _progress_bar(total, progress, "writing")
-        append = self.appender.append
         for sample in self._checked(stream):
-            append(encode_payloads(sample.payloads, sample.signatures))
-            self.count += 1
+            self._add(sample)
             bar.update(1)
+        self._flush_group()
         bar.close()
 
     def _spool_then_shuffle(self, dataset: Any, seed: int, progress: bool | None) -> None:
@@ -204,14 +250,25 @@ class _WriteJob:
                 for index in order:
                     value = txn.get(_format.encode_key(int(index)))
                     assert value is not None, "spooled record missing"
-                    self.appender.append(value)
+                    if self.chunk == 1:
+                        self.count += 1
+                        self.appender.append(value)
+                    else:
+                        self._add(self._respool(value, int(index)))
                     bar.update(1)
+            self._flush_group()
             bar.close()
         finally:
             env.close()
-        self.count = n
         _remove(self.spool)
         _remove(self.spool + "-lock")
+
+    def _respool(self, value: bytes, index: int) -> Normalized:
+        """Decode a spooled sample back into payloads (chunked mode regroups samples)."""
+        assert self.schema is not None
+        payloads = decode_leaves(value, self.schema.fields, f"{self.spool}: sample {index}")
+        signatures = [LeafSignature(f.kind, f.dtype, tuple(f.shape)) for f in self.schema.fields]  # type: ignore[arg-type]
+        return Normalized(self.schema.tree, signatures, payloads)
 
     def metadata(self, shuffle: bool, seed: int, user: dict[str, Any]) -> dict[str, Any]:
         schema = self.schema.to_dict() if self.schema is not None else None
@@ -220,8 +277,8 @@ class _WriteJob:
             "format_version": _format.FORMAT_VERSION,
             "library_version": __version__,
             "count": self.count,
-            "records": self.count,
-            "samples_per_record": 1,
+            "records": -(-self.count // self.chunk),
+            "samples_per_record": self.chunk,
             "schema": schema,
             "shuffled": bool(shuffle),
             "seed": int(seed),
