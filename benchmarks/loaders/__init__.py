@@ -1,0 +1,49 @@
+"""The registry of benchmarked loaders: one class per loader, looked up by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.loaders.base import Epochs, Loader, disk_bytes, ensure_built
+from benchmarks.loaders.limits import InMemoryLimit, RawLmdbLimit
+from benchmarks.loaders.lmdb_pickle import LmdbPickleLoader
+from benchmarks.loaders.npy_folder import NpyFolderLoader
+from benchmarks.loaders.torchrecord_loader import TorchRecordLoader
+from benchmarks.loaders.webdataset_tar import WebDatasetLoader
+
+__all__ = ["Epochs", "Loader", "LoaderOptions", "disk_bytes", "ensure_built", "registry"]
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Knobs shared by the loaders that shuffle, and torchrecord's packing.
+
+    Attributes:
+        shuffle_buffer: samples held by the shuffle buffer of torchrecord and WebDataset.
+        samples_per_record: K for the ``torchrecord-packed`` variant; ``0`` picks K
+            from the sample size (records of about 16 KiB).
+    """
+
+    shuffle_buffer: int = 2048
+    samples_per_record: int = 0
+
+
+def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
+    """Every loader by name, in report order: competitors first, then the limits."""
+    opts = options or LoaderOptions()
+    loaders: list[Loader] = [
+        NpyFolderLoader(),
+        LmdbPickleLoader(),
+        WebDatasetLoader(opts.shuffle_buffer),
+        TorchRecordLoader("torchrecord", batch_mode=False, shuffle_buffer=opts.shuffle_buffer),
+        TorchRecordLoader("torchrecord-batch", batch_mode=True, shuffle_buffer=opts.shuffle_buffer),
+        TorchRecordLoader(
+            "torchrecord-packed",
+            batch_mode=True,
+            samples_per_record=opts.samples_per_record,
+            shuffle_buffer=opts.shuffle_buffer,
+        ),
+        RawLmdbLimit(),
+        InMemoryLimit(),
+    ]
+    return {loader.name: loader for loader in loaders}

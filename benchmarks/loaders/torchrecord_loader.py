@@ -1,0 +1,120 @@
+"""torchrecord's RecordDataset, in per-sample mode, batch mode, and packed records (when supported)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+import torchrecord
+from benchmarks.loaders.base import Epochs, Loader
+from benchmarks.workloads import ArraySamples, WorkloadData
+
+__all__ = ["TorchRecordLoader", "auto_samples_per_record", "supports_samples_per_record"]
+
+#: Packed records aim at about this many bytes each when --samples-per-record is not given.
+_PACKED_RECORD_BYTES = 16 << 10
+
+
+def supports_samples_per_record() -> bool:
+    """True when this torchrecord's write_record accepts ``samples_per_record``."""
+    return "samples_per_record" in inspect.signature(torchrecord.write_record).parameters
+
+
+def auto_samples_per_record(sample_bytes: int) -> int:
+    """The largest power of two K with K samples in about 16 KiB (1 for big samples)."""
+    ratio = _PACKED_RECORD_BYTES / max(sample_bytes, 1)
+    return 1 if ratio < 2 else 2 ** int(math.log2(ratio))
+
+
+def _format_version() -> int:
+    try:
+        from torchrecord._format import FORMAT_VERSION
+    except ImportError:
+        return 0
+    return int(FORMAT_VERSION)
+
+
+def record_key(samples_per_record: int = 1) -> str:
+    """The cache directory of a record set (changes with the torchrecord version)."""
+    packed = f"-k{samples_per_record}" if samples_per_record > 1 else ""
+    return f"torchrecord-f{_format_version()}-v{torchrecord.__version__}{packed}"
+
+
+def write_records(data: WorkloadData, dest: Path, samples_per_record: int = 1) -> Path:
+    """Write the workload with write_record into ``dest/data.tr``."""
+    path = dest / "data.tr"
+    extra: dict[str, Any] = {"samples_per_record": samples_per_record} if samples_per_record > 1 else {}
+    torchrecord.write_record(ArraySamples(data.features, data.labels), path, progress=False, **extra)
+    return path
+
+
+class _Epochs(Epochs):
+    def __init__(self, dataset: torchrecord.RecordDataset, loader: DataLoader[Any]) -> None:
+        self.dataset = dataset
+        self.loader = loader
+
+    def epoch(self, index: int) -> Iterable[Any]:
+        self.dataset.set_epoch(index)
+        return self.loader
+
+
+class TorchRecordLoader(Loader):
+    """RecordDataset in a DataLoader.
+
+    Args:
+        batch_mode: ``RecordDataset(batch_size=B)`` with ``DataLoader(batch_size=None)``
+            (batches collated in the worker); else per-sample ``RecordDataset`` with
+            ``DataLoader(batch_size=B)``.
+        samples_per_record: pack K samples per record at write time (``0``: choose K
+            from the sample size; needs a write_record with ``samples_per_record``).
+            ``None`` stores one sample per record.
+        shuffle_buffer: RecordDataset's ``shuffle_buffer``.
+    """
+
+    def __init__(
+        self, name: str, *, batch_mode: bool, samples_per_record: int | None = None, shuffle_buffer: int = 2048
+    ) -> None:
+        self.name = name
+        self.batch_mode = batch_mode
+        self.samples_per_record = samples_per_record
+        self.shuffle_buffer = shuffle_buffer
+        mode = "RecordDataset(batch_size=B), DataLoader(batch_size=None)" if batch_mode else (
+            "RecordDataset, DataLoader(batch_size=B)"
+        )
+        packing = "; K samples per record" if samples_per_record is not None else ""
+        self.description = mode + packing
+
+    def packing(self, data: WorkloadData) -> int:
+        """K, the samples per record this loader stores for ``data`` (1: unpacked)."""
+        if self.samples_per_record is None:
+            return 1
+        return self.samples_per_record or auto_samples_per_record(data.workload.sample_bytes)
+
+    def unavailable(self, data: WorkloadData) -> str | None:
+        if self.samples_per_record is None:
+            return None
+        if not supports_samples_per_record():
+            return "this torchrecord's write_record has no samples_per_record option"
+        if self.packing(data) < 2:
+            return "samples too large to pack (K would be 1)"
+        return None
+
+    def format_key(self, data: WorkloadData) -> str | None:
+        return record_key(self.packing(data))
+
+    def build(self, data: WorkloadData, dest: Path) -> None:
+        write_records(data, dest, self.packing(data))
+
+    def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
+        assert path is not None
+        batch = data.batch_size if self.batch_mode else None
+        dataset = torchrecord.RecordDataset(
+            path / "data.tr", shuffle=True, shuffle_buffer=self.shuffle_buffer, seed=0, batch_size=batch
+        )
+        loader_batch = None if self.batch_mode else data.batch_size
+        return _Epochs(dataset, DataLoader(dataset, batch_size=loader_batch, num_workers=num_workers))

@@ -1,0 +1,75 @@
+"""WebDataset: pre-shuffled tar shards, a shard shuffle and a sample shuffle buffer (optional extra)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, default_collate
+
+from benchmarks.loaders.base import Epochs, Loader
+from benchmarks.workloads import WorkloadData
+
+__all__ = ["WebDatasetLoader"]
+
+_SHARD_BYTES = 128 << 20
+_MIN_SHARDS = 8  # enough for every worker to get shards of its own
+
+
+class _Epochs(Epochs):
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self.loader = loader
+
+    def epoch(self, index: int) -> Iterable[Any]:
+        return self.loader
+
+
+class WebDatasetLoader(Loader):
+    """Tar shards of ``.npy`` + ``.cls`` members, read by ``wds.WebDataset`` with a shuffle buffer.
+
+    Batches are built in the workers with ``.batched(B, collation_fn=default_collate)``
+    and passed through ``DataLoader(batch_size=None)``, as WebDataset recommends.
+    """
+
+    name = "webdataset"
+    description = "tar shards (pre-shuffled), shard shuffle + shuffle buffer, batched in workers"
+
+    def __init__(self, shuffle_buffer: int = 2048) -> None:
+        self.shuffle_buffer = shuffle_buffer
+
+    def unavailable(self, data: WorkloadData) -> str | None:
+        try:
+            import webdataset  # noqa: F401
+        except ImportError:
+            return "webdataset is not installed (pip install webdataset)"
+        return None
+
+    def format_key(self, data: WorkloadData) -> str | None:
+        return "webdataset"
+
+    def build(self, data: WorkloadData, dest: Path) -> None:
+        import webdataset as wds
+
+        shards = max(_MIN_SHARDS, math.ceil(data.total_bytes / _SHARD_BYTES))
+        order = np.random.default_rng(0).permutation(data.count)
+        for shard, part in enumerate(np.array_split(order, shards)):
+            with wds.TarWriter(str(dest / f"shard-{shard:05d}.tar")) as sink:
+                for i in part:
+                    sink.write({"__key__": f"{i:08d}", "npy": data.features[i], "cls": int(data.labels[i])})
+
+    def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
+        import webdataset as wds
+
+        assert path is not None
+        urls = sorted(str(p) for p in path.glob("shard-*.tar"))
+        dataset = (
+            wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False)
+            .shuffle(self.shuffle_buffer)
+            .decode()
+            .to_tuple("npy", "cls")
+            .batched(data.batch_size, collation_fn=default_collate)
+        )
+        return _Epochs(DataLoader(dataset, batch_size=None, num_workers=num_workers))

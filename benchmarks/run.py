@@ -1,0 +1,209 @@
+"""Run every loader side by side on the same generated data: ``python -m benchmarks.run``.
+
+For each workload: load (or generate and cache) its samples, build every
+loader's format from them (cached), time ``--epochs`` interleaved epochs of
+every configuration (each loader at each ``--workers`` setting; the limits once,
+in-process), print a table, then time writes. At the end, print the summary,
+and write ``<out>.json`` and ``<out>.png``.
+
+Quick run: ``python -m benchmarks.run --scale 0.1``. Full run: no arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report
+from benchmarks.loaders import Epochs, LoaderOptions, disk_bytes, ensure_built, registry
+from benchmarks.machine import describe_machine, load_average, versions
+from benchmarks.timing import Measurement, run_rounds
+from benchmarks.workloads import WORKLOADS, WorkloadData, load_workload
+from benchmarks.writespeed import WriteResult, measure_writes
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see ``--help``)."""
+    names = list(registry())
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every workload's size (0.1: quick run)")
+    p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    p.add_argument("--loaders", nargs="+", choices=names, default=names)
+    p.add_argument("--workers", nargs="+", type=int, default=[0, 2], help="DataLoader num_workers settings")
+    p.add_argument("--epochs", type=int, default=3, help="timed epochs per configuration (median; >= 3)")
+    p.add_argument("--batch-size", type=int, default=None, help="override every workload's batch size")
+    p.add_argument("--shuffle-buffer", type=int, default=2048, help="torchrecord and WebDataset buffer")
+    p.add_argument(
+        "--samples-per-record", type=int, default=0,
+        help="K for torchrecord-packed (0: about 16 KiB per record); needs write_record(samples_per_record=)",
+    )
+    p.add_argument("--data-dir", type=Path, default=Path("bench-data"), help="cache of generated data")
+    p.add_argument("--out", type=Path, default=Path("results/bench"), help="writes OUT.json and OUT.png")
+    p.add_argument("--rebuild", action="store_true", help="rebuild every cached format (not the samples)")
+    p.add_argument("--no-write", action="store_true", help="skip the write-speed measurement")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
+    args = p.parse_args(argv)
+    if args.epochs < 1:
+        p.error("--epochs must be at least 1")
+    return args
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _prepare(
+    data: WorkloadData, names: list[str], args: argparse.Namespace, rebuilt: set[str]
+) -> tuple[list[tuple[Measurement, Epochs]], list[dict[str, str]]]:
+    """Build (or find) every selected loader's format and open its configurations."""
+    loaders = registry(LoaderOptions(args.shuffle_buffer, args.samples_per_record))
+    configs: list[tuple[Measurement, Epochs]] = []
+    skipped: list[dict[str, str]] = []
+    for name in names:
+        loader = loaders[name]
+        reason = loader.unavailable(data)
+        if reason:
+            _log(f"  {name}: skipped ({reason})")
+            skipped.append({"loader": name, "reason": reason})
+            continue
+        key = loader.format_key(data)
+        rebuild = args.rebuild and key is not None and key not in rebuilt
+        if key is not None and (rebuild or not (data.root / key).exists()):
+            _log(f"  {name}: building {key} ...")
+        path, seconds = ensure_built(loader, data, rebuild)
+        if key is not None:
+            rebuilt.add(key)
+        size = disk_bytes(path) if path is not None else None
+        if seconds is not None:
+            _log(f"  {name}: built in {seconds:.1f} s ({(size or 0) / 1e6:,.1f} MB on disk)")
+        settings: list[int | None] = list(args.workers) if loader.uses_workers else [None]
+        for workers in settings:
+            m = Measurement(data.name, name, workers, data.batch_size, data.count, loader.is_limit, size, seconds)
+            configs.append((m, loader.open(data, path, workers or 0)))
+    return configs, skipped
+
+
+def _run_workload(
+    name: str, args: argparse.Namespace, rebuilt: set[str]
+) -> tuple[dict[str, Any], list[Measurement], WriteResult | None]:
+    workload = WORKLOADS[name]
+    count = workload.scaled_count(args.scale)
+    _log(f"\n== {name}: {workload.describe(count)}")
+    start = time.perf_counter()
+    data = load_workload(workload, args.scale, args.data_dir, args.seed, args.batch_size)
+    _log(f"  samples ready in {time.perf_counter() - start:.1f} s ({data.root})")
+    configs, skipped = _prepare(data, args.loaders, args, rebuilt)
+    _log(f"  timing {args.epochs} interleaved epochs of {len(configs)} configurations, batch {data.batch_size}")
+    run_rounds(configs, args.epochs, _log)
+    measurements = [m for m, _ in configs]
+    del configs
+    gc.collect()
+    _log("")
+    _log(report.format_table(report.MEASUREMENT_HEADERS, report.measurement_rows(measurements, measurements)))
+    write = None
+    if not args.no_write:
+        _log("  timing writes: write_record, then a raw LMDB append of the same encoded values ...")
+        write = measure_writes(data, data.root / "scratch")
+        _log(report.format_table(report.WRITE_HEADERS, report.write_rows([write])))
+    info = {
+        "name": name,
+        "description": workload.describe(data.count),
+        "count": data.count,
+        "batch_size": data.batch_size,
+        "sample_bytes": workload.sample_bytes,
+        "skipped": skipped,
+    }
+    return info, measurements, write
+
+
+def _measurement_json(m: Measurement, everything: list[Measurement]) -> dict[str, Any]:
+    return {
+        "loader": m.loader,
+        "workers": m.workers,
+        "batch_size": m.batch_size,
+        "is_limit": m.is_limit,
+        "samples_per_second": m.samples_per_second,
+        "median_epoch_seconds": m.median_seconds,
+        "ratio_to_raw_limit": report.ratio_to_raw(m, everything),
+        "epoch_seconds": m.seconds,
+        "epoch_samples": m.samples,
+        "all_samples_every_epoch": m.complete,
+        "disk_bytes": m.disk_bytes,
+        "build_seconds": m.build_seconds,
+    }
+
+
+def _summary(results: list[tuple[dict[str, Any], list[Measurement], WriteResult | None]]) -> None:
+    _log("\n== Summary: each loader's best configuration (median samples/s; x raw limit = ratio)")
+    rows = []
+    for info, ms, _ in results:
+        for m in report.best_per_loader(ms):
+            ratio = report.ratio_to_raw(m, ms)
+            workers = "-" if m.workers is None else str(m.workers)
+            ratio_text = "-" if ratio is None else f"{ratio:.3f}"
+            rows.append([info["name"], m.loader, workers, f"{m.samples_per_second:,.0f}", ratio_text])
+    _log(report.format_table(["workload", "loader", "workers", "samples/s", "x raw limit"], rows))
+    writes = [w for _, _, w in results if w is not None]
+    if writes:
+        _log("\n== Write speed (MB/s of stored values)")
+        _log(report.format_table(report.WRITE_HEADERS, report.write_rows(writes)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns the exit status."""
+    args = parse_args(argv)
+    if args.epochs < 3:
+        _log(f"warning: --epochs {args.epochs}: medians of fewer than 3 epochs are not reported as such")
+    machine, found = describe_machine(), versions()
+    _log("Machine:  " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+    _log("Versions: " + ", ".join(f"{k}={v}" for k, v in found.items()))
+    started = time.perf_counter()
+    rebuilt: set[str] = set()
+    results = [_run_workload(name, args, rebuilt) for name in args.workloads]
+    _summary(results)
+    machine["load_average_at_end"] = load_average()
+    config = {
+        "scale": args.scale,
+        "workers": args.workers,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size or "per workload",
+        "shuffle_buffer": args.shuffle_buffer,
+        "samples_per_record": args.samples_per_record or "auto",
+        "data_dir": str(args.data_dir),
+    }
+    payload = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "machine": machine,
+        "versions": found,
+        "config": config,
+        "workloads": [
+            {
+                **info,
+                "results": [_measurement_json(m, ms) for m in ms],
+                "best": [_measurement_json(m, ms) for m in report.best_per_loader(ms)],
+                "write": None if w is None else w.to_json(),
+            }
+            for info, ms, w in results
+        ],
+    }
+    json_path = args.out.with_suffix(".json")
+    report.write_json(json_path, payload)
+    chart_note = report.write_chart(
+        args.out.with_suffix(".png"), [(info["name"], ms) for info, ms, _ in results], machine, found, config
+    )
+    _log(f"\nwrote {json_path}" + (f"; {chart_note}" if chart_note else f" and {args.out.with_suffix('.png')}"))
+    _log(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
