@@ -134,7 +134,10 @@ def _decode_one(proto: pb.TensorProto, fld: Field, where: str, rows: int | None)
             f"{where}, field {fld.name!r}: shape {dims} needs {count * info.itemsize} bytes, "
             f"the record holds {len(raw)}"
         )
-    arr = np.frombuffer(raw, dtype=info.numpy).reshape(dims)
+    try:
+        arr = np.frombuffer(raw, dtype=info.numpy).reshape(dims)
+    except ValueError:  # an empty array whose other dims overflow NumPy's size limit
+        raise CorruptRecordError(f"{where}, field {fld.name!r}: shape {dims} is too big for NumPy") from None
     if info.name == "bool" and count and arr.view(np.uint8).max() > 1:
         raise CorruptRecordError(f"{where}, field {fld.name!r}: bool data holds values other than 0 and 1")
     return arr
