@@ -127,10 +127,10 @@ class _WindowBuilder:
             grown = np.empty((row0 + n) * length, np.uint8)
             grown[: row0 * length] = self.buffer[: row0 * length]
             self.buffer = grown
-        out = memoryview(self.buffer)
+        out = self.buffer.data
         pos = row0 * length
         i = -1
-        for i, value in enumerate(values):  # noqa: B007 (i is read after the loop)
+        for i, value in enumerate(values):
             try:
                 out[pos : pos + length] = value
             except ValueError:  # wrong length: keep it aside for the checked decoder
@@ -148,7 +148,7 @@ class _WindowBuilder:
         for i, crc in enumerate(stored):
             row = row0 + i
             if self.joined:
-                value = self.odd.get(row) or memoryview(self.buffer)[row * length : (row + 1) * length]
+                value = self.odd.get(row) or self.buffer.data[row * length : (row + 1) * length]
             else:
                 value = self.views[row]
             if zlib.crc32(value) != int.from_bytes(crc, "little"):

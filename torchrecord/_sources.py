@@ -16,10 +16,20 @@ import numpy as np
 import torch.utils.data
 
 from torchrecord._codec import Payload, leaf_payload
+from torchrecord._fastwrite import FastEncoder
 from torchrecord._structure import Tree, flatten
 from torchrecord.schema import LeafSignature
 
-__all__ = ["Failed", "Normalized", "is_map_style", "iterate_source", "normalize", "read_in_order"]
+__all__ = [
+    "Failed",
+    "Normalized",
+    "Outcome",
+    "encoder_for",
+    "is_map_style",
+    "iterate_source",
+    "normalize",
+    "read_in_order",
+]
 
 
 @dataclass
@@ -46,11 +56,30 @@ def normalize(sample: Any) -> Normalized:
     return Normalized(tree, [p[0] for p in pairs], [p[1] for p in pairs])
 
 
-def _attempt(dataset: Any, index: int) -> Normalized | Failed:
+Outcome = bytes | Normalized | Failed
+
+
+def _prepare(sample: Any, encoder: FastEncoder | None) -> bytes | Normalized:
+    """Encoded bytes straight from the fast encoder when the sample fits it, else normalized."""
+    if encoder is not None:
+        value = encoder.encode(sample)
+        if value is not None:
+            return value
+    return normalize(sample)
+
+
+def _attempt(dataset: Any, index: int, encoder: FastEncoder | None) -> Outcome:
     try:
-        return normalize(dataset[index])
+        return _prepare(dataset[index], encoder)
     except Exception as exc:  # the user's code: any exception is reported with its index
         return Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def encoder_for(outcome: Outcome, fast: bool) -> FastEncoder | None:
+    """The fast encoder for samples like this first outcome (None if not eligible)."""
+    if not fast or not isinstance(outcome, Normalized):
+        return None
+    return FastEncoder.build(outcome.tree, outcome.signatures)
 
 
 def is_map_style(dataset: Any) -> bool:
@@ -67,16 +96,17 @@ def is_map_style(dataset: Any) -> bool:
 class _Reorder(torch.utils.data.Dataset[tuple[int, Any]]):
     """Position p of the write order -> (source index, outcome); runs in DataLoader workers."""
 
-    def __init__(self, dataset: Any, order: np.ndarray) -> None:
+    def __init__(self, dataset: Any, order: np.ndarray, encoder: FastEncoder | None) -> None:
         self.dataset = dataset
         self.order = order
+        self.encoder = encoder
 
     def __len__(self) -> int:
         return len(self.order)
 
     def __getitem__(self, position: int) -> tuple[int, Any]:
         index = int(self.order[position])
-        return index, _attempt(self.dataset, index)
+        return index, _attempt(self.dataset, index, self.encoder)
 
 
 def _as_list(batch: list[Any]) -> list[Any]:
@@ -84,10 +114,20 @@ def _as_list(batch: list[Any]) -> list[Any]:
 
 
 def read_in_order(
-    dataset: Any, order: np.ndarray, num_workers: int, mp_context: str | None = None
-) -> Iterator[tuple[int, Normalized | Failed]]:
-    """Yield ``(index, outcome)`` for ``dataset[i]`` for i in ``order``, in that order."""
-    reorder = _Reorder(dataset, order)
+    dataset: Any, order: np.ndarray, num_workers: int, mp_context: str | None = None, fast: bool = True
+) -> Iterator[tuple[int, Outcome]]:
+    """Yield ``(index, outcome)`` for ``dataset[i]`` for i in ``order``, in that order.
+
+    The first sample is read here; when ``fast``, it builds the encoder that the
+    rest (read here or in workers) use to come back as finished record bytes.
+    """
+    if len(order) == 0:
+        return
+    first = int(order[0])
+    outcome = _attempt(dataset, first, None)
+    yield first, outcome
+    reorder = _Reorder(dataset, order[1:], encoder_for(outcome, fast))
+    order = order[1:]
     if num_workers <= 0:
         for position in range(len(order)):
             yield reorder[position]
@@ -105,7 +145,7 @@ def read_in_order(
         yield from batch
 
 
-def iterate_source(source: Iterable[Any]) -> Iterator[tuple[int, Normalized | Failed]]:
+def iterate_source(source: Iterable[Any], fast: bool = True) -> Iterator[tuple[int, Outcome]]:
     """Yield ``(index, outcome)`` for an iterable in its own order.
 
     An exception from the iterator is reported for that index; iteration then
@@ -113,6 +153,7 @@ def iterate_source(source: Iterable[Any]) -> Iterator[tuple[int, Normalized | Fa
     """
     it = iter(source)
     index = 0
+    encoder: FastEncoder | None = None
     while True:
         try:
             sample = next(it)
@@ -123,7 +164,10 @@ def iterate_source(source: Iterable[Any]) -> Iterator[tuple[int, Normalized | Fa
             index += 1
             continue
         try:
-            yield index, normalize(sample)
+            outcome = _prepare(sample, encoder)
+            if index == 0:
+                encoder = encoder_for(outcome, fast)
+            yield index, outcome
         except Exception as exc:
             yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
         index += 1

@@ -229,7 +229,10 @@ class RecordDataset(IterableDataset[Any]):
                     a.view(info.numpy).reshape((len(a), *shape)) for a, (shape, info) in zip(arrays, shapes)
                 ]
                 _check_bools(typed, layout, self.file.path)
-                if batched:
+                if batched and self.transform is not None:
+                    samples = [self.transform(sample) for sample in self._split(typed, layout)]
+                    yield self._finish_batch(torch.utils.data.default_collate(samples))
+                elif batched:
                     yield self._finish_batch(self._batch_structure(typed, layout))
                 else:
                     for sample in self._split(typed, layout):

@@ -19,7 +19,7 @@ import numpy as np
 from torchrecord import _format
 from torchrecord._codec import decode_leaves, encode_payloads
 from torchrecord._lmdb_writer import LmdbAppender
-from torchrecord._sources import Failed, Normalized, is_map_style, iterate_source, read_in_order
+from torchrecord._sources import Failed, Normalized, Outcome, is_map_style, iterate_source, read_in_order
 from torchrecord._version import __version__
 from torchrecord.errors import RecordExistsError, SchemaError, SourceError, TorchRecordError, WriteError
 from torchrecord.record_file import RecordFile
@@ -157,16 +157,24 @@ class _WriteJob:
         if is_map_style(dataset):
             n = len(dataset)
             order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-            stream = read_in_order(dataset, order, num_workers, ctx)
+            stream = read_in_order(dataset, order, num_workers, ctx, fast=self.chunk == 1)
             self._append_all(stream, n, progress)
         elif not shuffle:
-            self._append_all(iterate_source(dataset), None, progress)
+            self._append_all(iterate_source(dataset, fast=self.chunk == 1), None, progress)
         else:
             self._spool_then_shuffle(dataset, seed, progress)
 
-    def _checked(self, stream: Iterator[tuple[int, Normalized | Failed]]) -> Iterator[Normalized]:
-        """Merge every sample into the schema; raise or skip the failed ones."""
+    def _checked(self, stream: Iterator[tuple[int, Outcome]]) -> Iterator[bytes | Normalized]:
+        """Merge every sample into the schema; raise or skip the failed ones.
+
+        Finished record bytes come from the fast encoder, which only accepts
+        samples identical in structure, dtypes and shapes to the first one, so
+        they leave the schema as it is.
+        """
         for index, outcome in stream:
+            if isinstance(outcome, bytes):
+                yield outcome
+                continue
             if isinstance(outcome, Failed):
                 if self.on_error == "skip":
                     self.skipped += 1
@@ -193,9 +201,12 @@ class _WriteJob:
                     "use samples_per_record=1 for variable shapes"
                 )
 
-    def _add(self, sample: Normalized) -> None:
+    def _add(self, sample: bytes | Normalized) -> None:
         """Encode one sample (or, in chunked mode, a full group of them) and append it."""
         self.count += 1
+        if isinstance(sample, bytes):
+            self.appender.append(sample)
+            return
         if self.chunk == 1:
             self.appender.append(encode_payloads(sample.payloads, sample.signatures))
             return
@@ -213,7 +224,7 @@ class _WriteJob:
         self._group = []
 
     def _append_all(
-        self, stream: Iterator[tuple[int, Normalized | Failed]], total: int | None, progress: bool | None
+        self, stream: Iterator[tuple[int, Outcome]], total: int | None, progress: bool | None
     ) -> None:
         bar = _progress_bar(total, progress, "writing")
         for sample in self._checked(stream):
@@ -234,7 +245,10 @@ class _WriteJob:
         bar = _progress_bar(None, progress, "spooling")
         try:
             for sample in self._checked(iterate_source(dataset)):
-                spool.append(encode_payloads(sample.payloads, sample.signatures))
+                if isinstance(sample, bytes):
+                    spool.append(sample)
+                else:
+                    spool.append(encode_payloads(sample.payloads, sample.signatures))
                 bar.update(1)
             spool.flush()
         finally:

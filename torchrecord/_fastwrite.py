@@ -1,0 +1,145 @@
+"""Encode samples of a fixed structure without protobuf, byte for byte as protobuf would.
+
+Built from the first sample: when it is a flat tuple, list or dict (or a single
+leaf) of fixed-shape tensors, arrays and Python scalars, every following sample
+with the same leaf types, dtypes and shapes encodes to the same bytes as the
+first one's except inside the payloads (see ``torchrecord._layout``). The
+encoder checks each sample against that signature and splices its payloads
+between the template's header bytes; any sample that does not match returns
+None and takes the general path (which widens the schema or raises).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchrecord import _dtypes
+from torchrecord._layout import FixedLayout
+from torchrecord._structure import Tree
+from torchrecord.schema import LeafSignature, Schema
+
+__all__ = ["FastEncoder"]
+
+_Leaf = Callable[[Any], "bytes | memoryview | None"]
+
+
+class FastEncoder:
+    """Encodes samples shaped like the first one; None for any other sample."""
+
+    def __init__(self, tree: Tree, layout: FixedLayout, leaf_encoders: list[_Leaf]) -> None:
+        self.tree = tree
+        self.layout = layout
+        self._leaves = leaf_encoders
+        header = layout.header.tobytes()
+        # the template's header bytes between consecutive payloads
+        cuts, pieces, start = [], [], 0
+        for off, n in zip(layout.offsets, (layout.rows * s for s in layout.sample_bytes)):
+            cuts.append((off, off + n))
+        position = 0
+        for off, end in cuts:
+            size = off - position
+            pieces.append(header[start : start + size])
+            start += size
+            position = end
+        pieces.append(header[start:])
+        self._headers = pieces
+        kind = tree["t"]
+        self._split: Callable[[Any], Sequence[Any] | None]
+        if kind == "leaf":
+            self._split = lambda sample: [sample]
+        elif kind in ("tuple", "list"):
+            n, typ = len(tree["c"]), tuple if kind == "tuple" else list
+            self._split = lambda s: s if type(s) is typ and len(s) == n else None
+        else:
+            keys = tree["k"]
+            self._split = lambda s: [s[k] for k in keys] if type(s) is dict and list(s) == keys else None
+
+    @classmethod
+    def build(cls, tree: Tree, signatures: list[LeafSignature]) -> FastEncoder | None:
+        """An encoder for samples like the first (tree, signatures), or None if not eligible."""
+        if sys.byteorder != "little" or not signatures:
+            return None
+        if tree["t"] != "leaf" and any(c["t"] != "leaf" for c in tree["c"]):
+            return None  # nested structures take the general path
+        schema = Schema.from_first(tree, signatures)
+        layout = FixedLayout.build(schema, 1)
+        if layout is None:
+            return None
+        encoders = [_leaf_encoder(sig) for sig in signatures]
+        if any(e is None for e in encoders):
+            return None
+        return cls(tree, layout, encoders)  # type: ignore[arg-type]
+
+    def encode(self, sample: Any) -> bytes | None:
+        """The record bytes of ``sample``, or None if it does not fit this encoder."""
+        leaves = self._split(sample)
+        if leaves is None:
+            return None
+        headers = self._headers
+        parts: list[Any] = [headers[0]]
+        for i, (leaf, encode) in enumerate(zip(leaves, self._leaves)):
+            data = encode(leaf)
+            if data is None:
+                return None
+            parts.append(data)
+            parts.append(headers[i + 1])
+        return b"".join(parts)
+
+
+_INT = struct.Struct("<q")
+_FLOAT = struct.Struct("<d")
+
+
+def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
+    kind = sig.kind
+    if kind == "int":
+        return _encode_int
+    if kind == "float":
+        return lambda x: _FLOAT.pack(x) if type(x) is float else None
+    if kind == "bool":
+        return lambda x: (b"\x01" if x else b"\x00") if type(x) is bool else None
+    info = _dtypes.by_name(sig.dtype)
+    shape = tuple(sig.shape)
+    if kind == "tensor":
+        if info.name == "bfloat16":
+            return None
+        torch_dtype, torch_shape = info.torch, torch.Size(shape)
+
+        def tensor(x: Any) -> memoryview | None:
+            if (
+                type(x) is not torch.Tensor
+                or x.dtype is not torch_dtype
+                or x.shape != torch_shape
+                or x.device.type != "cpu"
+                or x.requires_grad
+                or not x.is_contiguous()
+            ):
+                return None
+            return x.numpy().data.cast("B")
+
+        return tensor
+    if kind == "ndarray":
+        np_dtype = info.numpy
+
+        def array(x: Any) -> memoryview | None:
+            if type(x) is not np.ndarray or x.dtype != np_dtype or x.shape != shape or not x.flags.c_contiguous:
+                return None
+            return x.data.cast("B")
+
+        return array
+    return None
+
+
+def _encode_int(x: Any) -> bytes | None:
+    if type(x) is not int:
+        return None
+    try:
+        return _INT.pack(x)
+    except struct.error:
+        return None
