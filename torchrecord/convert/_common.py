@@ -35,7 +35,8 @@ def require(module: str, extra: str, purpose: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{purpose} needs {module.split('.')[0]}: pip install torchrecord-lmdb[{extra}]") from exc
+        package = {"PIL": "Pillow"}.get(module.split(".")[0], module)
+        raise ImportError(f"{purpose} needs {package}: pip install torchrecord-lmdb[{extra}]") from exc
 
 
 def write(
