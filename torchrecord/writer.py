@@ -227,10 +227,17 @@ class _WriteJob:
         self, stream: Iterator[tuple[int, Outcome]], total: int | None, progress: bool | None
     ) -> None:
         bar = _progress_bar(total, progress, "writing")
-        for sample in self._checked(stream):
-            self._add(sample)
-            bar.update(1)
-        self._flush_group()
+        try:
+            for sample in self._checked(stream):
+                self._add(sample)
+                bar.update(1)
+            self._flush_group()
+        finally:
+            # on an error, stop the reader (and its DataLoader workers) now rather than when the
+            # garbage collector finds it through the traceback: shutting down late hangs 5 s per worker
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
         bar.close()
 
     def _spool_then_shuffle(self, dataset: Any, seed: int, progress: bool | None) -> None:
