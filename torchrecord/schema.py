@@ -14,7 +14,7 @@ from typing import Any
 from torchrecord._structure import Tree, field_names
 from torchrecord.errors import SchemaError
 
-__all__ = ["KINDS", "NUMERIC_KINDS", "Field", "LeafSignature", "Schema"]
+__all__ = ["Field", "KINDS", "LeafSignature", "NUMERIC_KINDS", "Schema"]
 
 #: Leaf kinds and what the reader gives back for each.
 KINDS = ("tensor", "ndarray", "int", "float", "bool", "bytes", "str")
