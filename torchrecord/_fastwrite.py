@@ -121,7 +121,7 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
                 or not x.is_contiguous()
             ):
                 return None
-            return x.numpy().data.cast("B")
+            return x.numpy().reshape(-1).view(np.uint8).data
 
         return tensor
     if kind == "ndarray":
@@ -130,7 +130,7 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
         def array(x: Any) -> memoryview | None:
             if type(x) is not np.ndarray or x.dtype != np_dtype or x.shape != shape or not x.flags.c_contiguous:
                 return None
-            return x.data.cast("B")
+            return x.reshape(-1).view(np.uint8).data
 
         return array
     return None

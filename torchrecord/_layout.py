@@ -112,13 +112,15 @@ def _payload_offsets(differs: np.ndarray, sizes: Sequence[int]) -> list[int] | N
     starts, stops = edges[0::2], edges[1::2]
     offsets: list[int] = []
     run = 0
+    previous_end = 0
     for size in sizes:
-        if size == 0:
-            offsets.append(0)
+        if size == 0:  # an empty payload: any position keeps the offsets in order
+            offsets.append(previous_end)
             continue
         if run >= len(starts) or stops[run] - starts[run] != size:
             return None
         offsets.append(int(starts[run]))
+        previous_end = int(stops[run])
         run += 1
     return offsets if run == len(starts) else None
 
