@@ -21,15 +21,14 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import torchrecord
+from tests.conftest import IndexedImages
+from tests.helpers import assert_exactly_once
 from torchrecord._codec import encode_payloads
 from torchrecord._fastread import JOIN_LIMIT
 from torchrecord._fastwrite import FastEncoder
 from torchrecord._proto import torchrecord_pb2 as pb
 from torchrecord._sources import normalize
 from torchrecord.errors import ChecksumError, CorruptRecordError
-
-from tests.conftest import IndexedImages
-from tests.helpers import assert_exactly_once
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
 
@@ -239,7 +238,13 @@ def test_large_records_take_the_view_path(make_record: Any) -> None:
 
 def test_per_sample_mode_returns_the_written_kinds(make_record: Any) -> None:
     samples = [
-        {"t": torch.full((2,), i, dtype=torch.bfloat16), "a": np.full(3, i, np.int16), "i": i, "f": i / 2, "b": i % 2 == 0}
+        {
+            "t": torch.full((2,), i, dtype=torch.bfloat16),
+            "a": np.full(3, i, np.int16),
+            "i": i,
+            "f": i / 2,
+            "b": i % 2 == 0,
+        }
         for i in range(20)
     ]
     path = make_record(samples)
