@@ -400,6 +400,7 @@ def _batch_len(batch: Any) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import torch
     from torch.utils.data import DataLoader
 
     from torchrecord.dataset import RecordDataset
@@ -412,7 +413,7 @@ def _bench(args: argparse.Namespace) -> int:
     loader = DataLoader(dataset, batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0)
     print(
         f"{args.path}: {n} samples, {size / 1e6:.1f} MB; workers={args.workers} batch_size={args.batch_size} "
-        f"epochs={args.epochs} shuffle={args.shuffle}"
+        f"epochs={args.epochs} shuffle={args.shuffle}; {os.cpu_count()} CPUs, torch {torch.__version__}"
     )
     seconds = []
     for epoch in range(args.epochs):
