@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import lmdb
 
 from torchrecord import _format
-from torchrecord._codec import decode_leaves
 from torchrecord.errors import CorruptRecordError, TorchRecordError
 from torchrecord.record_file import RecordFile
 
@@ -48,7 +48,7 @@ class VerifyReport:
             self.errors.append((index, message))
 
 
-def check_crc(value: bytes, stored: bytes | None, where: str) -> None:
+def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, where: str) -> None:
     """Raise ChecksumError unless ``stored`` is the CRC-32 of ``value``."""
     if stored is None:
         raise CorruptRecordError(f"{where}: no checksum stored")
@@ -63,46 +63,63 @@ def check_crc(value: bytes, stored: bytes | None, where: str) -> None:
 def verify(
     path: str | os.PathLike[str], *, progress: bool | None = None, max_errors: int = 20
 ) -> VerifyReport:
-    """Check every record of a record set: present, checksum matches, decodes per the schema.
+    """Check every record of a record set: present, checksum matches, reads back per the schema.
 
-    Opening problems (missing file, not a record set, newer version) raise; per-record
-    problems are counted in the report, which names the first bad index.
+    Opening problems (missing file, not a record set, newer version, truncated file)
+    raise; per-record problems are counted in the report, which names the first bad
+    index. A record LMDB itself cannot read (a damaged page) counts as bad and the
+    walk goes on with a fresh transaction, so one bad page does not hide the rest.
     """
     rf = RecordFile(path)
     env, records_db = rf.environment()
-    schema_fields = rf.schema.fields
     count = rf.metadata["records"] if "records" in rf.metadata else len(rf)
     crc_db = env.open_db(_format.CRC_DB, create=False) if rf.metadata.get("checksum") else None
-    chunk = rf.samples_per_record
     report = VerifyReport(rf.path)
     bar = _bar(count, progress)
+    txn: lmdb.Transaction | None = None
     try:
-        with env.begin(buffers=False) as txn:
-            cursor = txn.cursor(db=records_db)
-            crcs = txn.cursor(db=crc_db) if crc_db is not None else None
-            for index in range(count):
-                where = f"{rf.path}: record {index}"
-                key = _format.encode_key(index)
-                value = cursor.get(key)
+        for index in range(count):
+            where = f"{rf.path}: record {index}"
+            key = _format.encode_key(index)
+            try:
+                if txn is None:
+                    txn = env.begin(buffers=False)
+                value = txn.get(key, db=records_db)
+                stored = txn.get(key, db=crc_db) if crc_db is not None else None
+            except lmdb.Error as exc:
+                report._fail(index, f"{where}: LMDB cannot read it ({exc}); the file is damaged", max_errors)
+                if txn is not None:
+                    txn.abort()  # an LMDB error can leave the transaction unusable
+                txn = None
+            else:
                 try:
                     if value is None:
                         raise CorruptRecordError(f"{where}: missing")
-                    if crcs is not None:
-                        check_crc(value, crcs.get(key), where)
-                    rows = min(chunk, len(rf) - index * chunk) if chunk > 1 else None
-                    decode_leaves(value, schema_fields, where, rows)
+                    if crc_db is not None:
+                        check_crc(value, stored, where)
+                    rf.decode_record(value, index)
                 except TorchRecordError as exc:
                     report._fail(index, str(exc), max_errors)
-                report.records += 1
-                bar.update(1)
-            extra = txn.stat(records_db)["entries"] - count
-            if extra > 0:
-                report._fail(count, f"{rf.path}: {extra} records beyond the count in the metadata", max_errors)
-    except lmdb.Error as exc:
-        report._fail(report.records, f"{rf.path}: LMDB error at record {report.records}: {exc}", max_errors)
+            report.records += 1
+            bar.update(1)
+        _check_extra(env, records_db, count, report, max_errors)
     finally:
+        if txn is not None:
+            txn.abort()
         bar.close()
     return report
+
+
+def _check_extra(env: lmdb.Environment, db: Any, count: int, report: VerifyReport, max_errors: int) -> None:
+    """Count records stored beyond the metadata's count (a record set rewritten in place)."""
+    try:
+        with env.begin() as txn:
+            extra = int(txn.stat(db)["entries"]) - count
+    except lmdb.Error as exc:
+        report._fail(count, f"{report.path}: LMDB cannot count the records ({exc})", max_errors)
+        return
+    if extra > 0:
+        report._fail(count, f"{report.path}: {extra} records beyond the count in the metadata", max_errors)
 
 
 def _bar(total: int, progress: bool | None):  # type: ignore[no-untyped-def]
