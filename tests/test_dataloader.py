@@ -71,7 +71,7 @@ def _fresh_order(path: str, epoch: int) -> list[int]:
     return _labels(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"))
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_persistent_workers_follow_set_epoch(images: str, context: str) -> None:
     ds = RecordDataset(images, shuffle_buffer=16, transform=label_plus_pixel)
     loader = _loader(ds, context, persistent_workers=True)

@@ -342,3 +342,23 @@ def test_generic_schema_samples_and_batches(tmp_path: Path) -> None:
     labels = [int(x) for names, ys in batches for x in ys]
     assert sorted(labels) == list(range(50))
     assert all(n == f"name-{int(y)}" for names, ys in batches for n, y in zip(names, ys, strict=True))
+
+
+@pytest.mark.parametrize(("num_workers", "world"), [(0, 1), (0, 3), (2, 2)])
+def test_chunked_records_once_per_epoch(tmp_path: Path, num_workers: int, world: int) -> None:
+    """Several samples per stored record (the last record short) read like one per record."""
+    path = tmp_path / "chunked.tr"
+    torchrecord.write_record(IndexedImages(COUNT), path, samples_per_record=5, progress=False)
+    assert len(RecordFile(path)) == COUNT
+    for batch_size in (None, 8):
+        seen: list[int] = []
+        counts = set()
+        for rank in range(world):
+            ds = RecordDataset(path, shuffle_buffer=16, batch_size=batch_size, rank=rank, world_size=world)
+            items = read(ds, num_workers)
+            assert len(ds) == len(items)
+            labels = _labels_of(items, batch_size is not None)
+            counts.add(len(labels))
+            seen += labels
+        assert len(counts) == 1
+        assert_exactly_once(seen, COUNT, pad=counts.pop() * world - COUNT)

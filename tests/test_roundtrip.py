@@ -109,9 +109,7 @@ def _read_all(rf: RecordFile) -> list[Any]:
 
 @pytest.mark.parametrize("name", list(DTYPES))
 def test_tensor_dtypes_round_trip(make_record: MakeRecord, name: str) -> None:
-    samples = [
-        tuple(_tensor(name, shape, seed=10 * i + j) for j, shape in enumerate(SHAPES)) for i in range(3)
-    ]
+    samples = [tuple(_tensor(name, shape, seed=10 * i + j) for j, shape in enumerate(SHAPES)) for i in range(3)]
     rf = RecordFile(make_record(samples, shuffle=False))
     assert len(rf) == 3
     for i, want in enumerate(samples):
@@ -123,9 +121,7 @@ def test_tensor_dtypes_round_trip(make_record: MakeRecord, name: str) -> None:
 
 @pytest.mark.parametrize("name", NUMPY_DTYPES)
 def test_numpy_dtypes_round_trip(make_record: MakeRecord, name: str) -> None:
-    samples = [
-        tuple(_values(name, shape, seed=10 * i + j) for j, shape in enumerate(SHAPES)) for i in range(3)
-    ]
+    samples = [tuple(_values(name, shape, seed=10 * i + j) for j, shape in enumerate(SHAPES)) for i in range(3)]
     rf = RecordFile(make_record(samples, shuffle=False))
     for i, want in enumerate(samples):
         got = rf[i]
@@ -311,9 +307,7 @@ def test_property_arrays_round_trip(batch: tuple[list[np.ndarray], bool]) -> Non
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "p.tr")
-        rf = torchrecord.write_record(
-            [(s, i) for i, s in enumerate(samples)], path, shuffle=False, progress=False
-        )
+        rf = torchrecord.write_record([(s, i) for i, s in enumerate(samples)], path, shuffle=False, progress=False)
         got = _read_all(rf)
         assert [g[1] for g in got] == list(range(len(samples)))
         for g, want in zip(got, samples, strict=True):
@@ -479,3 +473,17 @@ def test_parallel_write_gives_the_same_file_content(make_record: MakeRecord) -> 
     for a, b in zip(serial, parallel, strict=True):
         assert_same(b, a)
     assert serial.schema == parallel.schema
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_chunked_records_read_like_single_ones(make_record: MakeRecord, shuffle: bool) -> None:
+    n = 23  # not a multiple of the chunk: the last record holds 3 samples
+    plain = RecordFile(make_record(IndexedImages(n), shuffle=shuffle, seed=2))
+    chunked = RecordFile(make_record(IndexedImages(n), shuffle=shuffle, seed=2, samples_per_record=4))
+    assert len(chunked) == len(plain) == n
+    assert chunked.schema.names == plain.schema.names
+    for i in [*range(n), -1, -n]:
+        assert_same(chunked[i], plain[i])
+    assert _labels(chunked) == _labels(plain)
+    with pytest.raises(IndexError):
+        chunked[n]
