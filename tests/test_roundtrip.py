@@ -487,3 +487,27 @@ def test_chunked_records_read_like_single_ones(make_record: MakeRecord, shuffle:
     assert _labels(chunked) == _labels(plain)
     with pytest.raises(IndexError):
         chunked[n]
+
+
+def _every_kind(i: int) -> dict[str, Any]:
+    sample: dict[str, Any] = {f"t_{name}": _tensor(name, (2,), seed=i) for name in DTYPES}
+    sample.update({f"t0_{name}": _tensor(name, (), seed=i) for name in DTYPES})
+    sample.update({f"a_{name}": _values(name, (3, 1), seed=i) for name in NUMPY_DTYPES})
+    sample.update({f"a0_{name}": _values(name, (), seed=i) for name in NUMPY_DTYPES})
+    sample.update({"int": i - 5, "float": i / 3, "bool": i % 2 == 0, "label": i})
+    return sample
+
+
+@pytest.mark.parametrize("strings", [False, True])
+def test_dataset_yields_what_record_file_holds(make_record: MakeRecord, strings: bool) -> None:
+    """RecordDataset gives every leaf back with the same kind, dtype, shape and bits as RecordFile."""
+    samples = [_every_kind(i) for i in range(40)]
+    if strings:  # strings take the general (non fixed-layout) decoding path
+        for s in samples:
+            s["name"] = f"n{s['label']}"
+    path = make_record(samples, shuffle=False)
+    stored = list(RecordFile(path))
+    for got, want in zip(torchrecord.RecordDataset(path, shuffle=False), stored, strict=True):
+        assert_same(got, want)
+    for got in torchrecord.RecordDataset(path, shuffle_buffer=8):
+        assert_same(got, samples[got["label"]])

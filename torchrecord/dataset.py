@@ -249,7 +249,8 @@ class RecordDataset(IterableDataset[Any]):
             if f.kind == "tensor":
                 columns.append(list(_as_tensor(a, f.dtype).unbind(0)))
             elif f.kind == "ndarray":
-                columns.append(list(a))
+                # a[i, ...] keeps a 0-d field a 0-d array (iterating a 1-d array gives NumPy scalars)
+                columns.append([a[i, ...] for i in range(len(a))])
             else:
                 columns.append(a.tolist())
         build = _builder(self.file.schema.tree)
