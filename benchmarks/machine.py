@@ -75,8 +75,9 @@ def versions() -> dict[str, str]:
             found[label] = "not installed"
     try:
         import torchrecord
+        from benchmarks.loaders.torchrecord_loader import library_digest
 
-        found["torchrecord"] = torchrecord.__version__
+        found["torchrecord"] = f"{torchrecord.__version__} (source sha256 {library_digest()})"
     except ImportError:
         pass
     return found

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -68,6 +69,9 @@ parser.add_argument("--stored", choices=["encoded", "decoded"], default="encoded
 parser.add_argument("--torchrecord-mode", choices=["batch", "sample"], default="batch",
                     help="batch: RecordDataset(batch_size=B) + DataLoader(batch_size=None); "
                          "sample: RecordDataset + DataLoader(batch_size=B)")
+parser.add_argument("--epochs", type=int, default=1, help="epochs per loader and setting (median reported)")
+parser.add_argument("--threads", type=int, default=1,
+                    help="torch threads of this process (DataLoader workers always use 1)")
 parser.add_argument("--cold", action="store_true", help="evict the files from the page cache before each epoch")
 parser.add_argument("--data-dir", type=Path, default=Path("bench-data/compare"))
 
@@ -114,6 +118,9 @@ def main() -> None:
     if max(args.workers) > cpus:  # say it once, instead of DataLoader's warning at every epoch
         print(f"note: up to {max(args.workers)} workers on {cpus} CPUs, so some runs oversubscribe the CPUs")
     warnings.filterwarnings("ignore", message="This DataLoader will create")
+    # DataLoader workers run torch on one thread; so does this process, where the
+    # num_workers=0 loaders run (several threads only stall when the CPUs are busy).
+    torch.set_num_threads(args.threads)
 
     # -- 4. The data: generated (cached) or yours ---------------------------------------
     if args.image_folder is None:
@@ -172,15 +179,19 @@ def main() -> None:
     results = []
     for workers in args.workers:
         for name, make, files in loaders:
-            desc = f"{name:<12} w={workers}"
-            if args.cold:
-                print(f"{desc}: {evict_from_page_cache(files)}")
-                seconds, samples = run_in_child(lambda m=make, w=workers, d=desc: one_epoch(m, w, d))
-            else:
-                seconds, samples = one_epoch(make, workers, desc)
-            if samples != len(paths):
-                print(f"warning: {desc} gave {samples} samples, expected {len(paths)}")
-            results.append((name, workers, samples / seconds, seconds, disk_bytes(files)))
+            times = []
+            for epoch in range(args.epochs):
+                desc = f"{name:<12} w={workers}" + (f" epoch {epoch + 1}" if args.epochs > 1 else "")
+                if args.cold:
+                    print(f"{desc}: {evict_from_page_cache(files)}")
+                    seconds, samples = run_in_child(lambda m=make, w=workers, d=desc: one_epoch(m, w, d))
+                else:
+                    seconds, samples = one_epoch(make, workers, desc)
+                if samples != len(paths):
+                    print(f"warning: {desc} gave {samples} samples, expected {len(paths)}")
+                times.append(seconds)
+            seconds = statistics.median(times)
+            results.append((name, workers, len(paths) / seconds, seconds, disk_bytes(files)))
 
     # -- 8. The table ---------------------------------------------------------------------
     baseline = {w: rate for name, w, rate, _, _ in results if name == "conventional"}
@@ -189,8 +200,9 @@ def main() -> None:
         for name, w, rate, secs, size in results
     ]
     cache = "cold page cache" if args.cold else "warm page cache"
-    print(f"\n{len(paths):,} images of {args.size}x{args.size}, batch {args.batch_size}, {cache}, "
-          f"torchrecord {args.torchrecord_mode} mode, {cpus} CPUs")
+    epochs = "1 epoch" if args.epochs == 1 else f"median of {args.epochs} epochs"
+    print(f"\n{len(paths):,} images of {args.size}x{args.size}, batch {args.batch_size}, {cache}, {epochs}, "
+          f"torchrecord {args.torchrecord_mode} mode, {cpus} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(format_table(["loader", "workers", "samples/s", "s/epoch", "size on disk", "speedup"], rows))
 
 

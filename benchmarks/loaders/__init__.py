@@ -44,6 +44,7 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
             shuffle_buffer=opts.shuffle_buffer,
         ),
         RawLmdbLimit(),
+        RawLmdbLimit(packed=True, samples_per_record=opts.samples_per_record),
         InMemoryLimit(),
     ]
     return {loader.name: loader for loader in loaders}

@@ -52,6 +52,10 @@ class Loader(ABC):
         """The cache directory name of its on-disk format (shared by loaders reading one format)."""
         return None
 
+    def format_family(self, data: WorkloadData) -> str | None:
+        """A prefix of :meth:`format_key` shared by outdated builds, which a new build removes."""
+        return None
+
     def build(self, data: WorkloadData, dest: Path) -> None:  # noqa: B027 (optional hook)
         """Write ``data`` in this loader's format into the (new, empty) directory ``dest``."""
 
@@ -73,6 +77,10 @@ def ensure_built(loader: Loader, data: WorkloadData, rebuild: bool = False) -> t
     dest = data.root / key
     if dest.exists() and not rebuild:
         return dest, None
+    family = loader.format_family(data)
+    if family is not None and data.root.exists():
+        for stale in data.root.glob(family + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = data.root / (key + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(dest, ignore_errors=True)

@@ -10,23 +10,39 @@ import torch
 
 import torchrecord
 from benchmarks.loaders.base import Epochs, Loader
-from benchmarks.loaders.torchrecord_loader import record_key, write_records
+from benchmarks.loaders.torchrecord_loader import (
+    auto_samples_per_record,
+    record_family,
+    record_key,
+    supports_samples_per_record,
+    write_records,
+)
 from benchmarks.workloads import WorkloadData
 
 __all__ = ["InMemoryLimit", "RawLmdbLimit"]
 
 
 class _RawEpochs(Epochs):
-    """Copy every value of the records database, in stored order, into a reused batch buffer."""
+    """Copy every value of the records database, in stored order, into a reused batch buffer.
 
-    def __init__(self, path: Path, batch_size: int) -> None:
+    A batch is ``batch_size`` values; with K samples per value it holds K times
+    as many samples (fewer in the last value when K does not divide the count).
+    """
+
+    def __init__(self, path: Path, batch_size: int, samples_per_value: int, count: int) -> None:
         self.path = path
         self.batch_size = batch_size
+        self.samples_per_value = samples_per_value
+        self.count = count
+        self._delivered = 0
 
     def samples_in(self, batch: Any) -> int:
-        return int(batch[1])
+        samples = min(int(batch[1]) * self.samples_per_value, self.count - self._delivered)
+        self._delivered += samples
+        return samples
 
     def epoch(self, index: int) -> Iterable[Any]:
+        self._delivered = 0
         return self._batches()
 
     def _batches(self) -> Iterator[tuple[memoryview, int]]:
@@ -52,22 +68,49 @@ class _RawEpochs(Epochs):
 
 
 class RawLmdbLimit(Loader):
-    """One process walking the torchrecord file with a sequential cursor, memcpy only, no decoding."""
+    """One process walking a torchrecord file with a sequential cursor, memcpy only, no decoding.
 
-    name = "raw-limit"
-    description = "1 process: sequential LMDB cursor over the torchrecord file, memcpy into batch buffers"
+    Args:
+        packed: read the record set of ``torchrecord-packed`` (K samples per value,
+            chosen as for that loader) instead of the one-sample-per-value set;
+            a batch is then ``batch_size`` values.
+        samples_per_record: K as given to ``torchrecord-packed`` (``0``: automatic).
+    """
+
     uses_workers = False
     is_limit = True
 
+    def __init__(self, packed: bool = False, samples_per_record: int = 0) -> None:
+        self.packed = packed
+        self.samples_per_record = samples_per_record
+        self.name = "raw-limit-packed" if packed else "raw-limit"
+        what = "torchrecord-packed file, batches of B values" if packed else "torchrecord file"
+        self.description = f"1 process: sequential LMDB cursor over the {what}, memcpy into batch buffers"
+
+    def packing(self, data: WorkloadData) -> int:
+        if not self.packed:
+            return 1
+        return self.samples_per_record or auto_samples_per_record(data.workload.sample_bytes)
+
+    def unavailable(self, data: WorkloadData) -> str | None:
+        if self.packed and not supports_samples_per_record():
+            return "this torchrecord's write_record has no samples_per_record option"
+        if self.packed and self.packing(data) < 2:
+            return "samples too large to pack (K would be 1)"
+        return None
+
     def format_key(self, data: WorkloadData) -> str | None:
-        return record_key(1)
+        return record_key(self.packing(data))
+
+    def format_family(self, data: WorkloadData) -> str | None:
+        return record_family(self.packing(data))
 
     def build(self, data: WorkloadData, dest: Path) -> None:
-        write_records(data, dest)
+        write_records(data, dest, self.packing(data))
 
     def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
         assert path is not None
-        return _RawEpochs(path / "data.tr", data.batch_size)
+        return _RawEpochs(path / "data.tr", data.batch_size, self.packing(data), data.count)
 
 
 class _MemoryEpochs(Epochs):
@@ -83,7 +126,7 @@ class _MemoryEpochs(Epochs):
         generator = torch.Generator().manual_seed(index)
         order = torch.randperm(len(self.labels), generator=generator)
         for chunk in torch.split(order, self.batch_size):
-            yield self.features[chunk], self.labels[chunk]
+            yield self.features.index_select(0, chunk), self.labels.index_select(0, chunk)
 
 
 class InMemoryLimit(Loader):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
 import math
 from collections.abc import Iterable
@@ -14,7 +16,15 @@ import torchrecord
 from benchmarks.loaders.base import Epochs, Loader
 from benchmarks.workloads import ArraySamples, WorkloadData
 
-__all__ = ["TorchRecordLoader", "auto_samples_per_record", "supports_samples_per_record"]
+__all__ = [
+    "TorchRecordLoader",
+    "auto_samples_per_record",
+    "library_digest",
+    "record_family",
+    "record_key",
+    "supports_samples_per_record",
+    "write_records",
+]
 
 #: Packed records aim at about this many bytes each when --samples-per-record is not given.
 _PACKED_RECORD_BYTES = 16 << 10
@@ -31,18 +41,25 @@ def auto_samples_per_record(sample_bytes: int) -> int:
     return 1 if ratio < 2 else 2 ** int(math.log2(ratio))
 
 
-def _format_version() -> int:
-    try:
-        from torchrecord._format import FORMAT_VERSION
-    except ImportError:
-        return 0
-    return int(FORMAT_VERSION)
+@functools.cache
+def library_digest() -> str:
+    """A short hash of torchrecord's source files: any change to the library rebuilds its record sets."""
+    root = Path(torchrecord.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def record_family(samples_per_record: int = 1) -> str:
+    """The cache directory prefix shared by every build of one kind of record set."""
+    return f"torchrecord-k{samples_per_record}-"
 
 
 def record_key(samples_per_record: int = 1) -> str:
-    """The cache directory of a record set (changes with the torchrecord version)."""
-    packed = f"-k{samples_per_record}" if samples_per_record > 1 else ""
-    return f"torchrecord-f{_format_version()}-v{torchrecord.__version__}{packed}"
+    """The cache directory of a record set written by this exact torchrecord source."""
+    return record_family(samples_per_record) + library_digest()
 
 
 def write_records(data: WorkloadData, dest: Path, samples_per_record: int = 1) -> Path:
@@ -106,6 +123,9 @@ class TorchRecordLoader(Loader):
 
     def format_key(self, data: WorkloadData) -> str | None:
         return record_key(self.packing(data))
+
+    def format_family(self, data: WorkloadData) -> str | None:
+        return record_family(self.packing(data))
 
     def build(self, data: WorkloadData, dest: Path) -> None:
         write_records(data, dest, self.packing(data))

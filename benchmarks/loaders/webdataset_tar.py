@@ -48,6 +48,9 @@ class WebDatasetLoader(Loader):
         return None
 
     def format_key(self, data: WorkloadData) -> str | None:
+        return "webdataset-v2"
+
+    def format_family(self, data: WorkloadData) -> str | None:
         return "webdataset"
 
     def build(self, data: WorkloadData, dest: Path) -> None:
@@ -56,7 +59,9 @@ class WebDatasetLoader(Loader):
         shards = max(_MIN_SHARDS, math.ceil(data.total_bytes / _SHARD_BYTES))
         order = np.random.default_rng(0).permutation(data.count)
         for shard, part in enumerate(np.array_split(order, shards)):
-            with wds.TarWriter(str(dest / f"shard-{shard:05d}.tar")) as sink:
+            # a fixed integer mtime: deterministic shards, and no PAX header per member
+            # (a float mtime, TarWriter's default, adds one and slows every read)
+            with wds.TarWriter(str(dest / f"shard-{shard:05d}.tar"), mtime=0) as sink:
                 for i in part:
                     sink.write({"__key__": f"{i:08d}", "npy": data.features[i], "cls": int(data.labels[i])})
 
