@@ -511,3 +511,36 @@ def test_dataset_yields_what_record_file_holds(make_record: MakeRecord, strings:
         assert_same(got, want)
     for got in torchrecord.RecordDataset(path, shuffle_buffer=8):
         assert_same(got, samples[got["label"]])
+
+
+def _as_torch(leaf: Any) -> torch.Tensor:
+    if isinstance(leaf, torch.Tensor):
+        return leaf
+    if isinstance(leaf, np.ndarray):
+        return torch.from_numpy(leaf.copy())
+    return torch.tensor(leaf, dtype={bool: torch.bool, int: torch.int64, float: torch.float64}[type(leaf)])
+
+
+@pytest.mark.parametrize("strings", [False, True])
+def test_batches_stack_fixed_leaves_and_list_the_rest(make_record: MakeRecord, strings: bool) -> None:
+    """Batch mode: every fixed-shape numeric leaf is one stacked tensor; strings are lists."""
+    samples = [_every_kind(i) for i in range(23)]
+    if strings:
+        for s in samples:
+            s["name"] = f"n{s['label']}"
+    path = make_record(samples, shuffle=False)
+    stored = list(RecordFile(path))
+    batches = list(torchrecord.RecordDataset(path, shuffle=False, batch_size=10))
+    assert [len(b["label"]) for b in batches] == [10, 10, 3]
+    for b, batch in enumerate(batches):
+        rows = stored[10 * b : 10 * b + len(batch["label"])]
+        assert list(batch) == list(rows[0]), "the batch keeps the sample's structure"
+        for key, value in batch.items():
+            if key == "name":
+                assert value == [r["name"] for r in rows]
+                continue
+            want = torch.stack([_as_torch(r[key]) for r in rows])
+            assert isinstance(value, torch.Tensor), key
+            assert value.dtype == want.dtype, key
+            assert tuple(value.shape) == tuple(want.shape), key
+            assert _bits(value) == _bits(want), key
