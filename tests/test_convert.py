@@ -503,3 +503,26 @@ def test_optional_extras_are_imported_lazily_and_named_when_missing(tmp_path: Pa
         "decode_image needs Pillow: pip install torchrecord-lmdb[images]",
         "2",
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["folder", "npy", "npz", "hdf5"])
+def test_converters_read_in_spawn_workers(tmp_path: Path, source: str) -> None:
+    """Every converter's dataset pickles into spawn workers (it must not carry open files or mappings)."""
+    x = np.arange(60, dtype=np.float32).reshape(20, 3)
+    src = tmp_path / {"folder": "src", "npy": "x.npy", "npz": "x.npz", "hdf5": "x.h5"}[source]
+    expected: dict[bytes, int] = {}
+    if source == "folder":
+        expected = make_image_folder(src, {"a": 3, "b": 2})
+    elif source == "npy":
+        np.save(src, x)
+    elif source == "npz":
+        np.savez(src, x=x)
+    else:
+        with h5py.File(src, "w") as f:
+            f["x"] = x
+    rf = convert(src, tmp_path / "out.tr", num_workers=2, multiprocessing_context="spawn", progress=False)
+    if source == "folder":
+        assert_same_images(rf.path, expected)
+    else:
+        assert_same_rows(rf.path, list(x) if source == "npy" else [{"x": row} for row in x])
