@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ import torch
 
 import torchrecord
 from tests.conftest import IndexedImages
-from torchrecord import RecordDataset, RecordFile, verify
+from torchrecord import RecordDataset, RecordFile, _format, verify
 from torchrecord.errors import (
     FormatError,
     IncompleteRecordSetError,
@@ -154,8 +155,10 @@ def test_newer_format_version(make_record: MakeRecord) -> None:
         _open_everything(path)
     message = str(info.value)
     assert path in message
-    assert "99" in message
-    assert "1" in message.replace("99", "")
+    rest = message.replace(path, "").replace(torchrecord.__version__, "")
+    assert re.search(r"(?<![\d.])99(?!\.?\d)", rest), "the file's version is not named"
+    supported = _format.FORMAT_VERSION
+    assert re.search(rf"(?<![\d.]){supported}(?!\.?\d)", rest), "the supported version is not named"
     assert "upgrade" in message.lower()
     assert isinstance(info.value, FormatError) and isinstance(info.value, ValueError)
     with pytest.raises(VersionError):
