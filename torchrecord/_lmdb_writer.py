@@ -73,7 +73,7 @@ class LmdbAppender:
                 _remove(path)
             raise WriteError(f"{self.name}: cannot create the LMDB file: {exc}{space_hint(path)}") from exc
         self._env = env
-        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending: list[bytes] = []
         self._pending_bytes = 0
         self.records_written = 0
         self.bytes_written = 0
@@ -81,7 +81,7 @@ class LmdbAppender:
 
     def append(self, value: bytes) -> None:
         """Queue the next record; commits when the pending chunk is large enough."""
-        self._pending.append((encode_key(self.records_written + len(self._pending)), value))
+        self._pending.append(value)
         self._pending_bytes += len(value)
         if self._pending_bytes >= self._commit_bytes:
             self.flush()
@@ -109,12 +109,15 @@ class LmdbAppender:
         self._env.close()
 
     def _put_pending(self, txn: lmdb.Transaction) -> None:
-        records, crcs, checksums = self._records, self._crcs, self._checksums
-        for key, value in self._pending:
-            txn.put(key, value, db=records, append=True)
-            if checksums:
-                crc = zlib.crc32(value).to_bytes(_CRC_BYTES, "little")
-                txn.put(key, crc, db=crcs, append=True)
+        first = self.records_written
+        keys = [encode_key(first + i) for i in range(len(self._pending))]
+        # putmulti runs the put loop in C; append=True: keys arrive in increasing order
+        added = txn.cursor(db=self._records).putmulti(zip(keys, self._pending), append=True)[1]
+        if added != len(keys):
+            raise WriteError(f"{self.name}: LMDB stored {added} of {len(keys)} records")
+        if self._checksums:
+            crcs = [zlib.crc32(value).to_bytes(_CRC_BYTES, "little") for value in self._pending]
+            txn.cursor(db=self._crcs).putmulti(zip(keys, crcs), append=True)
 
     def _commit(self, work: object) -> None:
         while True:
@@ -160,5 +163,6 @@ def space_hint(path: str) -> str:
 
 
 def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    """Best-effort removal: on a read-only file system even a missing file gives EROFS."""
+    with contextlib.suppress(OSError):
         os.remove(path)

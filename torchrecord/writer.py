@@ -369,7 +369,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    """Best-effort removal: on a read-only file system even a missing file gives EROFS."""
+    with contextlib.suppress(OSError):
         os.remove(path)
 
 
