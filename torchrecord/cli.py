@@ -141,18 +141,27 @@ def _add_convert(commands: Any) -> None:
         "RecordDataset(path, transform=torchrecord.transforms.decode_image).",
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("source", help="image folder, list file, .npy, .npz or HDF5 file")
-    p.add_argument("path", help="the record set to create (a single file)")
+    p.add_argument("source", metavar="SOURCE", help="image folder, list file, .npy, .npz or HDF5 file")
+    p.add_argument("path", metavar="PATH", help="the record set to create (a single file)")
     p.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source format (default: auto)")
-    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True, help="pre-shuffle the samples")
-    p.add_argument("--seed", type=int, default=0, help="shuffle seed, stored in the metadata (default: 0)")
     p.add_argument(
-        "--workers", type=_non_negative, default=0, help="processes reading the source (default: 0, this one)"
+        "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="pre-shuffle the samples (default: on)"
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="shuffle seed, stored in the metadata (default: 0)")
+    p.add_argument(
+        "--workers",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="worker processes reading the source (default: 0: none)",
     )
     p.add_argument("--skip-bad", action="store_true", help="leave unreadable or non-image files out, counted")
     p.add_argument("--overwrite", action="store_true", help="replace an existing record set at PATH")
     p.add_argument(
-        "--keys", type=lambda s: [k for k in s.split(",") if k], help="npz/hdf5: comma-separated arrays to convert"
+        "--keys",
+        type=lambda s: [k for k in s.split(",") if k],
+        metavar="NAMES",
+        help="npz/hdf5: comma-separated arrays to convert",
     )
     p.add_argument(
         "--no-check-images",
@@ -208,7 +217,7 @@ def _add_info(commands: Any) -> None:
         "variable), size on disk, format and writer versions, shuffle seed, creation time and "
         "user metadata.",
     )
-    p.add_argument("path", help="a record set")
+    p.add_argument("path", metavar="PATH", help="a record set")
     p.add_argument("--json", action="store_true", help="print one JSON object (the count is under 'count')")
 
 
@@ -291,9 +300,9 @@ def _add_head(commands: Any) -> None:
         "Show N samples from index I in stored (shuffled) order: for each field its kind, "
         "dtype, shape and a short preview of its values.",
     )
-    p.add_argument("path", help="a record set")
-    p.add_argument("-n", type=_positive, default=5, help="how many samples (default: 5)")
-    p.add_argument("--index", type=int, default=0, help="first sample index; negative counts from the end")
+    p.add_argument("path", metavar="PATH", help="a record set")
+    p.add_argument("-n", type=_positive, default=5, metavar="N", help="how many samples (default: 5)")
+    p.add_argument("--index", type=int, default=0, metavar="I", help="first sample index; negative counts from the end")
 
 
 def _preview(leaf: Any) -> str:
@@ -343,7 +352,7 @@ def _add_verify(commands: Any) -> None:
         "Read every record of PATH, check its CRC-32 and decode it against the schema. "
         "Exits 1 naming the first bad record if any is bad.",
     )
-    p.add_argument("path", help="a record set")
+    p.add_argument("path", metavar="PATH", help="a record set")
     _add_quiet(p)
 
 
@@ -378,11 +387,11 @@ def _add_bench(commands: Any) -> None:
         "DataLoader(batch_size=None, num_workers=N) and report samples/s and MB/s of the "
         "record file (median over epochs; the first epoch includes starting the workers).",
     )
-    p.add_argument("path", help="a record set")
-    p.add_argument("--workers", type=_non_negative, default=2, help="DataLoader workers (default: 2)")
-    p.add_argument("--batch-size", type=_positive, default=64, help="samples per batch (default: 64)")
-    p.add_argument("--epochs", type=_positive, default=3, help="epochs to time (default: 3)")
-    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True, help="read shuffled")
+    p.add_argument("path", metavar="PATH", help="a record set")
+    p.add_argument("--workers", type=_non_negative, default=2, metavar="N", help="DataLoader workers (default: 2)")
+    p.add_argument("--batch-size", type=_positive, default=64, metavar="B", help="samples per batch (default: 64)")
+    p.add_argument("--epochs", type=_positive, default=3, metavar="E", help="epochs to time (default: 3)")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True, help="read shuffled (default: on)")
     _add_quiet(p)
 
 
