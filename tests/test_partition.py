@@ -35,9 +35,7 @@ def _reader(count: int, block_size: int, **kw: object) -> list[int]:
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_runs_cover_every_index_once(count: int, drop_last: bool) -> None:
-    for world, workers, batch_size, fixed_block in itertools.product(
-        range(1, 5), range(1, 4), [None, 8], [None, 3]
-    ):
+    for world, workers, batch_size, fixed_block in itertools.product(range(1, 5), range(1, 4), [None, 8], [None, 3]):
         block_size = fixed_block or P.auto_block_size(count)
         virtual = _virtual(count, block_size, seed=11, epoch=2, shuffle=True)
         assert sorted(virtual) == list(range(count))
@@ -140,10 +138,7 @@ def test_epoch_and_seed_change_the_block_order() -> None:
     orders = {tuple(P.block_order(1000, 16, 0, epoch, True).tolist()) for epoch in range(5)}
     assert len(orders) == 5, "every epoch must visit the blocks in a new order"
     assert P.block_order(1000, 16, 1, 0, True).tolist() != base
-    runs = [
-        P.reader_runs(1000, block_size=16, seed=0, epoch=e, shuffle=True, world_size=2, rank=0)
-        for e in (0, 1)
-    ]
+    runs = [P.reader_runs(1000, block_size=16, seed=0, epoch=e, shuffle=True, world_size=2, rank=0) for e in (0, 1)]
     assert runs[0] != runs[1]
     # a rank reads different records in different epochs, not just in another order
     assert set(_expand(runs[0], 1000)) != set(_expand(runs[1], 1000))
