@@ -26,7 +26,7 @@ from torchrecord.schema import LeafSignature, Schema
 
 __all__ = ["FastEncoder"]
 
-_Leaf = Callable[[Any], "bytes | memoryview | None"]
+_Leaf = Callable[[Any], "bytes | np.ndarray"]
 
 
 class FastEncoder:
@@ -48,7 +48,10 @@ class FastEncoder:
             start += size
             position = end
         pieces.append(header[start:])
-        self._headers = pieces
+        self._parts: list[Any] = []
+        for piece in pieces:
+            self._parts += [piece, None]
+        self._parts.pop()
         kind = tree["t"]
         self._split: Callable[[Any], Sequence[Any] | None]
         if kind == "leaf":
@@ -81,15 +84,17 @@ class FastEncoder:
         leaves = self._split(sample)
         if leaves is None:
             return None
-        headers = self._headers
-        parts: list[Any] = [headers[0]]
-        for i, (leaf, encode) in enumerate(zip(leaves, self._leaves)):
-            data = encode(leaf)
-            if data is None:
-                return None
-            parts.append(data)
-            parts.append(headers[i + 1])
+        try:
+            payloads = [encode(leaf) for encode, leaf in zip(self._leaves, leaves)]
+        except _Mismatch:
+            return None
+        parts = self._parts.copy()  # [header, payload, header, payload, ..., header]
+        parts[1::2] = payloads
         return b"".join(parts)
+
+
+class _Mismatch(Exception):
+    """A leaf differs from the first sample's (the sample takes the general path)."""
 
 
 _INT = struct.Struct("<q")
@@ -101,45 +106,56 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
     if kind == "int":
         return _encode_int
     if kind == "float":
-        return lambda x: _FLOAT.pack(x) if type(x) is float else None
+        return _encode_float
     if kind == "bool":
-        return lambda x: (b"\x01" if x else b"\x00") if type(x) is bool else None
+        return _encode_bool
     info = _dtypes.by_name(sig.dtype)
     shape = tuple(sig.shape)
     if kind == "tensor":
         if info.name == "bfloat16":
             return None
-        torch_dtype, torch_shape = info.torch, torch.Size(shape)
+        torch_dtype = info.torch
 
-        def tensor(x: Any) -> memoryview | None:
-            if (
-                type(x) is not torch.Tensor
-                or x.dtype is not torch_dtype
-                or x.shape != torch_shape
-                or x.device.type != "cpu"
-                or x.requires_grad
-                or not x.is_contiguous()
-            ):
-                return None
-            return x.numpy().reshape(-1).view(np.uint8).data
+        def tensor(x: Any) -> np.ndarray:
+            if type(x) is not torch.Tensor or x.dtype is not torch_dtype:
+                raise _Mismatch
+            try:
+                arr = x.numpy()  # raises for tensors on other devices or needing grad
+            except (RuntimeError, TypeError):
+                raise _Mismatch from None
+            if arr.shape != shape or not arr.flags.c_contiguous:
+                raise _Mismatch
+            return arr  # joined through the buffer protocol: no intermediate copy
 
         return tensor
     if kind == "ndarray":
         np_dtype = info.numpy
 
-        def array(x: Any) -> memoryview | None:
+        def array(x: Any) -> np.ndarray:
             if type(x) is not np.ndarray or x.dtype != np_dtype or x.shape != shape or not x.flags.c_contiguous:
-                return None
-            return x.reshape(-1).view(np.uint8).data
+                raise _Mismatch
+            return x
 
         return array
     return None
 
 
-def _encode_int(x: Any) -> bytes | None:
+def _encode_int(x: Any) -> bytes:
     if type(x) is not int:
-        return None
+        raise _Mismatch
     try:
         return _INT.pack(x)
     except struct.error:
-        return None
+        raise _Mismatch from None
+
+
+def _encode_float(x: Any) -> bytes:
+    if type(x) is not float:
+        raise _Mismatch
+    return _FLOAT.pack(x)
+
+
+def _encode_bool(x: Any) -> bytes:
+    if type(x) is not bool:
+        raise _Mismatch
+    return b"\x01" if x else b"\x00"

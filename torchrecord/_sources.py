@@ -21,6 +21,7 @@ from torchrecord._structure import Tree, flatten
 from torchrecord.schema import LeafSignature
 
 __all__ = [
+    "Encoded",
     "Failed",
     "Normalized",
     "Outcome",
@@ -93,8 +94,18 @@ def is_map_style(dataset: Any) -> bool:
     return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and not hasattr(dataset, "__next__")
 
 
-class _Reorder(torch.utils.data.Dataset[tuple[int, Any]]):
-    """Position p of the write order -> (source index, outcome); runs in DataLoader workers."""
+@dataclass
+class Encoded:
+    """Finished record bytes of consecutive samples, all accepted by the fast encoder."""
+
+    values: list[bytes]
+
+
+_BATCH = 64  # samples per fetch: one IPC message per batch with workers
+
+
+class _Reorder(torch.utils.data.Dataset[Any]):
+    """Batch b of the write order -> Encoded, or [(source index, outcome), ...]; runs in workers."""
 
     def __init__(self, dataset: Any, order: np.ndarray, encoder: FastEncoder | None) -> None:
         self.dataset = dataset
@@ -102,24 +113,29 @@ class _Reorder(torch.utils.data.Dataset[tuple[int, Any]]):
         self.encoder = encoder
 
     def __len__(self) -> int:
-        return len(self.order)
+        return -(-len(self.order) // _BATCH)
 
-    def __getitem__(self, position: int) -> tuple[int, Any]:
-        index = int(self.order[position])
-        return index, _attempt(self.dataset, index, self.encoder)
-
-
-def _as_list(batch: list[Any]) -> list[Any]:
-    return batch
+    def __getitem__(self, batch: int) -> Encoded | list[tuple[int, Outcome]]:
+        indices = self.order[batch * _BATCH : (batch + 1) * _BATCH].tolist()
+        encode, dataset = self.encoder and self.encoder.encode, self.dataset
+        if encode:
+            try:  # the common case in one tight loop
+                values = [encode(dataset[i]) for i in indices]
+                if None not in values:
+                    return Encoded(values)  # type: ignore[arg-type]
+            except Exception:
+                pass  # redo sample by sample below, to report (or skip) exactly the bad ones
+        return [(i, _attempt(dataset, i, self.encoder)) for i in indices]
 
 
 def read_in_order(
     dataset: Any, order: np.ndarray, num_workers: int, mp_context: str | None = None, fast: bool = True
-) -> Iterator[tuple[int, Outcome]]:
+) -> Iterator[tuple[int, Outcome] | Encoded]:
     """Yield ``(index, outcome)`` for ``dataset[i]`` for i in ``order``, in that order.
 
     The first sample is read here; when ``fast``, it builds the encoder that the
-    rest (read here or in workers) use to come back as finished record bytes.
+    rest (read here or in workers) use to come back as finished record bytes,
+    several at a time (``Encoded``).
     """
     if len(order) == 0:
         return
@@ -127,22 +143,23 @@ def read_in_order(
     outcome = _attempt(dataset, first, None)
     yield first, outcome
     reorder = _Reorder(dataset, order[1:], encoder_for(outcome, fast))
-    order = order[1:]
+    batches: Iterable[Any]
     if num_workers <= 0:
-        for position in range(len(order)):
-            yield reorder[position]
-        return
-    loader = torch.utils.data.DataLoader(
-        reorder,
-        batch_size=64,
-        shuffle=False,
-        num_workers=num_workers,
-        collate_fn=_as_list,
-        multiprocessing_context=mp_context,
-        prefetch_factor=4,
-    )
-    for batch in loader:
-        yield from batch
+        batches = (reorder[b] for b in range(len(reorder)))
+    else:
+        batches = torch.utils.data.DataLoader(
+            reorder,
+            batch_size=None,
+            shuffle=False,
+            num_workers=num_workers,
+            multiprocessing_context=mp_context,
+            prefetch_factor=4,
+        )
+    for batch in batches:
+        if isinstance(batch, Encoded):
+            yield batch
+        else:
+            yield from batch
 
 
 def iterate_source(source: Iterable[Any], fast: bool = True) -> Iterator[tuple[int, Outcome]]:

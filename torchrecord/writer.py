@@ -19,7 +19,7 @@ import numpy as np
 from torchrecord import _format
 from torchrecord._codec import decode_leaves, encode_payloads
 from torchrecord._lmdb_writer import LmdbAppender
-from torchrecord._sources import Failed, Normalized, Outcome, is_map_style, iterate_source, read_in_order
+from torchrecord._sources import Encoded, Failed, Normalized, Outcome, is_map_style, iterate_source, read_in_order
 from torchrecord._version import __version__
 from torchrecord.errors import RecordExistsError, SchemaError, SourceError, TorchRecordError, WriteError
 from torchrecord.record_file import RecordFile
@@ -164,14 +164,18 @@ class _WriteJob:
         else:
             self._spool_then_shuffle(dataset, seed, progress)
 
-    def _checked(self, stream: Iterator[tuple[int, Outcome]]) -> Iterator[bytes | Normalized]:
+    def _checked(self, stream: Iterator[tuple[int, Outcome] | Encoded]) -> Iterator[bytes | Normalized | Encoded]:
         """Merge every sample into the schema; raise or skip the failed ones.
 
         Finished record bytes come from the fast encoder, which only accepts
         samples identical in structure, dtypes and shapes to the first one, so
         they leave the schema as it is.
         """
-        for index, outcome in stream:
+        for item in stream:
+            if isinstance(item, Encoded):
+                yield item
+                continue
+            index, outcome = item
             if isinstance(outcome, bytes):
                 yield outcome
                 continue
@@ -224,11 +228,18 @@ class _WriteJob:
         self._group = []
 
     def _append_all(
-        self, stream: Iterator[tuple[int, Outcome]], total: int | None, progress: bool | None
+        self, stream: Iterator[tuple[int, Outcome] | Encoded], total: int | None, progress: bool | None
     ) -> None:
         bar = _progress_bar(total, progress, "writing")
         try:
+            append = self.appender.append
             for sample in self._checked(stream):
+                if isinstance(sample, Encoded):
+                    for value in sample.values:
+                        append(value)
+                    self.count += len(sample.values)
+                    bar.update(len(sample.values))
+                    continue
                 self._add(sample)
                 bar.update(1)
             self._flush_group()
@@ -252,6 +263,7 @@ class _WriteJob:
         bar = _progress_bar(None, progress, "spooling")
         try:
             for sample in self._checked(iterate_source(dataset)):
+                assert not isinstance(sample, Encoded), "streams yield one sample at a time"
                 if isinstance(sample, bytes):
                     spool.append(sample)
                 else:
