@@ -67,15 +67,6 @@ def test_usage_help_and_version(run: Run) -> None:
     assert run("convert", "a", "b", "--format", "csv")[0] == 2
 
 
-def test_python_dash_m(tmp_path: Path, make_record: Callable[..., str]) -> None:
-    path = make_record(IndexedImages(12))
-    result = subprocess.run(
-        [sys.executable, "-m", "torchrecord", "info", path, "--json"], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["count"] == 12
-
-
 # -- info, head ------------------------------------------------------------------
 
 
@@ -302,6 +293,7 @@ def _on_a_terminal(argv: list[str]) -> tuple[int, str]:
 
 
 def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """Through ``python -m torchrecord``: a bar on a terminal, none with --quiet."""
     np.save(tmp_path / "x.npy", np.arange(50))
     code, text = _on_a_terminal(["convert", str(tmp_path / "x.npy"), str(tmp_path / "a.tr")])
     assert code == 0 and "writing: 100%" in text and "50/50" in text
