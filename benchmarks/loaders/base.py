@@ -7,11 +7,22 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.workloads import WorkloadData
 
-__all__ = ["Epochs", "Loader", "disk_bytes", "ensure_built"]
+__all__ = ["Epochs", "Loader", "disk_bytes", "ensure_built", "progress"]
+
+T = TypeVar("T")
+
+
+def progress(items: Iterable[T], total: int, desc: str) -> Iterable[T]:
+    """``items`` with a tqdm bar (removed when done), or plain ``items`` without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, total=total, desc=f"  {desc}", unit="sample", leave=False, mininterval=1.0)
 
 
 class Epochs(ABC):

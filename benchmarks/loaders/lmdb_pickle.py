@@ -19,7 +19,7 @@ import lmdb
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.loaders.base import Epochs, Loader
+from benchmarks.loaders.base import Epochs, Loader, progress
 from benchmarks.workloads import WorkloadData
 
 __all__ = ["LmdbPickleLoader"]
@@ -98,7 +98,7 @@ class LmdbPickleLoader(Loader):
         env = lmdb.open(str(path), subdir=False, map_size=map_size, sync=False, metasync=False)
         try:
             txn, pending = env.begin(write=True), 0
-            for i in range(data.count):
+            for i in progress(range(data.count), data.count, "writing LMDB"):
                 value = pickle.dumps((data.features[i], int(data.labels[i])), protocol=pickle.HIGHEST_PROTOCOL)
                 txn.put(_key(i), value, append=True)
                 pending += len(value)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.loaders.base import Epochs, Loader
+from benchmarks.loaders.base import Epochs, Loader, progress
 from benchmarks.workloads import WorkloadData
 
 __all__ = ["NpyFolderLoader"]
@@ -57,7 +57,7 @@ class NpyFolderLoader(Loader):
     def build(self, data: WorkloadData, dest: Path) -> None:
         for sub in range(-(-data.count // _PER_DIR)):
             (dest / f"{sub:04d}").mkdir()
-        for i in range(data.count):
+        for i in progress(range(data.count), data.count, "writing .npy files"):
             np.save(_sample_path(dest, i), data.features[i])
         np.save(dest / "labels.npy", data.labels)
 

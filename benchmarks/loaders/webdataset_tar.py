@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, default_collate
 
-from benchmarks.loaders.base import Epochs, Loader
+from benchmarks.loaders.base import Epochs, Loader, progress
 from benchmarks.workloads import WorkloadData
 
 __all__ = ["WebDatasetLoader"]
@@ -57,13 +57,21 @@ class WebDatasetLoader(Loader):
         import webdataset as wds
 
         shards = max(_MIN_SHARDS, math.ceil(data.total_bytes / _SHARD_BYTES))
-        order = np.random.default_rng(0).permutation(data.count)
-        for shard, part in enumerate(np.array_split(order, shards)):
-            # a fixed integer mtime: deterministic shards, and no PAX header per member
-            # (a float mtime, TarWriter's default, adds one and slows every read)
-            with wds.TarWriter(str(dest / f"shard-{shard:05d}.tar"), mtime=0) as sink:
-                for i in part:
-                    sink.write({"__key__": f"{i:08d}", "npy": data.features[i], "cls": int(data.labels[i])})
+        per_shard = -(-data.count // shards)
+        order = np.random.default_rng(0).permutation(data.count).tolist()
+        sink: Any = None
+        try:
+            for position, i in enumerate(progress(order, data.count, "writing tar shards")):
+                if position % per_shard == 0:
+                    if sink is not None:
+                        sink.close()
+                    # a fixed integer mtime: deterministic shards, and no PAX header per
+                    # member (TarWriter's default float mtime adds one, slowing every read)
+                    sink = wds.TarWriter(str(dest / f"shard-{position // per_shard:05d}.tar"), mtime=0)
+                sink.write({"__key__": f"{i:08d}", "npy": data.features[i], "cls": int(data.labels[i])})
+        finally:
+            if sink is not None:
+                sink.close()
 
     def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
         import webdataset as wds
