@@ -268,3 +268,33 @@ def test_batch_mode_structure_and_batch_transform(make_record: Any) -> None:
     doubled, batch = batches[0]
     assert isinstance(batch["meta"], tuple) and batch["meta"][0].dtype == torch.int64
     assert torch.equal(doubled[:, 0, 0], batch["meta"][0].float() * 2)
+
+
+class _ArraysOnly(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 300
+
+    def __getitem__(self, i: int) -> Any:
+        return np.full(3, i, np.int64), np.float32(i)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_parallel_write_with_the_fast_encoder(tmp_path: Path, context: str) -> None:
+    """The fast encoder travels to spawn workers (it pickles as its recipe)."""
+    rf = torchrecord.write_record(
+        _ArraysOnly(), tmp_path / "a.tr", num_workers=2, multiprocessing_context=context, progress=False
+    )
+    assert sorted(int(a[0]) for a, _ in rf) == list(range(300))
+    norm = normalize(_ArraysOnly()[0])
+    encoder = FastEncoder.build(norm.tree, norm.signatures)
+    assert encoder is not None
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(encoder))
+    sample = _ArraysOnly()[5]
+    assert clone.encode(sample) == encoder.encode(sample) == encode_payloads(*_payloads(sample))
+
+
+def _payloads(sample: Any) -> tuple[Any, Any]:
+    norm = normalize(sample)
+    return norm.payloads, norm.signatures

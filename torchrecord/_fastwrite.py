@@ -32,8 +32,11 @@ _Leaf = Callable[[Any], "bytes | np.ndarray"]
 class FastEncoder:
     """Encodes samples shaped like the first one; None for any other sample."""
 
-    def __init__(self, tree: Tree, layout: FixedLayout, leaf_encoders: list[_Leaf]) -> None:
+    def __init__(
+        self, tree: Tree, signatures: list[LeafSignature], layout: FixedLayout, leaf_encoders: list[_Leaf]
+    ) -> None:
         self.tree = tree
+        self.signatures = signatures
         self.layout = layout
         self._leaves = leaf_encoders
         header = layout.header.tobytes()
@@ -77,7 +80,11 @@ class FastEncoder:
         encoders = [_leaf_encoder(sig) for sig in signatures]
         if any(e is None for e in encoders):
             return None
-        return cls(tree, layout, encoders)  # type: ignore[arg-type]
+        return cls(tree, signatures, layout, encoders)  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the checks are closures: pickle the recipe (spawn workers rebuild the encoder)
+        return (FastEncoder.build, (self.tree, self.signatures))
 
     def encode(self, sample: Any) -> bytes | None:
         """The record bytes of ``sample``, or None if it does not fit this encoder."""
@@ -133,6 +140,8 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
 
         def array(x: Any) -> np.ndarray:
             if type(x) is not np.ndarray or x.dtype != np_dtype or x.shape != shape or not x.flags.c_contiguous:
+                if isinstance(x, np.generic) and x.dtype == np_dtype and shape == ():
+                    return x  # type: ignore[return-value]  # a NumPy scalar: a 0-d leaf
                 raise _Mismatch
             return x
 
