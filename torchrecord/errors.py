@@ -14,7 +14,7 @@ or ``except ValueError`` keeps working::
     │   └── CorruptRecordError                             a record fails to decode
     │       └── ChecksumError                              a record's CRC does not match
     ├── SchemaError              (also ValueError)         a sample differs from the first one
-    ├── SourceError                                        the user's dataset raised at sample i
+    ├── SourceError                                        the source failed at sample i, or is unusable
     └── WriteError               (also OSError)            the write failed (disk full, ...)
 
 Messages name the file, the record (or sample) index and the field where they
@@ -80,7 +80,8 @@ class SchemaError(TorchRecordError, ValueError):
 
 
 class SourceError(TorchRecordError):
-    """The user's dataset raised while producing a sample; the cause is chained."""
+    """The source failed: it raised at sample i (the cause is chained), or as a whole
+    it cannot be read (missing path, empty folder, arrays of different lengths)."""
 
 
 class WriteError(TorchRecordError, OSError):
