@@ -77,6 +77,7 @@ def verify(
     report = VerifyReport(rf.path)
     bar = _bar(count, progress)
     txn: lmdb.Transaction | None = None
+    present = 0  # records found (or unreadable) under their keys, to tell stray keys from missing ones
     try:
         for index in range(count):
             where = f"{rf.path}: record {index}"
@@ -88,10 +89,12 @@ def verify(
                 stored = txn.get(key, db=crc_db) if crc_db is not None else None
             except lmdb.Error as exc:
                 report._fail(index, f"{where}: LMDB cannot read it ({exc}); the file is damaged", max_errors)
+                present += 1
                 if txn is not None:
                     txn.abort()  # an LMDB error can leave the transaction unusable
                 txn = None
             else:
+                present += value is not None
                 try:
                     if value is None:
                         raise CorruptRecordError(f"{where}: missing")
@@ -102,7 +105,7 @@ def verify(
                     report._fail(index, str(exc), max_errors)
             report.records += 1
             bar.update(1)
-        _check_extra(env, records_db, count, report, max_errors)
+        _check_extra(env, records_db, count, present, report, max_errors)
     finally:
         if txn is not None:
             txn.abort()
@@ -110,16 +113,23 @@ def verify(
     return report
 
 
-def _check_extra(env: lmdb.Environment, db: Any, count: int, report: VerifyReport, max_errors: int) -> None:
-    """Count records stored beyond the metadata's count (a record set rewritten in place)."""
+def _check_extra(
+    env: lmdb.Environment, db: Any, count: int, present: int, report: VerifyReport, max_errors: int
+) -> None:
+    """Count keys that are not records 0..count-1 (e.g. records added in place beyond the count)."""
     try:
         with env.begin() as txn:
-            extra = int(txn.stat(db)["entries"]) - count
+            extra = int(txn.stat(db)["entries"]) - present
     except lmdb.Error as exc:
         report._fail(count, f"{report.path}: LMDB cannot count the records ({exc})", max_errors)
         return
     if extra > 0:
-        report._fail(count, f"{report.path}: {extra} records beyond the count in the metadata", max_errors)
+        report._fail(
+            count,
+            f"{report.path}: {extra} records beyond the count in the metadata ({count}); the file was "
+            "changed after write_record finished: write it again",
+            max_errors,
+        )
 
 
 def _bar(total: int, progress: bool | None):  # type: ignore[no-untyped-def]
