@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from torchrecord._format import open_readonly
+from torchrecord._format import open_identified
 from torchrecord.errors import RecordNotFoundError
 
 __all__ = ["Handle", "acquire"]
@@ -47,7 +47,6 @@ _OPEN: dict[str, Handle] = {}
 #: by a Handle or a transaction; a file must never be opened a second time
 _LIVE: weakref.WeakValueDictionary[tuple[int, int], lmdb.Environment] = weakref.WeakValueDictionary()
 _OWNER = os.getpid()
-_OPEN_ATTEMPTS = 3
 
 
 def acquire(path: str) -> Handle:
@@ -58,19 +57,10 @@ def acquire(path: str) -> Handle:
     handle = _OPEN.get(real)
     if handle is not None and handle.usable() and handle.inode == inode:
         return handle
-    for _ in range(_OPEN_ATTEMPTS):
-        env = _LIVE.get(inode)  # still open for an old reader, or under another name (hard link)
-        if env is not None:
-            break
-        env = open_readonly(path)
-        now = _identity(path, real)
-        if now == inode:  # not replaced between the stat and the open
-            _LIVE[inode] = env
-            break
-        env.close()
-        inode = now
-    else:
-        raise RecordNotFoundError(f"{path}: the file keeps being replaced while it is opened; try again")
+    env = _LIVE.get(inode)  # still open for an old reader, or under another name (hard link)
+    if env is None:
+        env, inode = open_identified(path)  # the file now at the path, if it was just replaced
+        _LIVE[inode] = env
     handle = Handle(env, os.getpid(), inode)
     _OPEN[real] = handle
     return handle

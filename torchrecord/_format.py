@@ -11,6 +11,7 @@ three named databases:
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from typing import Any, TypeGuard
 
@@ -38,6 +39,7 @@ __all__ = [
     "check_metadata",
     "decode_key",
     "encode_key",
+    "open_identified",
     "open_readonly",
     "pack_metadata",
     "read_metadata",
@@ -97,22 +99,58 @@ def _no_ext(code: int, data: bytes) -> Any:
 def open_readonly(path: str) -> lmdb.Environment:
     """Open a record set read-only, creating no lock file (safe in any process).
 
+    See :func:`open_identified`, which also says which file was opened.
+    """
+    return open_identified(path)[0]
+
+
+_OPEN_ATTEMPTS = 3
+
+
+def open_identified(path: str) -> tuple[lmdb.Environment, tuple[int, int]]:
+    """Open a record set read-only; returns the environment and the file's (st_dev, st_ino).
+
     Raises RecordNotFoundError / NotARecordSetError with the path in the message,
     and CorruptRecordError for a file shorter than its LMDB pages (truncated):
     LMDB maps the file, and reading a page past its end would kill the process
-    with SIGBUS, so the length is checked here, before any page is read.
+    with SIGBUS, so the length is checked here, before any page is read. The
+    file is identified by stat before and after the open, so a file replaced at
+    the path meanwhile (``write_record(overwrite=True)``) is never measured for
+    another one: the open is retried instead.
     """
-    if not os.path.exists(path):
-        raise RecordNotFoundError(f"{path}: no record set here (write one with torchrecord.write_record)")
-    if os.path.isdir(path):
+    for _ in range(_OPEN_ATTEMPTS):
+        before = _stat(path)
+        env = _open_lmdb(path)
+        try:
+            after = os.stat(path)
+        except OSError:
+            after = None
+        if after is not None and (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
+            _check_length(env, path, after.st_size)
+            return env, (after.st_dev, after.st_ino)
+        env.close()  # replaced while it was being opened: open the new file
+    raise RecordNotFoundError(f"{path}: the file keeps being replaced while it is opened; try again")
+
+
+def _stat(path: str) -> os.stat_result:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise RecordNotFoundError(
+            f"{path}: no record set here (write one with torchrecord.write_record)"
+        ) from None
+    if stat.S_ISDIR(st.st_mode):
         raise NotARecordSetError(
             f"{path}: is a directory; a torchrecord record set is a single file written by write_record"
         )
-    size = os.path.getsize(path)
-    if size == 0:
+    if st.st_size == 0:
         raise NotARecordSetError(f"{path}: empty file, not a record set; {_REWRITE}")
+    return st
+
+
+def _open_lmdb(path: str) -> lmdb.Environment:
     try:
-        env = lmdb.open(
+        return lmdb.open(
             path,
             subdir=False,
             readonly=True,
@@ -126,6 +164,10 @@ def open_readonly(path: str) -> lmdb.Environment:
         ) from None
     except lmdb.Error as exc:
         raise NotARecordSetError(f"{path}: cannot open as LMDB ({exc}); {_REWRITE}") from None
+
+
+def _check_length(env: lmdb.Environment, path: str, size: int) -> None:
+    """Close ``env`` and raise unless the file holds every page LMDB's header says it uses."""
     try:
         needed = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
     except lmdb.Error as exc:
@@ -136,7 +178,6 @@ def open_readonly(path: str) -> lmdb.Environment:
         raise CorruptRecordError(
             f"{path}: the file is truncated: it has {size} bytes, its LMDB pages need {needed}; {_REWRITE}"
         )
-    return env
 
 
 def read_metadata(env: lmdb.Environment, path: str) -> dict[str, Any]:
