@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchrecord
+from tests.test_reliability_write import report_line
 from torchrecord import _dtypes, _format
 from torchrecord._codec import decode_leaves, encode_payloads, materialize
 from torchrecord._proto import torchrecord_pb2 as pb
@@ -44,9 +45,7 @@ _INPUTS = {"decoded": 0}
 @pytest.fixture(scope="module", autouse=True)
 def _report_count(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"fuzz: {_INPUTS['decoded']} inputs decoded by tests/test_fuzz.py")
+    report_line(request, f"fuzz: {_INPUTS['decoded']} inputs decoded by tests/test_fuzz.py")
 
 
 def fuzz_settings(examples: int, *, slow: bool = False) -> Callable[[Any], Any]:

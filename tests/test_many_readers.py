@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 import torchrecord
 from tests.helpers import assert_exactly_once
-from tests.test_reliability_write import FORK, Labelled, in_child, readonly_bind, small_tmpfs
+from tests.test_reliability_write import FORK, Labelled, in_child, readonly_bind, report_line, small_tmpfs
 
 _READERS = {"processes": 0}
 
@@ -32,9 +32,8 @@ _READERS = {"processes": 0}
 @pytest.fixture(scope="module", autouse=True)
 def _report_readers(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and _READERS["processes"]:
-        reporter.write_line(f"many readers: {_READERS['processes']} reader processes ran")
+    if _READERS["processes"]:
+        report_line(request, f"many readers: {_READERS['processes']} reader processes ran")
 
 
 def write(path: Path, n: int) -> Path:
@@ -137,12 +136,12 @@ def test_more_open_transactions_than_an_lmdb_reader_table(tmp_path: Path) -> Non
 # -- read-only -----------------------------------------------------------------------------------
 
 
-def read_all(path: str) -> int:
+def read_all(path: str, workers: int = 2) -> int:
     """Read the set every way, with DataLoader workers too; returns the number of samples."""
     rf = torchrecord.RecordFile(path)
     assert torchrecord.verify(path).ok
     labels = [check_sample(image, label) for image, label in rf]
-    loader = DataLoader(torchrecord.RecordDataset(path, batch_size=16), batch_size=None, num_workers=2)
+    loader = DataLoader(torchrecord.RecordDataset(path, batch_size=16), batch_size=None, num_workers=workers)
     streamed = [int(x) for _, batch in loader for x in batch]
     assert sorted(labels) == sorted(streamed) == list(range(len(rf)))
     return len(labels)
@@ -170,7 +169,9 @@ def _as_nobody(path: str) -> tuple[int, str]:
         denied = "no"
     except PermissionError:
         denied = "yes"
-    return read_all(path), denied
+    # no DataLoader workers here: torch passes worker tensors through a socket in a
+    # multiprocessing temp directory that root may already have created (mode 0700)
+    return read_all(path, workers=0), denied
 
 
 def test_read_only_for_an_unprivileged_reader() -> None:

@@ -42,14 +42,24 @@ FORK = multiprocessing.get_context("fork")
 _COUNTS = {"kills": 0, "kills_survived": 0}
 
 
+def report_line(request: pytest.FixtureRequest, text: str) -> None:
+    """Print a line on the terminal even while output is captured (counts for the test log)."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.write_line(text)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _report_kills(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and _COUNTS["kills"]:
-        reporter.write_line(
+    if _COUNTS["kills"]:
+        report_line(
+            request,
             f"writer kills: {_COUNTS['kills']} SIGKILLs landed mid-write, {_COUNTS['kills_survived']} "
-            "left the target intact (old set or nothing) and were followed by a good write"
+            "left the target intact (old set or nothing) and were followed by a good write",
         )
 
 
@@ -176,15 +186,16 @@ def in_child(fn: Callable[..., Any], *args: Any, timeout: float = 120) -> tuple[
     proc = FORK.Process(target=run)
     proc.start()
     child.close()
-    ready = parent.poll(timeout)
-    outcome = parent.recv() if ready else None
-    proc.join(timeout)
-    if proc.is_alive():
+    if not parent.poll(timeout):  # neither an answer nor the pipe closed by the child's death
         proc.kill()
         proc.join()
         pytest.fail(f"child running {fn.__name__} hung for {timeout}s")
-    if outcome is None:
+    try:
+        outcome: tuple[str, Any] = parent.recv()
+    except EOFError:  # died without answering: killed by a signal
+        proc.join()
         return ("signal", -(proc.exitcode or 0))
+    proc.join(timeout)
     return outcome
 
 
@@ -443,8 +454,9 @@ def _overwrite(path: str, dataset: Any) -> list[str]:
 
 def _check_failed_write(directory: Path, outcome: tuple[str, Any], words: tuple[str, ...]) -> None:
     path = directory / "set.tr"
-    kind, (name, message) = outcome
-    assert (kind, name) == ("raised", "WriteError"), outcome
+    assert outcome[0] == "raised", f"the write did not raise: {outcome}"  # e.g. ("signal", 7): SIGBUS
+    name, message = outcome[1]
+    assert name == "WriteError", outcome
     assert str(path) in message and all(w in message for w in words), message
     assert entries(directory) == ["set.tr"]  # partial output removed
     assert_is_set(path, 300, 0)  # previous record set intact
