@@ -29,6 +29,7 @@ __all__ = [
     "find_images",
     "format_table",
     "generate_images",
+    "read_through",
     "run_in_child",
 ]
 
@@ -115,7 +116,7 @@ def find_images(root: Path) -> tuple[list[str], list[int], list[str]]:
     return paths, labels, classes
 
 
-# -- files on disk ----------------------------------------------------------------
+# -- files on disk and in the page cache -------------------------------------------
 def disk_bytes(paths: Sequence[str]) -> int:
     """Bytes allocated on disk for ``paths`` (whole blocks, so small files cost what they cost)."""
     return sum(os.stat(p).st_blocks * 512 for p in paths)
@@ -144,6 +145,16 @@ def _meminfo_cached() -> int:
             if line.startswith("Cached:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def read_through(paths: Sequence[str]) -> int:
+    """Read every file once (to load it into the page cache); returns the bytes read."""
+    total = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+    return total
 
 
 def evict_from_page_cache(paths: Sequence[str]) -> str:

@@ -48,6 +48,7 @@ from _compare_support import (
     find_images,
     format_table,
     generate_images,
+    read_through,
     run_in_child,
 )
 from PIL import Image
@@ -165,9 +166,10 @@ def main() -> None:
 
     # -- 7. Time one epoch of each ------------------------------------------------------
     # The clock runs from creating the loader (worker start-up included) to its last
-    # batch. With --cold, the files are dropped from the page cache first, and the
-    # epoch runs in a fresh process: a process that memory-mapped the record file
-    # (LMDB does) would otherwise keep its pages cached.
+    # batch. By default both loaders read from a warm page cache: every file is read
+    # once beforehand. With --cold, the files are dropped from the page cache before
+    # each epoch, which then runs in a fresh process: a process that memory-mapped the
+    # record file (LMDB does) would otherwise keep its pages cached.
     def one_epoch(make: Callable[[int], DataLoader[Any]], workers: int, desc: str) -> tuple[float, int]:
         start = time.perf_counter()
         loader = make(workers)
@@ -176,6 +178,9 @@ def main() -> None:
             samples += len(batch_labels)
         return time.perf_counter() - start, samples
 
+    if not args.cold:
+        for _, _, files in loaders:
+            read_through(files)
     results = []
     for workers in args.workers:
         for name, make, files in loaders:

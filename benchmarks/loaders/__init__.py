@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.loaders.base import Epochs, Loader, disk_bytes, ensure_built
+from benchmarks.loaders.base import Epochs, Loader, disk_bytes, ensure_built, read_through
 from benchmarks.loaders.limits import InMemoryLimit, RawLmdbLimit
 from benchmarks.loaders.lmdb_pickle import LmdbPickleLoader
 from benchmarks.loaders.npy_folder import NpyFolderLoader
 from benchmarks.loaders.torchrecord_loader import TorchRecordLoader
 from benchmarks.loaders.webdataset_tar import WebDatasetLoader
 
-__all__ = ["Epochs", "Loader", "LoaderOptions", "disk_bytes", "ensure_built", "registry"]
+__all__ = [
+    "Epochs",
+    "Loader",
+    "LoaderOptions",
+    "disk_bytes",
+    "ensure_built",
+    "read_through",
+    "registry",
+]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from benchmarks.workloads import WorkloadData
 
-__all__ = ["Epochs", "Loader", "disk_bytes", "ensure_built", "progress"]
+__all__ = ["Epochs", "Loader", "disk_bytes", "ensure_built", "progress", "read_through"]
 
 T = TypeVar("T")
 
@@ -101,6 +101,16 @@ def ensure_built(loader: Loader, data: WorkloadData, rebuild: bool = False) -> t
     seconds = time.perf_counter() - start
     tmp.rename(dest)
     return dest, seconds
+
+
+def read_through(path: Path) -> int:
+    """Read every file under ``path`` once, so timing starts from a warm page cache; returns bytes read."""
+    total = 0
+    for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+    return total
 
 
 def disk_bytes(path: Path) -> int:
