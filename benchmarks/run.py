@@ -228,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.out.with_suffix(".json")
     report.write_json(json_path, payload)
     chart_note = report.write_chart(
-        args.out.with_suffix(".png"), [(info["name"], ms) for info, ms, _ in results], machine, found, config
+        args.out.with_suffix(".png"),
+        [(f"{info['name']}: {info['description']}, batch {info['batch_size']}", ms) for info, ms, _ in results],
+        machine,
+        found,
+        config,
     )
     _log(f"\nwrote {json_path}" + (f"; {chart_note}" if chart_note else f" and {args.out.with_suffix('.png')}"))
     _log(f"total {time.perf_counter() - started:.0f} s")
