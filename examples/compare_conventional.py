@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import statistics
@@ -189,7 +190,7 @@ def main() -> None:
                 desc = f"{name:<12} w={workers}" + (f" epoch {epoch + 1}" if args.epochs > 1 else "")
                 if args.cold:
                     print(f"{desc}: {evict_from_page_cache(files)}")
-                    seconds, samples = run_in_child(lambda m=make, w=workers, d=desc: one_epoch(m, w, d))
+                    seconds, samples = run_in_child(functools.partial(one_epoch, make, workers, desc))
                 else:
                     seconds, samples = one_epoch(make, workers, desc)
                 if samples != len(paths):
