@@ -361,11 +361,12 @@ def test_skip_counts_skipped_samples(make_record: MakeRecord) -> None:
     assert clean.metadata["skipped"] == 0
 
 
-def test_skip_in_a_stream_counts_the_failure(make_record: MakeRecord) -> None:
-    rf = RecordFile(make_record(_flaky_stream(10, 4), on_error="skip", shuffle=False))
-    # a generator that raised is finished: 4 samples, then one failure
-    assert rf.metadata["skipped"] == 1
-    assert [s[1] for s in rf] == [0, 1, 2, 3]
+def test_skip_does_not_hide_a_finished_generator(tmp_path: Path) -> None:
+    # a generator that raised is finished: skipping would silently drop samples 5..9
+    path = tmp_path / "s.tr"
+    with pytest.raises(SourceError, match=r"(?s)sample 4.*cannot be skipped"):
+        torchrecord.write_record(_flaky_stream(10, 4), path, on_error="skip", shuffle=False, progress=False)
+    assert not path.exists()
 
 
 @pytest.mark.parametrize(

@@ -630,11 +630,6 @@ def _generator_failing_at_5() -> Iterator[tuple[torch.Tensor, int]]:
         yield Labelled(20)[i]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (torchrecord/_sources.py): a generator that raised is finished, so on_error='skip' "
-    "silently drops every later sample and reports skipped=1",
-)
 def test_skip_with_a_generator_does_not_lose_later_samples(tmp_path: Path) -> None:
     path = tmp_path / "g.tr"
     try:

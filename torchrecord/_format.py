@@ -10,9 +10,11 @@ three named databases:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from typing import Any, TypeGuard
 
 import lmdb
@@ -39,6 +41,7 @@ __all__ = [
     "check_metadata",
     "decode_key",
     "encode_key",
+    "lmdb_errors",
     "open_identified",
     "open_readonly",
     "pack_metadata",
@@ -60,6 +63,17 @@ _KEY = struct.Struct(">Q")
 
 #: What to tell the user when a file is damaged beyond reading.
 _REWRITE = "copy it again from a good source or write it again with torchrecord.write_record"
+
+
+@contextlib.contextmanager
+def lmdb_errors(path: str) -> Iterator[None]:
+    """Turn LMDB's own errors while reading into CorruptRecordError naming the file."""
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise CorruptRecordError(
+            f"{path}: LMDB cannot read the file ({exc}); it is damaged: run torchrecord.verify to find the bad records"
+        ) from exc
 
 
 def encode_key(index: int) -> bytes:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from torchrecord._fastread import check_crcs, read_records
+from torchrecord._format import lmdb_errors
 
 __all__ = ["iter_records", "shuffle_buffer"]
 
@@ -33,7 +34,7 @@ def iter_records(
     is checked against the stored one.
     """
     k = samples_per_record
-    with env.begin(db=db, buffers=False) as txn:
+    with lmdb_errors(path), env.begin(db=db, buffers=False) as txn:
         cursor = txn.cursor(db=db)
         crc_cursor = txn.cursor(db=crc_db) if crc_db is not None else None
         for start, stop in runs:

@@ -7,6 +7,7 @@ source raised for it, so the writer can name the index or skip it.
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class Failed:
 
     message: str
     detail: str
+    fatal: bool = False  # the source cannot go on (a generator that raised): never skippable
 
 
 def normalize(sample: Any) -> Normalized:
@@ -166,7 +168,8 @@ def iterate_source(source: Iterable[Any], fast: bool = True) -> Iterator[tuple[i
     """Yield ``(index, outcome)`` for an iterable in its own order.
 
     An exception from the iterator is reported for that index; iteration then
-    continues if the iterator allows it (a generator that raised is finished).
+    continues if the iterator allows it. A generator that raised is finished, so
+    its failure is fatal even with ``on_error="skip"``.
     """
     it = iter(source)
     index = 0
@@ -177,7 +180,9 @@ def iterate_source(source: Iterable[Any], fast: bool = True) -> Iterator[tuple[i
         except StopIteration:
             return
         except Exception as exc:
-            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            # a generator that raised is finished: skipping would silently lose the rest
+            fatal = inspect.isgenerator(it)
+            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc(), fatal)
             index += 1
             continue
         try:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from torchrecord import _dtypes, _partition
+from torchrecord import _dtypes, _format, _partition
 from torchrecord._fastread import fixed_batches
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import iter_records, shuffle_buffer
@@ -211,7 +211,7 @@ class RecordDataset(IterableDataset[Any]):
         shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype)) for f in layout.fields]
         rng = np.random.default_rng(seed) if self.shuffle else None
         batched = self.batch_size is not None
-        with env.begin(buffers=True) as txn:
+        with _format.lmdb_errors(self.file.path), env.begin(buffers=True) as txn:
             for arrays in fixed_batches(
                 txn,
                 db,

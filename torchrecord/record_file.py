@@ -157,7 +157,7 @@ class RecordFile:
         if not 0 <= record < n:
             raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
         env, db = self.environment()
-        with env.begin(db=db) as txn:
+        with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
             value = txn.get(_format.encode_key(record))
         if value is None:
             raise CorruptRecordError(f"{self.path}: record {record} is missing")
@@ -179,7 +179,7 @@ class RecordFile:
     def __iter__(self) -> Iterator[Any]:
         env, db = self.environment()
         n = self.num_records
-        with env.begin(db=db) as txn:
+        with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
             cursor = txn.cursor()
             expected = 0
             for key, value in cursor:

@@ -180,6 +180,12 @@ class _WriteJob:
                 yield outcome
                 continue
             if isinstance(outcome, Failed):
+                if outcome.fatal:
+                    raise SourceError(
+                        f"{self.target}: the source generator raised at sample {index}: {outcome.message}\n"
+                        "(a generator cannot go on after raising, so the sample cannot be skipped)\n"
+                        f"{outcome.detail}"
+                    )
                 if self.on_error == "skip":
                     self.skipped += 1
                     continue
