@@ -18,31 +18,16 @@ import pytest
 import torch
 
 import torchrecord
+from tests.helpers import varint, wire_field
 from torchrecord._proto import torchrecord_pb2 as pb
 from torchrecord.errors import VersionError
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, wire: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | wire) + payload
-
-
 def _tensor(dims: list[int], dtype_code: int, raw: bytes) -> bytes:
-    body = b"".join(_field(1, 0, _varint(d)) for d in dims)
-    body += _field(2, 0, _varint(dtype_code))
-    body += _field(12, 0, _varint(2))  # storage_type = RAW
-    body += _field(13, 2, _varint(len(raw)) + raw)
+    body = b"".join(wire_field(1, 0, varint(d)) for d in dims)
+    body += wire_field(2, 0, varint(dtype_code))
+    body += wire_field(12, 0, varint(2))  # storage_type = RAW
+    body += wire_field(13, 2, varint(len(raw)) + raw)
     return body
 
 
@@ -50,9 +35,9 @@ def _record(image: np.ndarray, label: int, name: str) -> bytes:
     protos = [
         _tensor(list(image.shape), 6, image.astype("<u1").tobytes()),  # UINT8
         _tensor([], 10, struct.pack("<q", label)),  # INT64, 0-d
-        _field(6, 2, _varint(len(name.encode())) + name.encode()) + _field(2, 0, _varint(4)),  # STRING
+        wire_field(6, 2, varint(len(name.encode())) + name.encode()) + wire_field(2, 0, varint(4)),  # STRING
     ]
-    return b"".join(_field(1, 2, _varint(len(p)) + p) for p in protos)
+    return b"".join(wire_field(1, 2, varint(len(p)) + p) for p in protos)
 
 
 def _metadata(count: int, version: int = 1) -> dict:
@@ -127,7 +112,7 @@ def test_writer_output_matches_the_spec_bytes(tmp_path: Path) -> None:
     rf = torchrecord.write_record(samples, tmp_path / "w.tr", shuffle=False, progress=False)
     for i, (image, label) in enumerate(samples):
         expected = b"".join(
-            _field(1, 2, _varint(len(p)) + p)
+            wire_field(1, 2, varint(len(p)) + p)
             for p in (_tensor([2, 3], 6, image.numpy().tobytes()), _tensor([], 10, struct.pack("<q", label)))
         )
         assert rf.raw(i) == expected

@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchrecord
+from tests.helpers import varint, wire_field
 from tests.test_reliability_write import report_line
 from torchrecord import _dtypes, _format
 from torchrecord._codec import decode_leaves, encode_payloads, materialize
@@ -167,31 +168,16 @@ def detected_by_crc(original: bytes, value: bytes) -> None:
 # -- mutations --------------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, wire: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | wire) + payload
 
 
 def hand_made(dims: list[int], dtype_code: int, raw: bytes, strings: list[bytes], nfields: int) -> bytes:
     """A TensorProtos written byte by byte: any dims (negative, 2**60...), any dtype code."""
-    proto = b"".join(_field(1, 0, _varint(d)) for d in dims)
-    proto += _field(2, 0, _varint(dtype_code)) + _field(12, 0, _varint(2))
-    proto += b"".join(_field(6, 2, _varint(len(s)) + s) for s in strings)
+    proto = b"".join(wire_field(1, 0, varint(d)) for d in dims)
+    proto += wire_field(2, 0, varint(dtype_code)) + wire_field(12, 0, varint(2))
+    proto += b"".join(wire_field(6, 2, varint(len(s)) + s) for s in strings)
     if raw:
-        proto += _field(13, 2, _varint(len(raw)) + raw)
-    one = _field(1, 2, _varint(len(proto)) + proto)
+        proto += wire_field(13, 2, varint(len(raw)) + raw)
+    one = wire_field(1, 2, varint(len(proto)) + proto)
     return one * nfields
 
 
@@ -364,8 +350,8 @@ def test_absurd_dims_and_unknown_dtypes(dims: list[int], code: int) -> None:
 
 def test_decode_of_a_huge_claimed_length_allocates_nothing_big() -> None:
     """A record claiming 2**40 bytes of raw data but holding 10 is refused without allocating."""
-    proto = _field(1, 0, _varint(4)) + _field(2, 0, _varint(2)) + _field(13, 2, _varint(2**40)) + b"x" * 10
-    value = _field(1, 2, _varint(len(proto)) + proto)
+    proto = wire_field(1, 0, varint(4)) + wire_field(2, 0, varint(2)) + wire_field(13, 2, varint(2**40)) + b"x" * 10
+    value = wire_field(1, 2, varint(len(proto)) + proto)
     fields = [Field("x", "tensor", "uint8", (None,))]
     check_decode(value, fields, {"t": "leaf"}, b"", [])
     with pytest.raises(torchrecord.errors.CorruptRecordError):
