@@ -24,7 +24,8 @@ with atheris.instrument_imports():
     import torch
 
     from torchrecord import _format
-    from torchrecord._codec import decode_leaves, encode_payloads, materialize
+    from torchrecord._codec import decode_leaves, encode_payloads
+from torchrecord._kinds import materialize
     from torchrecord._sources import normalize
     from torchrecord._structure import unflatten
     from torchrecord.errors import FormatError

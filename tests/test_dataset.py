@@ -17,7 +17,7 @@ import torchrecord
 from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
 from torchrecord import RecordDataset, RecordFile
-from torchrecord._reader import shuffle_buffer
+from torchrecord._order import window_order
 
 COUNT = 203  # odd, and not a multiple of 2, 3 or 4: every world size pads or drops
 
@@ -224,8 +224,12 @@ def test_shuffle_quality(small_ints: str, epoch: int) -> None:
     assert abs(rho) < 0.2, f"read order correlates with stored order: rho={rho:.3f}"
     assert spread(order, n) >= 7, "the first tenth of the reads should come from all over the file"
 
-    # the same statistics fail for a shuffle buffer alone, so they can tell
-    buffer_only = list(shuffle_buffer(range(n), buffer, seed=epoch))
+    # the same statistics fail for buffer-sized windows alone (no block order), so they can tell
+    buffer_only = [
+        lo + int(i)
+        for j, lo in enumerate(range(0, n, buffer))
+        for i in window_order(min(buffer, n - lo), seed=0, epoch=epoch, rank=0, worker=0, window=j)
+    ]
     assert sorted(buffer_only) == list(range(n))
     assert abs(spearman(buffer_only)) > 0.9
     assert spread(buffer_only, n) <= 2

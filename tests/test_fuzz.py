@@ -33,7 +33,8 @@ import torchrecord
 from tests.helpers import varint, wire_field
 from tests.test_reliability_write import report_line
 from torchrecord import _dtypes, _format
-from torchrecord._codec import decode_leaves, encode_payloads, materialize
+from torchrecord._codec import decode_leaves, encode_payloads
+from torchrecord._kinds import materialize
 from torchrecord._proto import torchrecord_pb2 as pb
 from torchrecord._sources import normalize
 from torchrecord._structure import unflatten

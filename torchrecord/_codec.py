@@ -18,7 +18,7 @@ from torchrecord._proto import torchrecord_pb2 as pb
 from torchrecord.errors import CorruptRecordError
 from torchrecord.schema import Field, LeafSignature
 
-__all__ = ["decode_leaves", "encode_payloads", "leaf_payload", "materialize"]
+__all__ = ["decode_leaves", "encode_payloads", "leaf_payload"]
 
 _RAW = pb.TensorProto.StorageType.RAW
 _STRING = pb.TensorProto.DataType.STRING
@@ -141,25 +141,3 @@ def _decode_one(proto: pb.TensorProto, fld: Field, where: str, rows: int | None)
     if info.name == "bool" and count and arr.view(np.uint8).max() > 1:
         raise CorruptRecordError(f"{where}, field {fld.name!r}: bool data holds values other than 0 and 1")
     return arr
-
-
-def materialize(payload: Payload, fld: Field, where: str) -> Any:
-    """Turn a decoded payload into the kind the user wrote (tensor, array, scalar, str...)."""
-    kind = fld.kind
-    if kind == "bytes":
-        return bytes(payload)
-    if kind == "str":
-        try:
-            return bytes(payload).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CorruptRecordError(f"{where}, field {fld.name!r}: not valid UTF-8 ({exc})") from None
-    if isinstance(payload, np.generic):  # one row of a chunk's scalar column
-        payload = np.array(payload)
-    assert isinstance(payload, np.ndarray)
-    if kind == "tensor":
-        arr = payload if payload.flags.writeable else payload.copy()
-        tensor = torch.from_numpy(arr)
-        return tensor.view(torch.bfloat16) if fld.dtype == "bfloat16" else tensor
-    if kind == "ndarray":
-        return payload if payload.flags.writeable else payload.copy()
-    return payload.item()

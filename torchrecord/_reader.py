@@ -1,71 +1,199 @@
-"""The general read path: walk runs of records with one cursor, mix them in a buffer."""
+"""One reader's share of an epoch, read window by window, with its position as plain state.
+
+A :class:`ShareReader` is given the runs of sample indices that one reader
+(one DataLoader worker of one rank) visits this epoch, and who it is (seed,
+epoch, rank, worker). It cuts that share into windows (``torchrecord._order``),
+reads each window through the cursor walk, permutes it on its own, and hands
+out consecutive chunks of the permuted sequence, starting from any position.
+
+Two decoding paths give the same samples in the same order:
+
+* fixed layout (every field numeric with a fixed shape): a chunk is a list of
+  typed column arrays [B, ...], one per schema field (``torchrecord._fastread``);
+* any other schema: a chunk is a list of decoded samples; the window holds the
+  stored bytes and each sample is decoded by protobuf only when it is handed out.
+"""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-import lmdb
+import numpy as np
 
-from torchrecord._fastread import check_crcs, read_records
-from torchrecord._format import lmdb_errors
+from torchrecord import _dtypes, _order
+from torchrecord._fastread import JOIN_LIMIT, FixedWindowReader
+from torchrecord._kinds import check_bools
+from torchrecord._layout import FixedLayout
+from torchrecord._walk import Walk, record_runs
+from torchrecord.record_file import RecordFile
 
-__all__ = ["iter_records", "shuffle_buffer"]
+__all__ = ["Share", "ShareReader"]
 
-T = TypeVar("T")
-
-_PIECE = 256  # records fetched per cursor step: bounds memory, amortizes the calls
+Run = tuple[int, int]
 
 
-def iter_records(
-    env: lmdb.Environment,
-    db: Any,
-    runs: Sequence[tuple[int, int]],
-    path: str,
-    *,
-    samples_per_record: int = 1,
-    crc_db: Any = None,
-) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(record index, value)`` for the records covering each run of sample indices.
+@dataclass(frozen=True)
+class Share:
+    """What one reader reads in one epoch, and the identity its order is seeded from.
 
-    One read transaction and one cursor serve the whole walk: a ``set_range``
-    seek per piece, then sequential steps. With ``crc_db`` every value's CRC-32
-    is checked against the stored one.
+    Attributes:
+        runs: runs [start, stop) of sample indices, in visiting order.
+        seed, epoch, rank, worker: seed the per-window permutations.
+        shuffle: permute each window (False: visit the runs in order).
+        window: samples per window.
     """
-    k = samples_per_record
-    with lmdb_errors(path), env.begin(db=db, buffers=False) as txn:
-        cursor = txn.cursor(db=db)
-        crc_cursor = txn.cursor(db=crc_db) if crc_db is not None else None
-        for start, stop in runs:
-            first, last = start // k, (stop - 1) // k + 1
-            for piece_start in range(first, last, _PIECE):
-                piece_stop = min(last, piece_start + _PIECE)
-                values = read_records(cursor, piece_start, piece_stop, path)
-                if crc_cursor is not None:
-                    check_crcs(values, read_records(crc_cursor, piece_start, piece_stop, path), piece_start, path)
-                yield from zip(range(piece_start, piece_stop), values)
+
+    runs: tuple[Run, ...]
+    seed: int
+    epoch: int
+    rank: int
+    worker: int
+    shuffle: bool
+    window: int
+
+    @property
+    def total(self) -> int:
+        """Samples in the share."""
+        return sum(stop - start for start, stop in self.runs)
+
+    def order(self, j: int, n: int) -> np.ndarray | None:
+        """The permutation of window ``j`` (``n`` samples), or None to keep run order."""
+        if not self.shuffle:
+            return None
+        return _order.window_order(n, seed=self.seed, epoch=self.epoch, rank=self.rank, worker=self.worker, window=j)
 
 
-def shuffle_buffer(items: Iterable[T], size: int, seed: int) -> Iterator[T]:
-    """Mix a stream through a buffer of ``size`` items (reservoir-style), deterministically.
+class ShareReader:
+    """Reads a :class:`Share` of a record set and yields chunks of its permuted sequence.
 
-    Each incoming item replaces a uniformly chosen buffered one, which is yielded;
-    at the end the rest of the buffer is shuffled and drained.
+    Args:
+        file: the record set.
+        share: what to read.
+        layout: the set's fixed layout, or None for the generic (protobuf) path.
+        verify: check every record's CRC-32 as it is read.
     """
-    rng = random.Random(seed)
-    if size <= 1:
-        yield from items
-        return
-    buffer: list[T] = []
-    randrange = rng.randrange
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        j = randrange(size)
-        out = buffer[j]
-        buffer[j] = item
-        yield out
-    rng.shuffle(buffer)
-    yield from buffer
+
+    def __init__(self, file: RecordFile, share: Share, *, layout: FixedLayout | None, verify: bool = False) -> None:
+        self.file, self.share, self.layout, self.verify = file, share, layout, verify
+        self.records_read = 0
+
+    @property
+    def fixed(self) -> bool:
+        """True when chunks are typed column arrays (the fixed-layout path)."""
+        return self.layout is not None
+
+    def chunks(self, size: int, start: int = 0) -> Iterator[list[Any]]:
+        """Consecutive chunks of ``size`` samples from position ``start`` (the last may be short).
+
+        Only the windows at or after ``start``'s are read.
+        """
+        share = self.share
+        total = share.total
+        if start >= total:
+            return
+        env, db = self.file.environment()
+        crc_db = self.file.crc_db if self.verify else None
+        # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make
+        buffers = self.layout is not None and self.layout.length >= JOIN_LIMIT
+        with Walk(env, db, self.file.path, crc_db=crc_db, buffers=buffers) as walk:
+            try:
+                windows = self._fixed_windows(walk) if self.layout is not None else self._generic_windows(walk)
+                pending: list[_Taken] = []
+                held = 0
+                first_window = start // share.window
+                skip = start - first_window * share.window
+                for j in range(first_window, -(-total // share.window)):
+                    lo, hi = j * share.window, min(total, (j + 1) * share.window)
+                    taker = windows(j, _order.slice_runs(share.runs, lo, hi))
+                    if skip:
+                        taker.offset, skip = skip, 0
+                    while taker.remaining:
+                        n = min(size - held, taker.remaining)
+                        pending.append(taker.take(n))
+                        held += n
+                        if held == size:
+                            yield self._join(pending)
+                            pending, held = [], 0
+                if pending:
+                    yield self._join(pending)
+            finally:
+                self.records_read += walk.records_read
+
+    # -- the two paths --------------------------------------------------------
+    def _fixed_windows(self, walk: Walk) -> Any:
+        layout = self.layout
+        assert layout is not None
+        reader = FixedWindowReader(walk, layout, len(self.file), self.share.window)
+        shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in layout.fields]
+        path = self.file.path
+
+        def window(j: int, runs: Sequence[Run]) -> _Taken:
+            win, rec, row = reader.read(runs)
+            order = self.share.order(j, len(rec))
+            if order is not None:
+                rec, row = rec[order], row[order]
+
+            def gather(sel: slice) -> list[np.ndarray]:
+                arrays = win.gather(rec[sel], row[sel])
+                typed = [a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, shapes)]
+                check_bools(typed, layout.fields, path)
+                return typed
+
+            return _Taken(len(rec), gather)
+
+        return window
+
+    def _generic_windows(self, walk: Walk) -> Any:
+        file = self.file
+        k = file.samples_per_record
+
+        def window(j: int, runs: Sequence[Run]) -> _Taken:
+            if k == 1:
+                items: list[tuple[int, Any]] = []
+                for first, values in walk.pieces(record_runs(runs, 1)):
+                    items.extend(zip(range(first, first + len(values)), values))
+            else:
+                items = []
+                for start, stop in runs:
+                    for first, values in walk.pieces(record_runs([(start, stop)], k)):
+                        for record, value in zip(range(first, first + len(values)), values):
+                            for i, sample in enumerate(file.decode_record(value, record)):
+                                if start <= record * k + i < stop:
+                                    items.append((-1, sample))
+            order = self.share.order(j, len(items))
+            if order is not None:
+                items = [items[i] for i in order.tolist()]
+
+            def decode(sel: slice) -> list[Any]:
+                if k == 1:
+                    return [file.decode(value, index) for index, value in items[sel]]
+                return [sample for _, sample in items[sel]]
+
+            return _Taken(len(items), decode)
+
+        return window
+
+    def _join(self, parts: list[Any]) -> list[Any]:
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[no-any-return]
+        if self.layout is not None:
+            return [np.concatenate(column) for column in zip(*parts)]
+        return [sample for part in parts for sample in part]
+
+
+class _Taken:
+    """A permuted window handed out front to back: ``take(n)`` gives the next n samples."""
+
+    def __init__(self, n: int, get: Any) -> None:
+        self.n, self.get, self.offset = n, get, 0
+
+    @property
+    def remaining(self) -> int:
+        return self.n - self.offset
+
+    def take(self, n: int) -> Any:
+        sel = slice(self.offset, self.offset + n)
+        self.offset += n
+        return self.get(sel)

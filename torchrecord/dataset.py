@@ -6,19 +6,15 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from torchrecord import _dtypes, _format, _partition
-from torchrecord._fastread import fixed_batches
+from torchrecord import _order, _partition
+from torchrecord._kinds import collate_samples, split_columns, stack_columns
 from torchrecord._layout import FixedLayout
-from torchrecord._reader import iter_records, shuffle_buffer
-from torchrecord._structure import Tree, flatten, unflatten
-from torchrecord.errors import CorruptRecordError
+from torchrecord._reader import Share, ShareReader
 from torchrecord.record_file import RecordFile
-from torchrecord.schema import Schema
 
 __all__ = ["RecordDataset", "collate_samples"]
 
@@ -32,15 +28,19 @@ class RecordDataset(IterableDataset[Any]):
     seeded order that changes every epoch), walks them with one LMDB cursor, mixes
     them, and only then decodes and applies ``transform``.
 
-    Two read paths give the same samples:
+    Each reader's share of the epoch is cut into windows of ``shuffle_buffer``
+    samples (see ``torchrecord._order``); window ``j`` is read with one cursor walk
+    and permuted by a generator seeded from (seed, epoch, rank, worker, j) alone,
+    so any window can be rebuilt without the ones before it. Two decoding paths
+    give the same samples in the same order:
 
-    * fixed schema (every field numeric with a fixed shape): records are read as
-      zero-copy views in windows of ``shuffle_buffer`` samples, the window is
-      permuted, and each batch is gathered at fixed byte offsets straight into
-      fresh arrays (``torchrecord._fastread``); records that do not match the
-      expected layout are decoded the checked slow way;
-    * any other schema: records are parsed one by one with protobuf after a
-      reservoir shuffle buffer of ``shuffle_buffer`` encoded records.
+    * fixed schema (every field numeric with a fixed shape): records are copied
+      once into a window buffer, checked against the layout in one step, and each
+      batch is gathered at fixed byte offsets straight into fresh arrays
+      (``torchrecord._fastread``); records that do not match the expected layout
+      are decoded the checked slow way;
+    * any other schema: the window holds the stored bytes, and each sample is
+      decoded by protobuf when it is handed out.
 
     The order is a pure function of (seed, epoch, world size, rank, number of
     workers): call :meth:`set_epoch` before each epoch, as with
@@ -51,8 +51,8 @@ class RecordDataset(IterableDataset[Any]):
         path: a record set written by :func:`torchrecord.write_record`.
         shuffle: visit blocks in a seeded order and mix through the buffer;
             ``False`` reads each reader's share in stored order.
-        shuffle_buffer: samples mixed at a time by each reader (on the fixed-schema
-            path also capped at 64 MiB of records per reader).
+        shuffle_buffer: samples per window, mixed at a time by each reader (capped
+            at 64 MiB of records for fixed-size samples, never below one batch).
         block_size: samples per block of the coarse, per-epoch block shuffle;
             default: about count/256, within [16, 4096].
         seed: the base seed of all orders.
@@ -120,6 +120,7 @@ class RecordDataset(IterableDataset[Any]):
         self.batch_transform = batch_transform
         self.verify = verify
         self._layout_cache: tuple[tuple[str, int], FixedLayout | None] | None = None
+        self._force_generic = False  # tests: read a fixed-layout set the generic way
         self.drop_last = drop_last
         self.batch_size = batch_size
         self._explicit = (rank, world_size) if rank is not None else None
@@ -178,17 +179,32 @@ class RecordDataset(IterableDataset[Any]):
             batch_size=self.batch_size,
         )
 
+    def share(self, worker: int = 0, num_workers: int = 1) -> Share:
+        """What one reader reads this epoch and the identity its order is seeded from."""
+        layout = self._fixed_layout()
+        per_sample = layout.length // layout.rows if layout is not None else None
+        step = self.batch_size or _SAMPLE_MODE_BATCH
+        window = _order.window_size(self.shuffle_buffer, step, per_sample, shuffle=self.shuffle)
+        return Share(
+            runs=tuple(self.reader_runs(worker, num_workers)),
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self._distributed[0],
+            worker=worker,
+            shuffle=self.shuffle,
+            window=window,
+        )
+
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         if info is None:
             self._refresh_distributed()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        runs = self.reader_runs(worker, num_workers)
-        seed = _partition.reader_seed(self.seed, self.epoch, self._distributed[0], worker)
-        layout = self._fixed_layout()
-        if layout is not None:
-            return self._fast(runs, layout, seed)
-        return self._generic(runs, seed)
+        layout = None if self._force_generic else self._fixed_layout()
+        reader = ShareReader(self.file, self.share(worker, num_workers), layout=layout, verify=self.verify)
+        if self.batch_size is not None:
+            return self._batches(reader)
+        return self._samples(reader)
 
     def _fixed_layout(self) -> FixedLayout | None:
         key = (self.file.path, self.file.samples_per_record)
@@ -196,166 +212,35 @@ class RecordDataset(IterableDataset[Any]):
             self._layout_cache = (key, FixedLayout.build(self.file.schema, self.file.samples_per_record))
         return self._layout_cache[1]
 
-    def _window(self, layout: FixedLayout) -> int:
-        """Samples mixed at a time: shuffle_buffer, capped at WINDOW_BYTES of records."""
-        step = self.batch_size or _SAMPLE_MODE_BATCH
-        if not self.shuffle:
-            return step
-        per_sample = max(1, layout.length // layout.rows)
-        return max(step, min(self.shuffle_buffer, WINDOW_BYTES // per_sample))
-
-    def _fast(self, runs: list[tuple[int, int]], layout: FixedLayout, seed: int) -> Iterator[Any]:
-        """Fixed layout: gather whole batches at fixed offsets (see torchrecord._fastread)."""
-        env, db = self.file.environment()
-        crc_db = self.file.crc_db if self.verify else None
-        shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype)) for f in layout.fields]
-        rng = np.random.default_rng(seed) if self.shuffle else None
-        batched = self.batch_size is not None
-        with _format.lmdb_errors(self.file.path), env.begin(buffers=True) as txn:
-            for arrays in fixed_batches(
-                txn,
-                db,
-                runs,
-                layout,
-                len(self.file),
-                path=self.file.path,
-                batch_size=self.batch_size or _SAMPLE_MODE_BATCH,
-                window=self._window(layout),
-                rng=rng,
-                drop_last=self.drop_last and batched,
-                crc_db=crc_db,
-            ):
-                typed = [
-                    a.view(info.numpy).reshape((len(a), *shape)) for a, (shape, info) in zip(arrays, shapes)
-                ]
-                _check_bools(typed, layout, self.file.path)
-                if batched and self.transform is not None:
-                    samples = [self.transform(sample) for sample in self._split(typed, layout)]
-                    yield self._finish_batch(torch.utils.data.default_collate(samples))
-                elif batched:
-                    yield self._finish_batch(self._batch_structure(typed, layout))
-                else:
-                    for sample in self._split(typed, layout):
-                        yield self.transform(sample) if self.transform is not None else sample
-
-    def _batch_structure(self, typed: list[np.ndarray], layout: FixedLayout) -> Any:
-        leaves = [_as_tensor(a, f.dtype) for a, f in zip(typed, layout.fields)]
-        return unflatten(self.file.schema.tree, leaves)
-
-    def _split(self, typed: list[np.ndarray], layout: FixedLayout) -> Iterator[Any]:
-        """Per-sample leaves of a decoded batch, each of the kind it was written as."""
-        columns: list[list[Any]] = []
-        for a, f in zip(typed, layout.fields):
-            if f.kind == "tensor":
-                columns.append(list(_as_tensor(a, f.dtype).unbind(0)))
-            elif f.kind == "ndarray":
-                # a[i, ...] keeps a 0-d field a 0-d array (iterating a 1-d array gives NumPy scalars)
-                columns.append([a[i, ...] for i in range(len(a))])
+    def _samples(self, reader: ShareReader) -> Iterator[Any]:
+        """Per-sample mode: each sample of the kind it was written as, transformed."""
+        schema, transform = self.file.schema, self.transform
+        for chunk in reader.chunks(_SAMPLE_MODE_BATCH):
+            samples = split_columns(chunk, schema) if reader.fixed else chunk
+            if transform is None:
+                yield from samples
             else:
-                columns.append(a.tolist())
-        build = _builder(self.file.schema.tree)
-        for leaves in zip(*columns):
-            yield build(list(leaves))
+                for sample in samples:
+                    yield transform(sample)
 
-    def _generic(self, runs: list[tuple[int, int]], seed: int) -> Iterator[Any]:
-        """Any schema: decode record by record (protobuf), mixing raw records in a reservoir."""
-        env, db = self.file.environment()
-        crc_db = self.file.crc_db if self.verify else None
-        path, k = self.file.path, self.file.samples_per_record
-        items: Iterator[Any]
-        if k == 1:
-            items = iter_records(env, db, runs, path, crc_db=crc_db)
-        else:
-            items = self._chunk_samples(runs, crc_db)
-        if self.shuffle and self.shuffle_buffer > 1:
-            items = shuffle_buffer(items, self.shuffle_buffer, seed)
-        samples: Iterator[Any]
-        if k == 1:
-            samples = (self.file.decode(value, index) for index, value in items)
-        else:
-            samples = (sample for _, sample in items)
-        if self.transform is not None:
-            samples = (self.transform(s) for s in samples)
-        if self.batch_size is None:
-            return samples
-        return self._batched(samples)
-
-    def _chunk_samples(self, runs: list[tuple[int, int]], crc_db: Any) -> Iterator[tuple[int, Any]]:
-        env, db = self.file.environment()
-        k = self.file.samples_per_record
-        for start, stop in runs:
-            for record, value in iter_records(
-                env, db, [(start, stop)], self.file.path, samples_per_record=k, crc_db=crc_db
-            ):
-                for j, sample in enumerate(self.file.decode_record(value, record)):
-                    if start <= record * k + j < stop:
-                        yield record * k + j, sample
-
-    def _batched(self, samples: Iterator[Any]) -> Iterator[Any]:
+    def _batches(self, reader: ShareReader) -> Iterator[Any]:
+        """Batch mode: batches built here, fixed numeric leaves stacked, the rest lists."""
         size = self.batch_size
         assert size is not None
-        batch: list[Any] = []
-        for sample in samples:
-            batch.append(sample)
-            if len(batch) == size:
-                yield self._finish_batch(self._collate(batch))
-                batch = []
-        if batch and not self.drop_last:
-            yield self._finish_batch(self._collate(batch))
-
-    def _collate(self, batch: list[Any]) -> Any:
-        if self.transform is not None:
-            return torch.utils.data.default_collate(batch)
-        return collate_samples(batch, self.file.schema)
-
-    def _finish_batch(self, batch: Any) -> Any:
-        return self.batch_transform(batch) if self.batch_transform is not None else batch
-
-
-#: Samples mixed at a time are capped at this many bytes of records per reader.
-WINDOW_BYTES = 64 << 20
-#: Internal batch of the fast path when the dataset yields single samples.
-_SAMPLE_MODE_BATCH = 256
-
-
-def _as_tensor(a: np.ndarray, dtype: str) -> torch.Tensor:
-    tensor = torch.from_numpy(a)
-    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
-
-
-def _check_bools(typed: list[np.ndarray], layout: FixedLayout, path: str) -> None:
-    for a, f in zip(typed, layout.fields):
-        if f.dtype == "bool" and a.size and a.view(np.uint8).max() > 1:
-            raise CorruptRecordError(f"{path}: field {f.name!r} holds bool bytes other than 0 and 1")
-
-
-def _builder(tree: Tree) -> Callable[[list[Any]], Any]:
-    """A fast constructor for the common flat structures, else the general unflatten."""
-    if tree["t"] == "leaf":
-        return lambda leaves: leaves[0]
-    flat = all(c["t"] == "leaf" for c in tree["c"])
-    if flat and tree["t"] == "tuple":
-        return tuple
-    if flat and tree["t"] == "list":
-        return list
-    if flat and tree["t"] == "dict":
-        keys = tree["k"]
-        return lambda leaves: dict(zip(keys, leaves))
-    return lambda leaves: unflatten(tree, leaves)
-
-
-def collate_samples(batch: list[Any], schema: Schema) -> Any:
-    """Collate samples by the schema: fixed numeric fields stack into tensors, the rest become lists."""
-    flat = [flatten(sample)[1] for sample in batch]
-    leaves: list[Any] = []
-    for i, fld in enumerate(schema.fields):
-        column = [leaves_of[i] for leaves_of in flat]
-        if fld.is_fixed:
-            if fld.kind == "tensor":
-                leaves.append(torch.stack(column))
+        schema, transform = self.file.schema, self.transform
+        for chunk in reader.chunks(size):
+            n = len(chunk[0]) if reader.fixed and chunk else len(chunk)
+            if n < size and self.drop_last:
+                return
+            if transform is not None:
+                samples = split_columns(chunk, schema) if reader.fixed else chunk
+                batch = torch.utils.data.default_collate([transform(s) for s in samples])
+            elif reader.fixed:
+                batch = stack_columns(chunk, schema)
             else:
-                arr = np.stack([np.asarray(x) for x in column])
-                leaves.append(torch.from_numpy(arr))
-        else:
-            leaves.append(column)
-    return unflatten(schema.tree, leaves)
+                batch = collate_samples(chunk, schema)
+            yield self.batch_transform(batch) if self.batch_transform is not None else batch
+
+
+#: Internal chunk of the read path when the dataset yields single samples.
+_SAMPLE_MODE_BATCH = 256

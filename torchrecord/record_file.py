@@ -9,8 +9,10 @@ from typing import Any
 import lmdb
 
 from torchrecord import _envcache, _format
-from torchrecord._codec import decode_leaves, materialize
+from torchrecord._codec import decode_leaves
+from torchrecord._kinds import materialize
 from torchrecord._structure import unflatten
+from torchrecord._walk import Walk
 from torchrecord.errors import CorruptRecordError, NotARecordSetError
 from torchrecord.schema import Schema
 
@@ -178,16 +180,7 @@ class RecordFile:
 
     def __iter__(self) -> Iterator[Any]:
         env, db = self.environment()
-        n = self.num_records
-        with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
-            cursor = txn.cursor()
-            expected = 0
-            for key, value in cursor:
-                if expected >= n:
-                    break
-                if _format.decode_key(key) != expected:
-                    raise CorruptRecordError(f"{self.path}: record {expected} is missing")
-                yield from self.decode_record(value, expected)
-                expected += 1
-        if expected != n:
-            raise CorruptRecordError(f"{self.path}: holds {expected} records, the metadata says {n}")
+        with Walk(env, db, self.path) as walk:
+            for first, values in walk.pieces([(0, self.num_records)]):
+                for record, value in enumerate(values, first):
+                    yield from self.decode_record(value, record)

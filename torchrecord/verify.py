@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
 
 from torchrecord import _format
+from torchrecord._walk import PIECE, Walk, check_crc
 from torchrecord.errors import CorruptRecordError, TorchRecordError
 from torchrecord.record_file import RecordFile
 
 __all__ = ["VerifyReport", "check_crc", "verify"]
+
 
 
 @dataclass
@@ -48,39 +49,84 @@ class VerifyReport:
             self.errors.append((index, message))
 
 
-def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, where: str) -> None:
-    """Raise ChecksumError unless ``stored`` is the CRC-32 of ``value``."""
-    if stored is None:
-        raise CorruptRecordError(f"{where}: no checksum stored")
-    actual = zlib.crc32(value)
-    expected = int.from_bytes(stored, "little")
-    if len(stored) != 4 or actual != expected:
-        from torchrecord.errors import ChecksumError
-
-        raise ChecksumError(f"{where}: CRC-32 is {actual:08x}, the stored checksum is {expected:08x}")
-
-
 def verify(
     path: str | os.PathLike[str], *, progress: bool | None = None, max_errors: int = 20
 ) -> VerifyReport:
     """Check every record of a record set: present, checksum matches, reads back per the schema.
 
+    Args:
+        path: the record set.
+        progress: show a tqdm bar (None: only on a terminal).
+        max_errors: how many (index, message) pairs the report keeps.
+
     Opening problems (missing file, not a record set, newer version, truncated file)
     raise; per-record problems are counted in the report, which names the first bad
-    index. A record LMDB itself cannot read (a damaged page) counts as bad and the
-    walk goes on with a fresh transaction, so one bad page does not hide the rest.
+    index. Records are read with the same cursor walk as every reader, a piece at a
+    time; a piece the walk refuses (a missing key, a page LMDB cannot read) is
+    checked again record by record with keyed gets in fresh transactions, so one
+    bad page does not hide the rest.
     """
     rf = RecordFile(path)
     env, records_db = rf.environment()
-    count = rf.metadata["records"] if "records" in rf.metadata else len(rf)
-    crc_db = env.open_db(_format.CRC_DB, create=False) if rf.metadata.get("checksum") else None
+    count = rf.num_records
+    crc_db = rf.crc_db
     report = VerifyReport(rf.path)
     bar = _bar(count, progress)
-    txn: lmdb.Transaction | None = None
     present = 0  # records found (or unreadable) under their keys, to tell stray keys from missing ones
     try:
-        for index in range(count):
-            where = f"{rf.path}: record {index}"
+        for first in range(0, count, PIECE):
+            stop = min(count, first + PIECE)
+            try:
+                with Walk(env, records_db, rf.path, keyed=True) as walk:
+                    values = walk.records(first, stop)
+                    if crc_db is not None:
+                        with Walk(env, crc_db, f"{rf.path} (checksums)", keyed=True) as crc_walk:
+                            crcs: list[Any] = crc_walk.records(first, stop)
+                    else:
+                        crcs = [None] * len(values)
+            except TorchRecordError:
+                present += _one_by_one(rf, env, records_db, crc_db, first, stop, report, max_errors)
+            else:
+                present += len(values)
+                for index, (value, stored) in enumerate(zip(values, crcs), first):
+                    _check_record(rf, index, value, stored, crc_db is not None, report, max_errors)
+            report.records += stop - first
+            bar.update(stop - first)
+        _check_extra(env, records_db, count, present, report, max_errors)
+    finally:
+        bar.close()
+    return report
+
+
+def _check_record(
+    rf: RecordFile, index: int, value: Any, stored: Any, checked: bool, report: VerifyReport, max_errors: int
+) -> None:
+    where = f"{rf.path}: record {index}"
+    try:
+        if value is None:
+            raise CorruptRecordError(f"{where}: missing")
+        if checked:
+            check_crc(value, stored, where)
+        rf.decode_record(value, index)
+    except TorchRecordError as exc:
+        report._fail(index, str(exc), max_errors)
+
+
+def _one_by_one(
+    rf: RecordFile,
+    env: lmdb.Environment,
+    records_db: Any,
+    crc_db: Any,
+    first: int,
+    stop: int,
+    report: VerifyReport,
+    max_errors: int,
+) -> int:
+    """Check records [first, stop) with keyed gets; returns how many keys were present."""
+    present = 0
+    txn: lmdb.Transaction | None = None
+    try:
+        for index in range(first, stop):
             key = _format.encode_key(index)
             try:
                 if txn is None:
@@ -88,29 +134,19 @@ def verify(
                 value = txn.get(key, db=records_db)
                 stored = txn.get(key, db=crc_db) if crc_db is not None else None
             except lmdb.Error as exc:
+                where = f"{rf.path}: record {index}"
                 report._fail(index, f"{where}: LMDB cannot read it ({exc}); the file is damaged", max_errors)
                 present += 1
                 if txn is not None:
                     txn.abort()  # an LMDB error can leave the transaction unusable
                 txn = None
-            else:
-                present += value is not None
-                try:
-                    if value is None:
-                        raise CorruptRecordError(f"{where}: missing")
-                    if crc_db is not None:
-                        check_crc(value, stored, where)
-                    rf.decode_record(value, index)
-                except TorchRecordError as exc:
-                    report._fail(index, str(exc), max_errors)
-            report.records += 1
-            bar.update(1)
-        _check_extra(env, records_db, count, present, report, max_errors)
+                continue
+            present += value is not None
+            _check_record(rf, index, value, stored, crc_db is not None, report, max_errors)
     finally:
         if txn is not None:
             txn.abort()
-        bar.close()
-    return report
+    return present
 
 
 def _check_extra(
