@@ -25,7 +25,7 @@ with atheris.instrument_imports():
 
     from torchrecord import _format
     from torchrecord._codec import decode_leaves, encode_payloads
-from torchrecord._kinds import materialize
+    from torchrecord._kinds import materialize
     from torchrecord._sources import normalize
     from torchrecord._structure import unflatten
     from torchrecord.errors import FormatError

@@ -93,3 +93,46 @@ def test_two_gloo_ranks_split_the_epoch(tmp_path: Path) -> None:
     assert set(reports[0]["drop"]["direct"]).isdisjoint(reports[1]["drop"]["direct"])
     # a dataset made before init_process_group picks up rank and world when it is used
     assert [r["early"] for r in reports] == [r["pad"]["direct"] for r in reports]
+
+
+def _save_rank_main(rank: int, init_file: str, path: str, out_dir: str) -> None:
+    """One of two gloo ranks: 2 StatefulDataLoader workers, 5 batches, then gather every rank's loader state."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        ds = RecordDataset(path, batch_size=4, shuffle_buffer=8, seed=5)
+        ds.set_epoch(2)
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+        it = iter(loader)
+        seen = [int(x) for _ in range(5) for x in next(it)[1]]
+        state = loader.state_dict()
+        del it
+        gathered: list[Any] = [None] * WORLD
+        dist.all_gather_object(gathered, state)
+        with open(os.path.join(out_dir, f"save{rank}.json"), "w") as f:
+            json.dump({"seen": seen, "states": gathered}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_elastic_resume_from_two_gloo_ranks_on_one_rank_with_three_workers(tmp_path: Path) -> None:
+    """Saved on 2 ranks x 2 workers (a real gloo run), resumed on 1 rank x 3 workers: every sample once."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = tmp_path / "elastic.tr"
+    torchrecord.write_record(IndexedImages(COUNT), path, progress=False)
+    mp.spawn(_save_rank_main, args=(str(tmp_path / "init"), str(path), str(tmp_path)), nprocs=WORLD, join=True)
+    saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(WORLD)]
+    position = torchrecord.loader_position(saved[0]["states"])
+    assert position == torchrecord.loader_position(saved[1]["states"])
+    ds = RecordDataset(path, batch_size=4, shuffle_buffer=8, seed=5, rank=0, world_size=1)
+    ds.set_epoch(2)
+    ds.load_state_dict(position)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=3, multiprocessing_context="fork")
+    after = [int(x) for _, labels in loader for x in labels]
+    before = saved[0]["seen"] + saved[1]["seen"]
+    assert len(before) == 2 * 5 * 4 and len(set(before)) == len(before)
+    assert not set(before) & set(after)
+    assert_exactly_once(before + after, COUNT)

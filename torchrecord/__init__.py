@@ -4,6 +4,7 @@ Write once with :func:`write_record`, read in a DataLoader with
 :class:`RecordDataset`, or randomly with :class:`RecordFile`.
 """
 
+from torchrecord._resume import loader_position
 from torchrecord._version import __version__
 from torchrecord.dataset import RecordDataset
 from torchrecord.errors import TorchRecordError
@@ -20,6 +21,7 @@ __all__ = [
     "TorchRecordError",
     "VerifyReport",
     "__version__",
+    "loader_position",
     "verify",
     "write_record",
 ]

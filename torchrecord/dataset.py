@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from torchrecord import _order, _partition
+from torchrecord import _order, _partition, _resume
 from torchrecord._kinds import collate_samples, split_columns, stack_columns
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
@@ -127,6 +127,9 @@ class RecordDataset(IterableDataset[Any]):
         self._distributed = self._detect_distributed()
         # shared memory: set_epoch in the main process reaches persistent workers
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._resume: dict[str, Any] | None = None  # a loaded resume point, used by the next iteration only
+        self._yielded = 0  # items this reader yielded in the current iteration
+        self._iter_epoch: int | None = None
 
     # -- configuration ------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -158,6 +161,129 @@ class RecordDataset(IterableDataset[Any]):
             return per_rank // self.batch_size
         return -(-per_rank // self.batch_size)
 
+    # -- resume -------------------------------------------------------------------
+    def _plan(self, num_workers: int) -> dict[str, Any]:
+        count = len(self.file)
+        k = self.file.samples_per_record
+        block = self.block_size or _partition.auto_block_size(count)
+        return {
+            "count": count,
+            "seed": int(self.seed),
+            "shuffle": bool(self.shuffle),
+            "window": self._window_size(),
+            "block_size": -(-block // k) * k,
+            "drop_last": bool(self.drop_last),
+            "batch_size": self.batch_size,
+            "world_size": self._distributed[1],
+            "num_workers": num_workers,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's resume point: small, plain and JSON-serialisable (see the README's resume recipe).
+
+        torchdata's ``StatefulDataLoader`` calls it on each worker's copy after
+        every batch; with ``num_workers=0`` on this object. It holds the set's
+        ``set_id``, the epoch, the order settings, who this reader is and how many
+        items (samples, or batches in batch mode) it yielded this epoch.
+        """
+        info = get_worker_info()
+        if info is None:
+            self._refresh_distributed()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        state: dict[str, Any] = {"kind": _resume.STATE_KIND, "version": _resume.STATE_VERSION}
+        state["set_id"] = self.file.set_id
+        state["epoch"] = self._iter_epoch if self._iter_epoch is not None else self.epoch
+        state.update(self._plan(num_workers))
+        state.update(rank=self._distributed[0], worker=worker, yielded=self._yielded)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the current epoch from a state or a position; the next iteration starts there.
+
+        ``state`` is what :meth:`state_dict` returned (same ranks, workers and
+        batch size: exactly the rest of the epoch, in the same order), or a
+        position from :func:`torchrecord.loader_position` (any world size and
+        number of workers: every sample not yet yielded, exactly once over the new
+        readers). Call :meth:`set_epoch` with the saved epoch first. The resume
+        point is used by one iteration and then cleared.
+
+        Raises:
+            ValueError: a state of another record set, of a later epoch than the
+                dataset's, of a newer state version, or not a torchrecord state.
+                A state of an earlier epoch is ignored with a warning.
+        """
+        self._refresh_distributed()
+        self._resume = _resume.accept(state, set_id=self.file.set_id, epoch=self.epoch, path=self.file.path)
+
+    def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
+        """The position of this rank after a plain DataLoader handed out ``batches`` batches this epoch.
+
+        For a plain ``torch.utils.data.DataLoader`` (no torchdata): save the
+        number of batches your loop consumed in the epoch, and on resume pass
+        ``ds.position_after(step, num_workers=...)`` (merged over ranks with
+        :func:`torchrecord.loader_position`) to :meth:`load_state_dict`. The
+        DataLoader takes one batch from each worker in turn, so the position of
+        every worker follows from the count. ``loader_batch_size`` is the
+        DataLoader's ``batch_size`` in per-sample mode (None in batch mode).
+        """
+        self._refresh_distributed()
+        readers = max(1, num_workers)
+        plan = self._plan(readers)
+        per_worker: list[int] = []
+        for worker in range(readers):
+            total = sum(b - a for a, b in self.reader_runs(worker, readers))
+            if self.batch_size is not None:
+                items = total // self.batch_size if self.drop_last else -(-total // self.batch_size)
+            else:
+                items = -(-total // loader_batch_size) if loader_batch_size else total
+            per_worker.append(items)
+        taken, next_worker = _resume.rounds_consumed(per_worker, batches)
+        position: dict[str, Any] = {"kind": _resume.POSITION_KIND, "version": _resume.STATE_VERSION}
+        position.update(set_id=self.file.set_id, epoch=self.epoch, **plan)
+        rank = self._distributed[0]
+        if self.batch_size is None and loader_batch_size:
+            taken = [t * loader_batch_size for t in taken]
+        position["yielded"] = [[rank, w, t] for w, t in enumerate(taken)]
+        # a new DataLoader starts its rotation at worker 0: worker j takes the role of worker
+        # (next + j) mod n, so the rotation goes on where it stopped and the order is unchanged
+        position["rotate"] = next_worker
+        return position
+
+    def _resume_share(self, share: Share, worker: int, num_workers: int) -> tuple[Share, int]:
+        """The share and start position of this reader under the loaded resume point (used once)."""
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return share, 0
+        if int(resume["epoch"]) != self.epoch:
+            return share, 0  # set_epoch moved on after loading: a fresh epoch
+        rank = self._distributed[0]
+        same_plan = _resume.plan_key(resume) == _resume.plan_key(self._plan(num_workers))
+        if resume["kind"] == _resume.STATE_KIND:
+            if same_plan and (resume["rank"], resume["worker"]) == (rank, worker):
+                return share, int(resume["yielded"])
+            raise ValueError(
+                f"{self.file.path}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
+                f"{resume['world_size']} ranks x {resume['num_workers']} workers, not to rank {rank} worker {worker} "
+                f"of {self._distributed[1]} x {num_workers}: merge the states of every reader with "
+                "torchrecord.loader_position(...) and load that position instead"
+            )
+        if same_plan:
+            role = (worker + int(resume.get("rotate", 0))) % max(1, num_workers)
+            if role != worker:
+                share = self.share(role, num_workers)
+            mine = [n for r, w, n in resume["yielded"] if (r, w) == (rank, role)]
+            return share, int(mine[0]) if mine else 0
+        runs = _resume.remaining_runs(
+            resume,
+            rank=rank,
+            world_size=self._distributed[1],
+            worker=worker,
+            num_workers=num_workers,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
+        return Share(tuple(runs), share.seed, share.epoch, share.rank, share.worker, share.shuffle, share.window), 0
+
     # -- iteration ------------------------------------------------------------
     def reader_runs(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int]]:
         """The sample runs one reader visits this epoch (for inspection and tests)."""
@@ -181,10 +307,7 @@ class RecordDataset(IterableDataset[Any]):
 
     def share(self, worker: int = 0, num_workers: int = 1) -> Share:
         """What one reader reads this epoch and the identity its order is seeded from."""
-        layout = self._fixed_layout()
-        per_sample = layout.length // layout.rows if layout is not None else None
-        step = self.batch_size or _SAMPLE_MODE_BATCH
-        window = _order.window_size(self.shuffle_buffer, step, per_sample, shuffle=self.shuffle)
+        window = self._window_size()
         return Share(
             runs=tuple(self.reader_runs(worker, num_workers)),
             seed=self.seed,
@@ -201,10 +324,24 @@ class RecordDataset(IterableDataset[Any]):
             self._refresh_distributed()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         layout = None if self._force_generic else self._fixed_layout()
-        reader = ShareReader(self.file, self.share(worker, num_workers), layout=layout, verify=self.verify)
-        if self.batch_size is not None:
-            return self._batches(reader)
-        return self._samples(reader)
+        share, start = self._resume_share(self.share(worker, num_workers), worker, num_workers)
+        reader = ShareReader(self.file, share, layout=layout, verify=self.verify)
+        self._iter_epoch = self.epoch
+        self._yielded = start
+        items = self._batches(reader, start) if self.batch_size is not None else self._samples(reader, start)
+        return self._counted(items)
+
+    def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
+        """Count each item before it is yielded, so state_dict() always says what was handed out."""
+        for item in items:
+            self._yielded += 1
+            yield item
+
+    def _window_size(self) -> int:
+        layout = self._fixed_layout()
+        per_sample = layout.length // layout.rows if layout is not None else None
+        step = self.batch_size or _SAMPLE_MODE_BATCH
+        return _order.window_size(self.shuffle_buffer, step, per_sample, shuffle=self.shuffle)
 
     def _fixed_layout(self) -> FixedLayout | None:
         key = (self.file.path, self.file.samples_per_record)
@@ -212,10 +349,10 @@ class RecordDataset(IterableDataset[Any]):
             self._layout_cache = (key, FixedLayout.build(self.file.schema, self.file.samples_per_record))
         return self._layout_cache[1]
 
-    def _samples(self, reader: ShareReader) -> Iterator[Any]:
+    def _samples(self, reader: ShareReader, start: int) -> Iterator[Any]:
         """Per-sample mode: each sample of the kind it was written as, transformed."""
         schema, transform = self.file.schema, self.transform
-        for chunk in reader.chunks(_SAMPLE_MODE_BATCH):
+        for chunk in reader.chunks(_SAMPLE_MODE_BATCH, start):
             samples = split_columns(chunk, schema) if reader.fixed else chunk
             if transform is None:
                 yield from samples
@@ -223,12 +360,12 @@ class RecordDataset(IterableDataset[Any]):
                 for sample in samples:
                     yield transform(sample)
 
-    def _batches(self, reader: ShareReader) -> Iterator[Any]:
+    def _batches(self, reader: ShareReader, start: int) -> Iterator[Any]:
         """Batch mode: batches built here, fixed numeric leaves stacked, the rest lists."""
         size = self.batch_size
         assert size is not None
         schema, transform = self.file.schema, self.transform
-        for chunk in reader.chunks(size):
+        for chunk in reader.chunks(size, start * size):
             n = len(chunk[0]) if reader.fixed and chunk else len(chunk)
             if n < size and self.drop_last:
                 return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -100,6 +101,15 @@ class RecordFile:
     def user_metadata(self) -> dict[str, Any]:
         """The ``metadata=`` dict given to write_record."""
         return dict(self.metadata.get("user") or {})
+
+    @property
+    def set_id(self) -> str:
+        """A random identity given to the set when it was written (states saved on it name it)."""
+        set_id = self.metadata.get("set_id")
+        if isinstance(set_id, str):
+            return set_id
+        digest = hashlib.sha256(_format.pack_metadata(self.metadata)).hexdigest()
+        return "legacy-" + digest[:32]
 
     def __len__(self) -> int:
         return int(self.metadata["count"])

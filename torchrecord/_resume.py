@@ -1,0 +1,271 @@
+"""Resume points: the small state a reader saves, and the rest of an epoch on any world size.
+
+A reader's state (``RecordDataset.state_dict()``) is a flat dict of plain ints
+and strings: which set (``set_id``), which epoch, the order settings, who the
+reader is (rank, world size, worker, number of workers) and how many items it
+yielded. Resuming with the same configuration starts each reader at its own
+position: its share is the same, so only the window holding that position is
+read again (``torchrecord._order``), nothing is replayed.
+
+A *position* (:func:`loader_position`) gathers the states of every reader of a
+run. Loaded into a dataset with another world size or number of workers, it
+resumes *elastically*: the samples every old reader had yielded are rebuilt from
+the pure order functions (no reading), the rest of the epoch is laid out in the
+epoch's block order, and split evenly over the new ranks and workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from torchrecord import _order, _partition
+
+__all__ = [
+    "POSITION_KIND",
+    "STATE_KIND",
+    "STATE_VERSION",
+    "accept",
+    "consumed_samples",
+    "loader_position",
+    "plan_key",
+    "remaining_runs",
+    "rounds_consumed",
+]
+
+STATE_KIND = "torchrecord.RecordDataset"
+POSITION_KIND = "torchrecord.position"
+STATE_VERSION = 1
+
+#: The settings that decide which samples a reader visits and in which order.
+PLAN_KEYS = ("count", "seed", "shuffle", "window", "block_size", "drop_last", "batch_size", "world_size", "num_workers")
+
+Run = tuple[int, int]
+
+
+def plan_key(state: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The order settings of a state or position, comparable with ``==``."""
+    return tuple(state.get(k) for k in PLAN_KEYS)
+
+
+def accept(state: Any, *, set_id: str, epoch: int, path: str) -> dict[str, Any] | None:
+    """Check a state or position against this dataset; the resume point to use, or None.
+
+    Raises ValueError (saying what to do) for another set, a newer state
+    version, a later epoch or something that is not a torchrecord state. A
+    state from an earlier epoch is ignored with a warning.
+    """
+    if not isinstance(state, Mapping) or state.get("kind") not in (STATE_KIND, POSITION_KIND):
+        raise ValueError(
+            f"{path}: not a torchrecord RecordDataset state or position (no kind {STATE_KIND!r}); pass what "
+            "RecordDataset.state_dict() or torchrecord.loader_position(...) returned"
+        )
+    version = state.get("version")
+    if not isinstance(version, int) or version > STATE_VERSION:
+        raise ValueError(
+            f"{path}: the state has version {version!r}, this torchrecord reads states up to version "
+            f"{STATE_VERSION}: upgrade torchrecord to resume from it"
+        )
+    if state.get("set_id") != set_id:
+        raise ValueError(
+            f"{path}: the state was saved while reading another record set (set_id {state.get('set_id')!r}, "
+            f"this one is {set_id!r}); resume on the set the state came from, or start the epoch afresh"
+        )
+    saved = int(state["epoch"])
+    if saved > epoch:
+        raise ValueError(
+            f"{path}: the state was saved in epoch {saved}, but the dataset is at epoch {epoch}: call "
+            f"set_epoch({saved}) before load_state_dict, or the resumed epoch would repeat and skip samples"
+        )
+    if saved < epoch:
+        warnings.warn(
+            f"{path}: ignoring a state saved in epoch {saved}; the dataset is at epoch {epoch}, whose "
+            "iteration starts from the beginning",
+            stacklevel=3,
+        )
+        return None
+    return dict(state)
+
+
+def loader_position(states: Any) -> dict[str, Any]:
+    """The position of a whole run, read out of data-loader states.
+
+    Args:
+        states: a torchdata ``StatefulDataLoader.state_dict()``, a list of them
+            (one per rank), a ``RecordDataset.state_dict()``, or any nesting of
+            these. The RecordDataset states are found by their ``kind`` key, so
+            changes in the loader's own nesting do not matter.
+
+    Returns:
+        A position (a small dict of plain values) for ``RecordDataset.load_state_dict``
+        on any world size and number of workers.
+
+    Raises:
+        ValueError: no RecordDataset state found, states of different sets,
+            epochs or settings, or a reader missing.
+    """
+    found = [s for s in _find_states(states) if s.get("kind") == STATE_KIND]
+    positions = [s for s in _find_states(states) if s.get("kind") == POSITION_KIND]
+    if not found and not positions:
+        raise ValueError("no RecordDataset state found: pass the StatefulDataLoader state(s) of the run")
+    if found and positions:
+        raise ValueError("pass either reader states or positions, not both")
+    if positions:  # e.g. one RecordDataset.position_after per rank: merge their readers
+        found = [
+            {**p, "kind": STATE_KIND, "rank": r, "worker": w, "yielded": n}
+            for p in positions
+            for r, w, n in p["yielded"]
+        ]
+    first = found[0]
+    for s in found[1:]:
+        for key in ("set_id", "epoch", "rotate", *PLAN_KEYS):
+            if s.get(key) != first.get(key):
+                raise ValueError(
+                    f"the reader states disagree on {key!r} ({first.get(key)!r} and {s.get(key)!r}): "
+                    "pass the states of one run, saved at one step"
+                )
+    yielded: dict[tuple[int, int], int] = {}
+    for s in found:
+        yielded[(int(s["rank"]), int(s["worker"]))] = int(s["yielded"])
+    world, workers = int(first["world_size"]), int(first["num_workers"])
+    missing = [(r, w) for r in range(world) for w in range(workers) if (r, w) not in yielded]
+    if missing:
+        r, w = missing[0]
+        raise ValueError(
+            f"the states of {len(missing)} reader(s) are missing (first: rank {r}, worker {w} of {world} ranks x "
+            f"{workers} workers): pass the loader states of every rank"
+        )
+    position = {k: first[k] for k in ("set_id", "epoch", *PLAN_KEYS)}
+    if "rotate" in first:
+        position["rotate"] = first["rotate"]
+    position.update(kind=POSITION_KIND, version=STATE_VERSION)
+    position["yielded"] = [[r, w, n] for (r, w), n in sorted(yielded.items())]
+    return position
+
+
+def _find_states(obj: Any, depth: int = 0) -> Iterable[Mapping[str, Any]]:
+    if depth > 32:
+        return
+    if isinstance(obj, Mapping):
+        if obj.get("kind") in (STATE_KIND, POSITION_KIND):
+            yield obj
+            return
+        for value in obj.values():
+            yield from _find_states(value, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _find_states(value, depth + 1)
+
+
+def _share_runs(plan: Mapping[str, Any], epoch: int, rank: int, worker: int) -> list[Run]:
+    return _partition.reader_runs(
+        int(plan["count"]),
+        block_size=int(plan["block_size"]),
+        seed=int(plan["seed"]),
+        epoch=epoch,
+        shuffle=bool(plan["shuffle"]),
+        rank=rank,
+        world_size=int(plan["world_size"]),
+        worker=worker,
+        num_workers=int(plan["num_workers"]),
+        drop_last=bool(plan["drop_last"]),
+        batch_size=plan["batch_size"],
+    )
+
+
+def _samples_of(runs: Sequence[Run]) -> np.ndarray:
+    if not runs:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
+
+
+def consumed_samples(position: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(every sample the position's epoch visits, the samples already yielded), as index arrays.
+
+    Pure: rebuilt from the order functions, nothing is read.
+    """
+    epoch, window = int(position["epoch"]), int(position["window"])
+    batch = position["batch_size"]
+    planned: list[np.ndarray] = []
+    done: list[np.ndarray] = []
+    for rank, worker, items in position["yielded"]:
+        seq = _samples_of(_share_runs(position, epoch, rank, worker))
+        planned.append(seq)
+        n = min(len(seq), items * batch if batch else items)
+        full = n // window * window
+        done.append(seq[:full])
+        if n > full:
+            size = min(window, len(seq) - full)
+            order = (
+                _order.window_order(
+                    size, seed=int(position["seed"]), epoch=epoch, rank=rank, worker=worker, window=full // window
+                )
+                if position["shuffle"]
+                else np.arange(size)
+            )
+            done.append(seq[full:][order[: n - full]])
+    return np.unique(np.concatenate(planned)), np.unique(np.concatenate(done))
+
+
+def remaining_runs(
+    position: Mapping[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    batch_size: int | None,
+    drop_last: bool,
+) -> list[Run]:
+    """One new reader's runs of the rest of the position's epoch (every sample once over all new readers).
+
+    The rest is laid out in the epoch's block order, split evenly over the new
+    ranks (padded by wrapping, or cut with ``drop_last``) and then over each
+    rank's workers, like a fresh epoch.
+    """
+    planned, done = consumed_samples(position)
+    rest = np.setdiff1d(planned, done, assume_unique=True)
+    if len(rest) == 0:
+        return []
+    count, block = int(position["count"]), int(position["block_size"])
+    seed, epoch, shuffle = int(position["seed"]), int(position["epoch"]), bool(position["shuffle"])
+    starts = _partition.block_order(count, block, seed, epoch, shuffle)
+    visit = np.empty(len(starts), np.int64)
+    visit[np.argsort(starts)] = np.arange(len(starts))
+    rest = rest[np.lexsort((rest, visit[rest // block]))]
+    lo, hi = _partition.worker_span(
+        _partition.rank_span(len(rest), rank, world_size, drop_last), worker, num_workers, batch_size
+    )
+    picked = rest[np.arange(lo, hi) % len(rest)]
+    if len(picked) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(picked) != 1) + 1
+    bounds = np.concatenate(([0], breaks, [len(picked)]))
+    return [(int(picked[a]), int(picked[b - 1]) + 1) for a, b in itertools.pairwise(bounds)]
+
+
+def rounds_consumed(items_per_worker: Sequence[int], batches: int) -> tuple[list[int], int]:
+    """Items each worker had handed out after ``batches`` batches of a plain DataLoader, and whose turn is next.
+
+    A DataLoader over an IterableDataset takes one item from each worker in
+    turn, skipping workers that are exhausted; this replays that rotation.
+    """
+    taken = [0] * len(items_per_worker)
+    active = [w for w, n in enumerate(items_per_worker) if n > 0]
+    i = 0
+    for _ in range(batches):
+        if not active:
+            break
+        w = active[i]
+        taken[w] += 1
+        if taken[w] == items_per_worker[w]:
+            active.pop(i)
+        else:
+            i += 1
+        if active:
+            i %= len(active)
+    return taken, active[i] if active else 0
