@@ -34,6 +34,8 @@ _SAMPLE_STREAM = 0x73616D70
 _GROUP_STREAM = 0x67727570
 #: load() reads about this many bytes of samples per chunk.
 _CHUNK_BYTES = 8 << 20
+#: ... unless each sample takes at least this many bytes: then the whole set is one chunk.
+_WHOLE_SET_SAMPLE_BYTES = 16 << 10
 
 Subset = slice | range | Sequence[int] | np.ndarray | torch.Tensor
 
@@ -89,7 +91,7 @@ def load(
     target = torch.device(device)
     columns = [_allocate(schema.fields[i], size, target) for i in keep]
     if size:
-        _fill(columns, keep, rows, record_file.path, schema, count, target)
+        columns = _fill(columns, keep, rows, record_file.path, schema, count, target)
     tree = _prune(schema.tree, set(keep), iter(range(len(schema.fields))))
     assert tree is not None
     return unflatten(tree, columns)
@@ -114,8 +116,12 @@ def _fill(
     schema: Schema,
     count: int,
     device: torch.device,
-) -> None:
-    """Copy each chunk's chosen fields (and rows) into the preallocated columns."""
+) -> list[Any]:
+    """Copy each chunk's chosen fields (and rows) into the preallocated columns; returns the columns.
+
+    When one chunk holds the whole set and every row is wanted, the chunk's own
+    fresh columns are the result (no second copy).
+    """
     if rows is not None:
         order = np.argsort(rows, kind="stable")
         wanted = rows[order]
@@ -123,6 +129,8 @@ def _fill(
     start = 0
     for chunk in _read_chunks(path, schema, _chunk_size(schema, count)):
         stop = start + len(chunk[0])
+        if rows is None and start == 0 and stop == count:
+            return [_adopt(out, chunk[i], device) for out, i in zip(columns, keep)]
         if rows is None:
             for out, i in zip(columns, keep):
                 _copy_rows(out, chunk[i], slice(start, stop), None, device)
@@ -134,10 +142,20 @@ def _fill(
                 for out, i in zip(columns, keep):
                     _copy_rows(out, chunk[i], dest, src, device)
             if stop > last:
-                return
+                return columns
         start = stop
     if start != count:
         raise CorruptRecordError(f"{path}: read {start} samples, the metadata says {count}")
+    return columns
+
+
+def _adopt(out: Any, column: Any, device: torch.device) -> Any:
+    """``column`` (a whole chunk) as the result in place of ``out``, copied only if it must move."""
+    if isinstance(out, torch.Tensor):
+        assert isinstance(column, torch.Tensor) and column.shape == out.shape and column.dtype == out.dtype
+        return column.to(device)
+    _copy_rows(out, column, slice(0, len(out)), None, device)
+    return out
 
 
 def _copy_rows(
@@ -167,12 +185,20 @@ def _allocate(fld: Field, size: int, device: torch.device) -> Any:
 
 
 def _chunk_size(schema: Schema, count: int) -> int:
+    """Samples per chunk: about ``_CHUNK_BYTES``, or the whole set when samples are large.
+
+    Today's reader gathers records of 16 KiB or more straight from the LMDB map
+    into the batch, so one batch of the whole set costs one copy and no window
+    buffer; smaller records go through a window buffer, which chunks keep small.
+    """
     sample_bytes = 0
     for fld in schema.fields:
         if fld.is_fixed:
             sample_bytes += int(np.prod([d or 0 for d in fld.shape])) * _dtypes.by_name(fld.dtype).itemsize
         else:
             sample_bytes += 1024  # a guess: strings and varying shapes
+    if sample_bytes >= _WHOLE_SET_SAMPLE_BYTES:
+        return max(count, 1)
     return int(min(max(count, 1), max(256, _CHUNK_BYTES // max(sample_bytes, 1))))
 
 
@@ -367,9 +393,10 @@ class GroupBatchIter:
 
     Example:
         >>> x = torch.randn(10, 4)
-        >>> it = GroupBatchIter((x,), torch.tensor([0, 3, 5, 9, 10]), groups_per_batch=2, seed=1)
+        >>> groups = torch.tensor([0, 3, 5, 9, 10])  # 4 groups: rows 0-2, 3-4, 5-8, 9
+        >>> it = GroupBatchIter((x,), groups, groups_per_batch=2, shuffle=False)
         >>> [(len(xb), offsets.tolist()) for (xb,), offsets in it]
-        [(5, [0, 1, 5]), (5, [0, 3, 5])]
+        [(5, [0, 3, 5]), (5, [0, 4, 5])]
     """
 
     def __init__(
