@@ -121,6 +121,17 @@ def test_batch_iter_keeps_bool_and_bfloat16_exactly() -> None:
         assert torch.equal(h, (index % 256).to(torch.bfloat16))
 
 
+def test_iterators_index_on_each_tensors_device() -> None:
+    """The meta device stands in for a GPU: indices go to each field's device, offsets to the data's."""
+    rows = torch.arange(12)
+    on_meta = torch.empty(12, 3, device="meta")
+    for index, meta in BatchIter((rows, on_meta), 5, seed=1):
+        assert index.device.type == "cpu" and meta.device.type == "meta" and meta.shape == (len(index), 3)
+    for (meta, index), offsets in GroupBatchIter((on_meta, rows), [0, 4, 12], groups_per_batch=1, seed=1):
+        assert meta.device.type == offsets.device.type == "meta" and index.device.type == "cpu"
+        assert meta.shape == (len(index), 3) and offsets.shape == (2,)
+
+
 def test_batch_iter_rejects_bad_data_and_arguments() -> None:
     with pytest.raises(ValueError, match=r"data\[0\] has 10 rows but data\[1\]\['y'\] has 9"):
         BatchIter((torch.zeros(10), {"y": torch.zeros(9)}), 2)
