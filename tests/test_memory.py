@@ -17,6 +17,7 @@ from benchmarks.post_groups import PostGroupBatchIter
 from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
 from torchrecord import BatchIter, GroupBatchIter, RecordFile, SampleList, load
+from torchrecord import _load as load_module
 from torchrecord import memory as memory_module
 from torchrecord._group_batches import batch_bounds_by_samples
 
@@ -453,10 +454,10 @@ def _assert_load_matches(path: str, loaded: Any, rows: list[int] | None = None) 
     rf = RecordFile(path)
     rows = list(range(len(rf))) if rows is None else rows
     names = rf.schema.names
-    leaves = memory_module._leaf_columns(rf.schema.tree, loaded)
+    leaves = load_module._leaf_columns(rf.schema.tree, loaded)
     assert len(leaves) == len(names)
     for position, i in enumerate(rows):
-        stored = memory_module._leaf_columns(rf.schema.tree, rf[i])
+        stored = load_module._leaf_columns(rf.schema.tree, rf[i])
         for name, column, value in zip(names, leaves, stored):
             assert len(column) == len(rows)
             assert _equal(column[position], value), f"field {name}, sample {i}"
@@ -492,7 +493,7 @@ def test_load_large_samples(make_record: Callable[..., str]) -> None:
 
 def test_load_many_chunks(make_record: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_record([_mixed(i) for i in range(23)])
-    monkeypatch.setattr(memory_module, "_chunk_size", lambda schema, count: 5)
+    monkeypatch.setattr(load_module, "_chunk_size", lambda schema, count: 5)
     _assert_load_matches(path, load(path))
     rows = [22, 3, 3, 9, 0, 14]
     _assert_load_matches(path, load(path, subset=rows), rows)
