@@ -32,7 +32,13 @@ MODULES = _module_names()
 
 def test_modules_are_found() -> None:
     """Control: the walk sees the package's modules (an empty walk would pass everything)."""
-    for name in ("torchrecord.writer", "torchrecord.dataset", "torchrecord._partition", "torchrecord.errors"):
+    for name in (
+        "torchrecord.writer",
+        "torchrecord.dataset",
+        "torchrecord._partition",
+        "torchrecord.errors",
+        "torchrecord.memory",
+    ):
         assert name in MODULES
 
 
@@ -59,7 +65,18 @@ def test_all_is_sorted_and_complete(name: str) -> None:
 
 
 def test_top_level_exports() -> None:
-    for name in ("write_record", "RecordDataset", "RecordFile", "verify", "TorchRecordError", "__version__"):
+    for name in (
+        "write_record",
+        "RecordDataset",
+        "RecordFile",
+        "verify",
+        "TorchRecordError",
+        "__version__",
+        "load",
+        "BatchIter",
+        "GroupBatchIter",
+        "SampleList",
+    ):
         assert name in torchrecord.__all__
     assert isinstance(torchrecord.__version__, str) and torchrecord.__version__
 
