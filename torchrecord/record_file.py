@@ -191,3 +191,63 @@ class RecordFile:
                 expected += 1
         if expected != n:
             raise CorruptRecordError(f"{self.path}: holds {expected} records, the metadata says {n}")
+
+    # -- groups and identity ------------------------------------------------------
+    # (imports are local so that this block stays independent of the module's imports)
+    @property
+    def groups(self) -> Any:
+        """Group offsets int64[G+1] of a grouped set (``write_record(group_by=...)``), or None.
+
+        Group ``g`` is samples ``groups[g] .. groups[g+1]-1`` in stored order. None
+        means the set was written without ``group_by`` (it has no groups). Raises
+        CorruptRecordError naming the file if the stored offsets are damaged.
+        """
+        from torchrecord._groups import read_offsets
+
+        env = self.environment()[0]
+        cached = self.__dict__.get("_group_offsets")
+        if cached is not None and cached[0] is env:
+            return cached[1]
+        offsets = read_offsets(env, self.path, self.metadata)
+        if offsets is not None:
+            offsets.flags.writeable = False
+        self.__dict__["_group_offsets"] = (env, offsets)
+        return offsets
+
+    @property
+    def num_groups(self) -> int:
+        """The number of groups G (0 for a set written without ``group_by``)."""
+        offsets = self.groups
+        return 0 if offsets is None else len(offsets) - 1
+
+    def group(self, g: int) -> list[Any]:
+        """The samples of group ``g`` in stored order (negative ``g`` counts from the end).
+
+        Raises IndexError when ``g`` is out of range, which is every ``g`` for a
+        set without groups.
+        """
+        g = int(g)
+        offsets = self.groups
+        n = 0 if offsets is None else len(offsets) - 1
+        position = g + n if g < 0 else g
+        if offsets is None or not 0 <= position < n:
+            what = "it has no groups (written without group_by)" if offsets is None else f"it has {n} groups"
+            raise IndexError(f"group index {g} out of range for {self.path}: {what}")
+        return [self[i] for i in range(int(offsets[position]), int(offsets[position + 1]))]
+
+    @property
+    def set_id(self) -> str:
+        """The set's identity: a random id written with it (uuid4 hex).
+
+        A set written before ``set_id`` existed gets ``"legacy-"`` followed by 32
+        hex digits of the SHA-256 of its raw metadata bytes: stable for that file.
+        """
+        from torchrecord._identity import set_id_of
+
+        meta = self.metadata
+        if isinstance(meta.get("set_id"), str) and meta["set_id"]:
+            return str(meta["set_id"])
+        env = self.environment()[0]
+        with _format.lmdb_errors(self.path), env.begin() as txn:
+            raw = txn.get(_format.META_KEY, db=env.open_db(_format.META_DB, create=False))
+        return set_id_of(meta, bytes(raw or b""))
