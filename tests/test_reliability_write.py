@@ -303,9 +303,9 @@ KILL_POINTS = {
     "after the rename": (("call", "_fsync_dir", 1), "new"),
 }
 STREAM_KILL_POINTS = {
-    "spool starts": (("call", "_spool_then_shuffle", 1), "old"),
+    "spool starts": (("call", "create", 1), "old"),
     "spool commit": (("c_call", "Transaction.commit", 2), "old"),
-    "shuffled copy": (("call", "_progress_bar", 2), "old"),
+    "shuffled copy": (("call", "progress_bar", 2), "old"),
     "stream rename": (("c_call", "replace", 1), "old"),
 }
 

@@ -1,9 +1,9 @@
 """torchrecord: pre-shuffled TensorProtos records in LMDB, read fast by PyTorch.
 
-Write once with :func:`write_record`, read in a DataLoader with
-:class:`RecordDataset`, or randomly with :class:`RecordFile`; for data that fits
-in memory, :func:`load` it and draw batches with :class:`BatchIter` or
-:class:`GroupBatchIter`.
+Write once with :func:`write_record` (or push samples into a
+:class:`RecordWriter`), read in a DataLoader with :class:`RecordDataset`, or
+randomly with :class:`RecordFile`; for data that fits in memory, :func:`load` it
+and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
 
 from torchrecord._resume import loader_position
@@ -14,7 +14,7 @@ from torchrecord.memory import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord.record_file import RecordFile
 from torchrecord.schema import Field, Schema
 from torchrecord.verify import VerifyReport, verify
-from torchrecord.writer import write_record
+from torchrecord.writer import RecordWriter, write_record
 
 __all__ = [
     "BatchIter",
@@ -22,6 +22,7 @@ __all__ = [
     "GroupBatchIter",
     "RecordDataset",
     "RecordFile",
+    "RecordWriter",
     "SampleList",
     "Schema",
     "TorchRecordError",

@@ -96,10 +96,18 @@ class LmdbAppender:
         self._pending.clear()
         self._pending_bytes = 0
 
-    def finish(self, metadata: bytes) -> None:
-        """Commit what is pending and the metadata, then flush everything to disk."""
+    def finish(self, metadata: bytes, extra: dict[bytes, bytes] | None = None) -> None:
+        """Commit what is pending, then ``extra`` meta entries and the metadata in one
+        transaction (so they appear together with the completeness marker), then flush
+        everything to disk."""
         self.flush()
-        self._commit(lambda txn: txn.put(META_KEY, metadata, db=self._meta))
+        entries = [*(extra or {}).items(), (META_KEY, metadata)]
+
+        def put_meta(txn: lmdb.Transaction) -> None:
+            for key, value in entries:
+                txn.put(key, value, db=self._meta)
+
+        self._commit(put_meta)
         try:
             self._env.sync(True)
         except lmdb.Error as exc:

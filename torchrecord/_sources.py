@@ -1,15 +1,18 @@
 """Read a user's dataset in write order, optionally in parallel, one sample at a time.
 
-Every sample comes out as ``(source_index, outcome)`` where outcome is either the
-normalized sample (structure tree, leaf signatures, leaf payloads) or the error the
-source raised for it, so the writer can name the index or skip it.
+Every sample comes out as ``(source_index, outcome, key)`` where outcome is either
+the finished record bytes (fast encoder), the normalized sample (structure tree,
+leaf signatures, leaf payloads) or the error the source raised for it, so the
+writer can name the index or skip it; ``key`` is the sample's group key when
+reading with ``key=`` (grouped sets), else None. Without a key function, runs of
+fast-encoded samples of a map-style source come as one :class:`Encoded` batch.
 """
 
 from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +27,11 @@ from torchrecord.schema import LeafSignature
 __all__ = [
     "Encoded",
     "Failed",
+    "Item",
+    "KeyFunction",
     "Normalized",
     "Outcome",
+    "Preparer",
     "encoder_for",
     "is_map_style",
     "iterate_source",
@@ -60,6 +66,10 @@ def normalize(sample: Any) -> Normalized:
 
 
 Outcome = bytes | Normalized | Failed
+#: The group key of a sample (grouped sets); raises for a sample without a usable key.
+KeyFunction = Callable[[Any], Hashable]
+#: (source index, outcome, group key or None)
+Item = tuple[int, Outcome, Hashable]
 
 
 def _prepare(sample: Any, encoder: FastEncoder | None) -> bytes | Normalized:
@@ -71,11 +81,42 @@ def _prepare(sample: Any, encoder: FastEncoder | None) -> bytes | Normalized:
     return normalize(sample)
 
 
-def _attempt(dataset: Any, index: int, encoder: FastEncoder | None) -> Outcome:
+def _failed(index: int, exc: Exception) -> Item:
+    return index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()), None
+
+
+def _attempt(dataset: Any, index: int, encoder: FastEncoder | None, key: KeyFunction | None = None) -> Item:
     try:
-        return _prepare(dataset[index], encoder)
+        sample = dataset[index]
+        group = key(sample) if key is not None else None
+        return index, _prepare(sample, encoder), group
     except Exception as exc:  # the user's code: any exception is reported with its index
-        return Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        return _failed(index, exc)
+
+
+class Preparer:
+    """Turns pushed samples into items, building the fast encoder from the first good one.
+
+    The encoder is built only from a sample whose key and normalization both
+    succeeded, so it is always the sample that fixes the schema.
+    """
+
+    def __init__(self, fast: bool, key: KeyFunction | None = None) -> None:
+        self._fast = fast
+        self._key = key
+        self._encoder: FastEncoder | None = None
+        self._first = True
+
+    def __call__(self, index: int, sample: Any) -> Item:
+        try:
+            group = self._key(sample) if self._key is not None else None
+            outcome = _prepare(sample, self._encoder)
+        except Exception as exc:  # the user's sample: reported (or skipped) with its index
+            return _failed(index, exc)
+        if self._first:
+            self._first = False
+            self._encoder = encoder_for(outcome, self._fast)
+        return index, outcome, group
 
 
 def encoder_for(outcome: Outcome, fast: bool) -> FastEncoder | None:
@@ -107,19 +148,24 @@ _BATCH = 64  # samples per fetch: one IPC message per batch with workers
 
 
 class _Reorder(torch.utils.data.Dataset[Any]):
-    """Batch b of the write order -> Encoded, or [(source index, outcome), ...]; runs in workers."""
+    """Batch b of the write order -> Encoded, or [(source index, outcome, key), ...]; runs in workers."""
 
-    def __init__(self, dataset: Any, order: np.ndarray, encoder: FastEncoder | None) -> None:
+    def __init__(
+        self, dataset: Any, order: np.ndarray, encoder: FastEncoder | None, key: KeyFunction | None
+    ) -> None:
         self.dataset = dataset
         self.order = order
         self.encoder = encoder
+        self.key = key
 
     def __len__(self) -> int:
         return -(-len(self.order) // _BATCH)
 
-    def __getitem__(self, batch: int) -> Encoded | list[tuple[int, Outcome]]:
+    def __getitem__(self, batch: int) -> Encoded | list[Item]:
         indices = self.order[batch * _BATCH : (batch + 1) * _BATCH].tolist()
         encode, dataset = self.encoder and self.encoder.encode, self.dataset
+        if self.key is not None:  # grouped: every sample with its key
+            return [_attempt(dataset, i, self.encoder, self.key) for i in indices]
         if encode:
             try:  # the common case in one tight loop
                 values = [encode(dataset[i]) for i in indices]
@@ -127,24 +173,29 @@ class _Reorder(torch.utils.data.Dataset[Any]):
                     return Encoded(values)  # type: ignore[arg-type]
             except Exception:
                 pass  # redo sample by sample below, to report (or skip) exactly the bad ones
-        return [(i, _attempt(dataset, i, self.encoder)) for i in indices]
+        return [_attempt(dataset, i, self.encoder) for i in indices]
 
 
 def read_in_order(
-    dataset: Any, order: np.ndarray, num_workers: int, mp_context: str | None = None, fast: bool = True
-) -> Iterator[tuple[int, Outcome] | Encoded]:
-    """Yield ``(index, outcome)`` for ``dataset[i]`` for i in ``order``, in that order.
+    dataset: Any,
+    order: np.ndarray,
+    num_workers: int,
+    mp_context: str | None = None,
+    fast: bool = True,
+    key: KeyFunction | None = None,
+) -> Iterator[Item | Encoded]:
+    """Yield ``(index, outcome, key)`` for ``dataset[i]`` for i in ``order``, in that order.
 
     The first sample is read here; when ``fast``, it builds the encoder that the
     rest (read here or in workers) use to come back as finished record bytes,
-    several at a time (``Encoded``).
+    several at a time (``Encoded``, only without ``key``). ``key`` runs where the
+    sample is read (in the workers too, so it must pickle under spawn).
     """
     if len(order) == 0:
         return
-    first = int(order[0])
-    outcome = _attempt(dataset, first, None)
-    yield first, outcome
-    reorder = _Reorder(dataset, order[1:], encoder_for(outcome, fast))
+    item = _attempt(dataset, int(order[0]), None, key)
+    yield item
+    reorder = _Reorder(dataset, order[1:], encoder_for(item[1], fast), key)
     batches: Iterable[Any]
     if num_workers <= 0:
         batches = (reorder[b] for b in range(len(reorder)))
@@ -164,8 +215,8 @@ def read_in_order(
             yield from batch
 
 
-def iterate_source(source: Iterable[Any], fast: bool = True) -> Iterator[tuple[int, Outcome]]:
-    """Yield ``(index, outcome)`` for an iterable in its own order.
+def iterate_source(source: Iterable[Any], fast: bool = True, key: KeyFunction | None = None) -> Iterator[Item]:
+    """Yield ``(index, outcome, key)`` for an iterable in its own order.
 
     An exception from the iterator is reported for that index; iteration then
     continues if the iterator allows it. A generator that raised is finished, so
@@ -173,7 +224,7 @@ def iterate_source(source: Iterable[Any], fast: bool = True) -> Iterator[tuple[i
     """
     it = iter(source)
     index = 0
-    encoder: FastEncoder | None = None
+    prepare = Preparer(fast, key)
     while True:
         try:
             sample = next(it)
@@ -182,15 +233,9 @@ def iterate_source(source: Iterable[Any], fast: bool = True) -> Iterator[tuple[i
         except Exception as exc:
             # a generator that raised is finished: skipping would silently lose the rest
             fatal = inspect.isgenerator(it)
-            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc(), fatal)
+            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc(), fatal), None
             index += 1
             continue
-        try:
-            outcome = _prepare(sample, encoder)
-            if index == 0:
-                encoder = encoder_for(outcome, fast)
-            yield index, outcome
-        except Exception as exc:
-            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        yield prepare(index, sample)
         index += 1
 

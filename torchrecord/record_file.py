@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -11,9 +10,11 @@ import lmdb
 
 from torchrecord import _envcache, _format
 from torchrecord._codec import decode_leaves
+from torchrecord._groups import read_offsets
+from torchrecord._identity import set_id_of
 from torchrecord._kinds import materialize
 from torchrecord._structure import unflatten
-from torchrecord._walk import Walk
+from torchrecord._walk import Walk, record_runs
 from torchrecord.errors import CorruptRecordError, NotARecordSetError
 from torchrecord.schema import Schema
 
@@ -102,15 +103,6 @@ class RecordFile:
         """The ``metadata=`` dict given to write_record."""
         return dict(self.metadata.get("user") or {})
 
-    @property
-    def set_id(self) -> str:
-        """A random identity given to the set when it was written (states saved on it name it)."""
-        set_id = self.metadata.get("set_id")
-        if isinstance(set_id, str):
-            return set_id
-        digest = hashlib.sha256(_format.pack_metadata(self.metadata)).hexdigest()
-        return "legacy-" + digest[:32]
-
     def __len__(self) -> int:
         return int(self.metadata["count"])
 
@@ -194,3 +186,73 @@ class RecordFile:
             for first, values in walk.pieces([(0, self.num_records)]):
                 for record, value in enumerate(values, first):
                     yield from self.decode_record(value, record)
+
+    # -- groups and identity ------------------------------------------------------
+    @property
+    def groups(self) -> Any:
+        """Group offsets int64[G+1] of a grouped set (``write_record(group_by=...)``), or None.
+
+        Group ``g`` is samples ``groups[g] .. groups[g+1]-1`` in stored order. None
+        means the set was written without ``group_by`` (it has no groups). Raises
+        CorruptRecordError naming the file if the stored offsets are damaged.
+        """
+        env = self.environment()[0]
+        cached = self.__dict__.get("_group_offsets")
+        if cached is not None and cached[0] is env:
+            return cached[1]
+        offsets = read_offsets(env, self.path, self.metadata)
+        if offsets is not None:
+            offsets.flags.writeable = False
+        self.__dict__["_group_offsets"] = (env, offsets)
+        return offsets
+
+    @property
+    def num_groups(self) -> int:
+        """The number of groups G (0 for a set written without ``group_by``)."""
+        offsets = self.groups
+        return 0 if offsets is None else len(offsets) - 1
+
+    def group(self, g: int) -> list[Any]:
+        """The samples of group ``g`` in stored order (negative ``g`` counts from the end).
+
+        Raises IndexError when ``g`` is out of range, which is every ``g`` for a
+        set without groups.
+        """
+        g = int(g)
+        offsets = self.groups
+        n = 0 if offsets is None else len(offsets) - 1
+        position = g + n if g < 0 else g
+        if offsets is None or not 0 <= position < n:
+            what = "it has no groups (written without group_by)" if offsets is None else f"it has {n} groups"
+            raise IndexError(f"group index {g} out of range for {self.path}: {what}")
+        return self._read_range(int(offsets[position]), int(offsets[position + 1]))
+
+    def _read_range(self, lo: int, hi: int) -> list[Any]:
+        """Samples [lo, hi) in stored order, through one cursor walk."""
+        if hi <= lo:
+            return []
+        k = self.samples_per_record
+        env, db = self.environment()
+        out: list[Any] = []
+        with Walk(env, db, self.path) as walk:
+            for first, values in walk.pieces(record_runs([(lo, hi)], k)):
+                for record, value in enumerate(values, first):
+                    for j, sample in enumerate(self.decode_record(value, record)):
+                        if lo <= record * k + j < hi:
+                            out.append(sample)
+        return out
+
+    @property
+    def set_id(self) -> str:
+        """The set's identity: a random id written with it (uuid4 hex).
+
+        A set written before ``set_id`` existed gets ``"legacy-"`` followed by 32
+        hex digits of the SHA-256 of its raw metadata bytes: stable for that file.
+        """
+        meta = self.metadata
+        if isinstance(meta.get("set_id"), str) and meta["set_id"]:
+            return str(meta["set_id"])
+        env = self.environment()[0]
+        with _format.lmdb_errors(self.path), env.begin() as txn:
+            raw = txn.get(_format.META_KEY, db=env.open_db(_format.META_DB, create=False))
+        return set_id_of(meta, bytes(raw or b""))

@@ -1,33 +1,33 @@
-"""write_record: read any dataset, pre-shuffle it, and publish it as one LMDB file.
+"""Writing record sets: ``write_record`` reads a whole source, ``RecordWriter`` takes pushed samples.
 
 Nothing appears at the target path until the write is complete: records go to a
-hidden temporary file beside it, which is renamed over the path at the end.
+hidden temporary file beside it, which is renamed over the path at the end. Both
+entry points run the same :class:`~torchrecord._session.WriteSession`; the parts
+it puts together live in ``_sources`` (reading a source), ``_admission`` (schema
+and error policy), ``_grouping`` (group keys), ``_packing`` (records),
+``_spool`` (the shuffle spool) and ``_publish`` (temporary files and the rename).
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import os
-import re
-from collections.abc import Iterator
-from typing import Any
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, NoReturn
 
-import lmdb
 import numpy as np
 
-from torchrecord import _format
-from torchrecord._codec import decode_leaves, encode_payloads
-from torchrecord._lmdb_writer import LmdbAppender
-from torchrecord._sources import Encoded, Failed, Normalized, Outcome, is_map_style, iterate_source, read_in_order
-from torchrecord._version import __version__
-from torchrecord.errors import RecordExistsError, SchemaError, SourceError, TorchRecordError, WriteError
+from torchrecord._progress import progress_bar
+from torchrecord._publish import as_write_error
+from torchrecord._session import WriteSession, WriteSettings
+from torchrecord._sources import Preparer, is_map_style, iterate_source, read_in_order
 from torchrecord.record_file import RecordFile
-from torchrecord.schema import LeafSignature, Schema
 
-__all__ = ["write_record"]
+__all__ = ["RecordWriter", "write_record"]
 
-_ON_ERROR = ("raise", "skip")
+#: cli.py and verify.py take their progress bar from here
+_progress_bar = progress_bar
 
 
 def write_record(
@@ -43,6 +43,7 @@ def write_record(
     on_error: str = "raise",
     checksums: bool = True,
     samples_per_record: int = 1,
+    group_by: str | Callable[[Any], Any] | None = None,
     initial_map_size: int = 1 << 28,
     commit_bytes: int = 64 << 20,
     multiprocessing_context: str | None = None,
@@ -71,6 +72,15 @@ def write_record(
             (chunked records, stacked along a new first axis) to cut per-record
             overhead for tiny samples; needs fixed shapes. Readers mix samples
             across chunks as usual.
+        group_by: write a grouped set: a field name (as in the schema, e.g.
+            ``"episode"`` for a dict key) or a function of the sample giving a
+            hashable key. The samples of one group must come one after another
+            (a key that comes back later is a ``SourceError``); the pre-shuffle
+            permutes whole groups and keeps the order inside each. The source is
+            then read in its own order (map-style ones too, still with
+            ``num_workers``; a function must pickle for spawn workers) and, when
+            shuffling, spooled to a temporary file. ``RecordFile.groups`` gives
+            the group offsets.
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction (bounded memory for retries).
         multiprocessing_context: start method of the reader workers.
@@ -80,321 +90,200 @@ def write_record(
 
     Raises:
         RecordExistsError: ``path`` exists and ``overwrite`` is false.
-        SourceError: the source raised at a sample (``on_error="raise"``).
+        SourceError: the source raised at a sample (``on_error="raise"``), or a
+            group came back after another one.
         SchemaError: a sample's structure or dtype differs from the first one's.
         WriteError: the write failed (disk full, ...); nothing is left at ``path``.
     """
     target = os.fspath(path)
-    if on_error not in _ON_ERROR:
-        raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
-    if samples_per_record < 1:
-        raise ValueError(f"samples_per_record must be >= 1, got {samples_per_record}")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise TypeError("metadata must be a dict of msgpack-able values")
-    if os.path.lexists(target) and (not overwrite or os.path.isdir(target)):
-        what = "a directory" if os.path.isdir(target) else "a file"
-        hint = "remove it first" if overwrite else "pass overwrite=True to replace it"
-        raise RecordExistsError(f"{target}: {what} exists already; {hint}")
-    parent = os.path.dirname(os.path.abspath(target))
-    if not os.path.isdir(parent):
-        raise WriteError(f"{target}: parent directory {parent} does not exist")
-    _remove_stale_temporaries(target)
-    temp = _temporary_path(target)
-    job = _WriteJob(target, temp, on_error, checksums, initial_map_size, commit_bytes, samples_per_record)
+    settings = WriteSettings(
+        shuffle=shuffle,
+        seed=seed,
+        samples_per_record=samples_per_record,
+        progress=progress,
+        metadata=metadata,
+        on_error=on_error,
+        checksums=checksums,
+        group_by=group_by,
+        initial_map_size=initial_map_size,
+        commit_bytes=commit_bytes,
+    )
+    settings.check()
+    map_style = is_map_style(dataset)
+    grouped = group_by is not None
+    # a map-style set is read in permuted order; groups and iterables are known only at the end
+    session = WriteSession(target, overwrite, settings, spool=shuffle and (grouped or not map_style))
     try:
-        job.run(dataset, shuffle, seed, num_workers, progress, multiprocessing_context)
-        meta = job.metadata(shuffle, seed, metadata or {})
-        job.appender.finish(_format.pack_metadata(meta))
-        job.appender.close()
-        _remove(temp + "-lock")
-        os.replace(temp, target)
-        _fsync_dir(parent)
+        if map_style:
+            n = len(dataset)
+            order = np.random.default_rng(seed).permutation(n) if shuffle and not grouped else np.arange(n)
+            stream = read_in_order(
+                dataset, order, num_workers, multiprocessing_context, fast=session.fast, key=session.key
+            )
+            session.consume(stream, n)
+        else:
+            session.consume(iterate_source(dataset, fast=session.fast, key=session.key), None)
+        return session.close()
     except BaseException as exc:
-        job.abort()
-        if isinstance(exc, lmdb.Error):
-            raise WriteError(f"{target}: LMDB error while writing: {exc}") from exc
-        if isinstance(exc, OSError) and not isinstance(exc, TorchRecordError):
-            raise WriteError(f"{target}: write failed: {exc}") from exc
-        raise
-    return RecordFile(target)
+        session.abort()
+        _reraise(exc, target)
 
 
-class _WriteJob:
-    """The state of one write: temp files, appender, schema and counters."""
+class RecordWriter:
+    """Write a record set by pushing samples, published atomically when the block ends.
+
+    ``append`` takes one sample at a time. Leaving the ``with`` block normally
+    (or calling :meth:`close`) publishes the set at ``path`` with one atomic
+    rename; leaving it by an exception, calling :meth:`abort`, or an error in
+    ``append`` removes everything written and leaves ``path`` as it was (the
+    previous set there, or nothing). A writer killed mid-way (SIGKILL) leaves
+    only a hidden temporary file, removed by the next write to ``path``.
+
+    With ``shuffle=True`` the samples are spooled to a temporary file beside
+    ``path`` and written at close in an order seeded by ``seed`` (the same
+    permutation ``write_record`` gives an iterable); with ``shuffle=False`` they
+    are appended as they come. Memory stays bounded either way.
+
+    A writer holds an open LMDB file: use it from one thread of the process that
+    created it (never across ``fork``).
+
+    Args:
+        path: the record set to create: a single file.
+        overwrite: replace an existing record set at ``path`` (atomically, at close).
+        seed: the shuffle seed, recorded in the metadata.
+        shuffle: write the samples in a seeded permuted order (of whole groups
+            with ``group_by``); ``False`` keeps the order of ``append``.
+        samples_per_record: samples per LMDB value (chunked records; fixed shapes).
+        progress: show a tqdm bar (if installed); ``None``: only on a terminal.
+        metadata: user metadata stored with the set (msgpack-able values).
+        on_error: ``"raise"``: a sample that cannot be stored aborts the write and
+            raises; ``"skip"``: it is left out and counted in ``skipped``.
+        checksums: store a CRC-32 per record.
+        group_by: a field name or a function of the sample: write a grouped set
+            (see :func:`write_record`); samples of one group must be appended one
+            after another.
+        initial_map_size: starting LMDB map size; it grows on its own.
+        commit_bytes: bytes per LMDB transaction.
+
+    Attributes:
+        result: the published :class:`RecordFile` after a successful close, else None.
+
+    Raises:
+        RecordExistsError: at creation, when ``path`` exists and ``overwrite`` is false.
+
+    Example:
+        >>> with RecordWriter("train.tr", seed=0) as w:        # doctest: +SKIP
+        ...     for image, label in pairs:
+        ...         w.append({"image": image, "label": label})
+        >>> w.result                                           # doctest: +SKIP
+        RecordFile('train.tr')
+    """
 
     def __init__(
         self,
-        target: str,
-        temp: str,
-        on_error: str,
-        checksums: bool,
-        initial_map_size: int,
-        commit_bytes: int,
-        samples_per_record: int,
+        path: str | os.PathLike[str],
+        *,
+        overwrite: bool = False,
+        seed: int = 0,
+        shuffle: bool = True,
+        samples_per_record: int = 1,
+        progress: bool | None = None,
+        metadata: dict[str, Any] | None = None,
+        on_error: str = "raise",
+        checksums: bool = True,
+        group_by: str | Callable[[Any], Any] | None = None,
+        initial_map_size: int = 1 << 28,
+        commit_bytes: int = 64 << 20,
     ) -> None:
-        self.target = target
-        self.temp = temp
-        self.spool = temp + ".spool"
-        self.on_error = on_error
-        self.schema: Schema | None = None
-        self.skipped = 0
-        self.count = 0
-        self._map_size = initial_map_size
-        self._commit_bytes = commit_bytes
-        self.appender = LmdbAppender(
-            temp,
+        self.path = os.fspath(path)
+        settings = WriteSettings(
+            shuffle=shuffle,
+            seed=seed,
+            samples_per_record=samples_per_record,
+            progress=progress,
+            metadata=metadata,
+            on_error=on_error,
+            checksums=checksums,
+            group_by=group_by,
             initial_map_size=initial_map_size,
             commit_bytes=commit_bytes,
-            checksums=checksums,
-            name=target,
         )
-        self.chunk = samples_per_record
-        self._group: list[Normalized] = []
-
-    def run(
-        self, dataset: Any, shuffle: bool, seed: int, num_workers: int, progress: bool | None, ctx: str | None
-    ) -> None:
-        if is_map_style(dataset):
-            n = len(dataset)
-            order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-            stream = read_in_order(dataset, order, num_workers, ctx, fast=self.chunk == 1)
-            self._append_all(stream, n, progress)
-        elif not shuffle:
-            self._append_all(iterate_source(dataset, fast=self.chunk == 1), None, progress)
-        else:
-            self._spool_then_shuffle(dataset, seed, progress)
-
-    def _checked(self, stream: Iterator[tuple[int, Outcome] | Encoded]) -> Iterator[bytes | Normalized | Encoded]:
-        """Merge every sample into the schema; raise or skip the failed ones.
-
-        Finished record bytes come from the fast encoder, which only accepts
-        samples identical in structure, dtypes and shapes to the first one, so
-        they leave the schema as it is.
-        """
-        for item in stream:
-            if isinstance(item, Encoded):
-                yield item
-                continue
-            index, outcome = item
-            if isinstance(outcome, bytes):
-                yield outcome
-                continue
-            if isinstance(outcome, Failed):
-                if outcome.fatal:
-                    raise SourceError(
-                        f"{self.target}: the source generator raised at sample {index}: {outcome.message}\n"
-                        "(a generator cannot go on after raising, so the sample cannot be skipped)\n"
-                        f"{outcome.detail}"
-                    )
-                if self.on_error == "skip":
-                    self.skipped += 1
-                    continue
-                raise SourceError(
-                    f"{self.target}: the source failed at sample {index}: {outcome.message}\n"
-                    f"(pass on_error='skip' to leave bad samples out)\n{outcome.detail}"
-                )
-            if self.schema is None:
-                self.schema = Schema.from_first(outcome.tree, outcome.signatures)
-            else:
-                self.schema.merge(outcome.tree, outcome.signatures, f"{self.target}: sample {index}")
-                if self.chunk > 1:
-                    self._require_fixed(index)
-            yield outcome
-
-    def _require_fixed(self, index: int) -> None:
-        assert self.schema is not None
-        for fld in self.schema.fields:
-            if fld.is_numeric and not fld.is_fixed:
-                raise SchemaError(
-                    f"{self.target}: sample {index}, field {fld.name!r}: its shape differs from earlier "
-                    f"samples'; chunked records (samples_per_record={self.chunk}) need fixed shapes, "
-                    "use samples_per_record=1 for variable shapes"
-                )
-
-    def _add(self, sample: bytes | Normalized) -> None:
-        """Encode one sample (or, in chunked mode, a full group of them) and append it."""
-        self.count += 1
-        if isinstance(sample, bytes):
-            self.appender.append(sample)
-            return
-        if self.chunk == 1:
-            self.appender.append(encode_payloads(sample.payloads, sample.signatures))
-            return
-        self._group.append(sample)
-        if len(self._group) == self.chunk:
-            self._flush_group()
-
-    def _flush_group(self) -> None:
-        if not self._group:
-            return
-        columns: list[Any] = []
-        for column in zip(*(s.payloads for s in self._group)):
-            columns.append(list(column) if isinstance(column[0], bytes) else np.stack(column))
-        self.appender.append(encode_payloads(columns, self._group[0].signatures))
-        self._group = []
-
-    def _append_all(
-        self, stream: Iterator[tuple[int, Outcome] | Encoded], total: int | None, progress: bool | None
-    ) -> None:
-        bar = _progress_bar(total, progress, "writing")
+        settings.check()
+        self.result: RecordFile | None = None
+        self._session: WriteSession | None = None
         try:
-            append = self.appender.append
-            for sample in self._checked(stream):
-                if isinstance(sample, Encoded):
-                    for value in sample.values:
-                        append(value)
-                    self.count += len(sample.values)
-                    bar.update(len(sample.values))
-                    continue
-                self._add(sample)
-                bar.update(1)
-            self._flush_group()
-        finally:
-            # on an error, stop the reader (and its DataLoader workers) now rather than when the
-            # garbage collector finds it through the traceback: shutting down late hangs 5 s per worker
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
-        bar.close()
+            session = WriteSession(self.path, overwrite, settings, spool=shuffle, source="append")
+        except BaseException as exc:
+            _reraise(exc, self.path)
+        self._session = session
+        self._prepare = Preparer(session.fast, session.key)
+        self._appended = 0
+        # a writer dropped without close or abort (or alive at exit) removes its files
+        self._cleanup = weakref.finalize(self, _abort_in, session, os.getpid())
 
-    def _spool_then_shuffle(self, dataset: Any, seed: int, progress: bool | None) -> None:
-        """Unknown length: spool encoded samples to disk, then copy them out in shuffled order."""
-        spool = LmdbAppender(
-            self.spool,
-            initial_map_size=self._map_size,
-            commit_bytes=self._commit_bytes,
-            checksums=False,
-            name=self.target,
-        )
-        bar = _progress_bar(None, progress, "spooling")
+    def append(self, sample: Any) -> None:
+        """Add one sample (same kinds as :func:`write_record`); an error aborts the write."""
+        session = self._open_session()
         try:
-            for sample in self._checked(iterate_source(dataset)):
-                assert not isinstance(sample, Encoded), "streams yield one sample at a time"
-                if isinstance(sample, bytes):
-                    spool.append(sample)
-                else:
-                    spool.append(encode_payloads(sample.payloads, sample.signatures))
-                bar.update(1)
-            spool.flush()
-        finally:
-            bar.close()
-            spool.close()
-        n = spool.records_written
-        order = np.random.default_rng(seed).permutation(n)
-        env = lmdb.open(self.spool, subdir=False, readonly=True, lock=False, max_dbs=_format.MAX_DBS)
+            session.push(self._prepare(self._appended, sample))
+        except BaseException as exc:
+            self._fail(exc)
+        self._appended += 1
+
+    def close(self) -> RecordFile:
+        """Publish the set (once; later calls return the same result) and return it."""
+        if self.result is not None:
+            return self.result
+        session = self._open_session()
         try:
-            db = env.open_db(_format.RECORDS_DB, create=False)
-            bar = _progress_bar(n, progress, "shuffling")
-            with env.begin(db=db) as txn:
-                for index in order:
-                    value = txn.get(_format.encode_key(int(index)))
-                    assert value is not None, "spooled record missing"
-                    if self.chunk == 1:
-                        self.count += 1
-                        self.appender.append(value)
-                    else:
-                        self._add(self._respool(value, int(index)))
-                    bar.update(1)
-            self._flush_group()
-            bar.close()
-        finally:
-            env.close()
-        _remove(self.spool)
-        _remove(self.spool + "-lock")
-
-    def _respool(self, value: bytes, index: int) -> Normalized:
-        """Decode a spooled sample back into payloads (chunked mode regroups samples)."""
-        assert self.schema is not None
-        payloads = decode_leaves(value, self.schema.fields, f"{self.spool}: sample {index}")
-        signatures = [LeafSignature(f.kind, f.dtype, tuple(f.shape)) for f in self.schema.fields]  # type: ignore[arg-type]
-        return Normalized(self.schema.tree, signatures, payloads)
-
-    def metadata(self, shuffle: bool, seed: int, user: dict[str, Any]) -> dict[str, Any]:
-        schema = self.schema.to_dict() if self.schema is not None else None
-        return {
-            "format": _format.FORMAT_NAME,
-            "format_version": _format.FORMAT_VERSION,
-            "library_version": __version__,
-            "count": self.count,
-            "records": -(-self.count // self.chunk),
-            "samples_per_record": self.chunk,
-            "schema": schema,
-            "shuffled": bool(shuffle),
-            "seed": int(seed),
-            "skipped": self.skipped,
-            "checksum": "crc32" if self.appender._checksums else None,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "user": user,
-            "complete": True,
-        }
+            self.result = session.close()
+        except BaseException as exc:
+            self._fail(exc)
+        self._session = None
+        self._cleanup.detach()
+        return self.result
 
     def abort(self) -> None:
-        with contextlib.suppress(Exception):
-            self.appender.close()
-        for p in (self.temp, self.temp + "-lock", self.spool, self.spool + "-lock"):
-            _remove(p)
+        """Discard the write: nothing is published (no effect after a successful close)."""
+        if self._session is not None:
+            self._session = None
+            self._cleanup()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        state = "published" if self.result is not None else "open" if self._session is not None else "aborted"
+        return f"RecordWriter({self.path!r}, {state})"
+
+    def _open_session(self) -> WriteSession:
+        if self._session is None:
+            what = "was published" if self.result is not None else "was aborted"
+            raise ValueError(f"{self.path}: this RecordWriter {what}; create a new one to write again")
+        return self._session
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        self.abort()
+        _reraise(exc, self.path)
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+def _abort_in(session: WriteSession, pid: int) -> None:
+    """Abort ``session`` in the process that started it (a forked child must not delete its files)."""
+    if os.getpid() == pid:
+        session.abort()
 
 
-def _progress_bar(total: int | None, progress: bool | None, desc: str) -> Any:
-    if progress is False:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, unit="sample", disable=None if progress is None else False)
-
-
-_TEMP_PATTERN = ".{name}.tmp-{pid}-{token}"
-
-
-def _temporary_path(target: str) -> str:
-    directory, name = os.path.split(os.path.abspath(target))
-    token = os.urandom(4).hex()
-    return os.path.join(directory, _TEMP_PATTERN.format(name=name, pid=os.getpid(), token=token))
-
-
-def _remove_stale_temporaries(target: str) -> None:
-    """Delete temp files left beside ``target`` by writers that no longer run (e.g. killed)."""
-    directory, name = os.path.split(os.path.abspath(target))
-    pattern = re.compile(r"^\." + re.escape(name) + r"\.tmp-(\d+)-[0-9a-f]+")
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return
-    for entry in entries:
-        match = pattern.match(entry)
-        if match and not _pid_alive(int(match.group(1))):
-            _remove(os.path.join(directory, entry))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove(path: str) -> None:
-    """Best-effort removal: on a read-only file system even a missing file gives EROFS."""
-    with contextlib.suppress(OSError):
-        os.remove(path)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _reraise(exc: BaseException, target: str) -> NoReturn:
+    """Raise ``exc``, LMDB and OS errors as a WriteError naming the target."""
+    error = as_write_error(exc, target)
+    if error is exc:
+        raise exc
+    raise error from exc

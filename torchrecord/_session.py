@@ -1,0 +1,233 @@
+"""One write in progress: the parts of a record set write, put together.
+
+``write_record`` (which pulls samples from a source) and ``RecordWriter`` (to
+which samples are pushed) both run a :class:`WriteSession`:
+
+    Publisher      the hidden temporary beside the target, the atomic rename, cleanup
+    LmdbAppender   the temporary LMDB file: growing map, bounded commits
+    Admission      schema, on_error policy, group contiguity
+    Packer         records of one sample or of chunks of K samples
+    Spool          samples parked until the write order is known (shuffle at close)
+
+A session either appends samples in the order they come (``spool=False``: an
+unshuffled write, or a map-style source read in permuted order) or spools them
+and writes them at :meth:`close` in a seeded permuted order (of samples, or of
+whole groups).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchrecord import _format
+from torchrecord._admission import ON_ERROR, Admission
+from torchrecord._grouping import GroupTracker, describe, group_order, key_function
+from torchrecord._groups import GROUPS_KEY, pack_offsets
+from torchrecord._identity import new_set_id
+from torchrecord._lmdb_writer import LmdbAppender
+from torchrecord._packing import Packer, restore
+from torchrecord._progress import progress_bar
+from torchrecord._publish import Publisher
+from torchrecord._sources import Encoded, Item, KeyFunction
+from torchrecord._spool import Spool
+from torchrecord._version import __version__
+from torchrecord.record_file import RecordFile
+
+__all__ = ["WriteSession", "WriteSettings"]
+
+GroupBy = str | Callable[[Any], Any] | None
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    """The options of one write that both entry points share (see ``write_record``)."""
+
+    shuffle: bool = True
+    seed: int = 0
+    samples_per_record: int = 1
+    progress: bool | None = None
+    metadata: dict[str, Any] | None = None
+    on_error: str = "raise"
+    checksums: bool = True
+    group_by: GroupBy = None
+    initial_map_size: int = 1 << 28
+    commit_bytes: int = 64 << 20
+
+    def check(self) -> None:
+        """ValueError / TypeError for an option that cannot work, before any file is touched."""
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.samples_per_record < 1:
+            raise ValueError(f"samples_per_record must be >= 1, got {self.samples_per_record}")
+        if self.metadata is not None and not isinstance(self.metadata, dict):
+            raise TypeError("metadata must be a dict of msgpack-able values")
+        if self.group_by is not None:
+            key_function(self.group_by)  # raises for anything but a field name or a function
+
+
+class WriteSession:
+    """The temporary file, the admission, and the packing or spooling of one write.
+
+    Creating it checks the target and creates the temporary file; end it with
+    :meth:`close` (publish) or :meth:`abort` (remove every file of the write).
+
+    Args:
+        target: the record set to create.
+        overwrite: replace an existing set at ``target``.
+        settings: the write's options.
+        spool: park the samples and write them in a seeded permuted order at close.
+        source: how errors name where samples come from.
+    """
+
+    def __init__(
+        self, target: str, overwrite: bool, settings: WriteSettings, *, spool: bool, source: str = "the source"
+    ) -> None:
+        self.target = target
+        self.settings = settings
+        chunk = settings.samples_per_record
+        #: the group key of a sample, or None for an ungrouped set
+        self.key: KeyFunction | None = key_function(settings.group_by) if settings.group_by is not None else None
+        #: whether samples may come as fast-encoded record bytes
+        self.fast = spool or chunk == 1
+        self.publisher = Publisher(target, overwrite)
+        self.spool: Spool | None = None
+        self._bar: Any = None
+        self.appender = LmdbAppender(
+            self.publisher.temp,
+            initial_map_size=settings.initial_map_size,
+            commit_bytes=settings.commit_bytes,
+            checksums=settings.checksums,
+            name=target,
+        )
+        try:
+            self.tracker = GroupTracker(target) if self.key is not None else None
+            self.admission = Admission(target, settings.on_error, chunk, self.tracker, source)
+            self.packer = Packer(self.appender, chunk)
+            if spool:
+                self.spool = Spool.create(
+                    self.publisher.scratch(".spool"),
+                    initial_map_size=settings.initial_map_size,
+                    commit_bytes=settings.commit_bytes,
+                    name=target,
+                )
+        except BaseException:
+            self.abort()
+            raise
+
+    # -- taking samples --------------------------------------------------------------
+    def consume(self, stream: Iterator[Item | Encoded], total: int | None) -> None:
+        """Take every sample of a source's stream (``total``: its length, for the bar)."""
+        bar = progress_bar(total, self.settings.progress, "spooling" if self.spool else "writing")
+        sink = self.spool if self.spool is not None else self.packer
+        put, put_encoded = sink.add, sink.add_encoded
+        try:
+            for sample in self.admission.check(stream):
+                if isinstance(sample, Encoded):
+                    put_encoded(sample.values)
+                    bar.update(len(sample.values))
+                    continue
+                put(sample)
+                bar.update(1)
+        finally:
+            bar.close()
+            # on an error, stop the reader (and its DataLoader workers) now rather than when the
+            # garbage collector finds it through the traceback: shutting down late hangs 5 s per worker
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+
+    def push(self, item: Item) -> None:
+        """Take one prepared sample (from a :class:`~torchrecord._sources.Preparer`)."""
+        if self._bar is None:
+            self._bar = progress_bar(None, self.settings.progress, "spooling" if self.spool else "writing")
+        sample = self.admission.admit(*item)
+        if sample is None:
+            return
+        if self.spool is not None:
+            self.spool.add(sample)
+        else:
+            self.packer.add(sample)
+        self._bar.update(1)
+
+    # -- ending ------------------------------------------------------------------------
+    def close(self) -> RecordFile:
+        """Write the spooled samples in their final order, the metadata, and publish."""
+        if self._bar is not None:
+            self._bar.close()
+        offsets = None
+        if self.spool is not None:
+            offsets = self._replay(self.spool)
+        elif self.tracker is not None:
+            offsets = group_order(self.tracker.sizes, False, self.settings.seed)[1]
+        self.packer.flush()
+        extra = {GROUPS_KEY: pack_offsets(offsets)} if offsets is not None else None
+        self.appender.finish(_format.pack_metadata(self._metadata(offsets)), extra)
+        self.appender.close()
+        self.publisher.publish()
+        return RecordFile(self.target)
+
+    def abort(self) -> None:
+        """Remove every file of this write; the target keeps whatever it held before."""
+        if self._bar is not None:
+            with contextlib.suppress(Exception):
+                self._bar.close()
+        with contextlib.suppress(Exception):
+            self.appender.close()
+        if self.spool is not None:
+            self.spool.close()
+        self.publisher.discard()
+
+    def _replay(self, spool: Spool) -> np.ndarray | None:
+        """Copy the spooled samples out in the seeded order; returns the group offsets if grouped."""
+        seed = self.settings.seed
+        offsets = None
+        if self.tracker is not None:
+            order, offsets = group_order(self.tracker.sizes, True, seed)
+        else:
+            order = np.random.default_rng(seed).permutation(spool.count)
+        bar = progress_bar(spool.count, self.settings.progress, "shuffling")
+        schema, packer = self.admission.schema, self.packer
+        try:
+            for index, value in spool.replay(order):
+                if packer.chunk == 1:
+                    packer.add(value)
+                else:
+                    assert schema is not None
+                    packer.add(restore(value, schema, f"{spool.path}: sample {index}"))
+                bar.update(1)
+        finally:
+            bar.close()
+        self.publisher.drop(spool.path)
+        return offsets
+
+    def _metadata(self, offsets: np.ndarray | None) -> dict[str, Any]:
+        s = self.settings
+        count = self.packer.count
+        schema = self.admission.schema
+        meta: dict[str, Any] = {
+            "format": _format.FORMAT_NAME,
+            "format_version": _format.FORMAT_VERSION,
+            "library_version": __version__,
+            "count": count,
+            "records": -(-count // s.samples_per_record),
+            "samples_per_record": s.samples_per_record,
+            "schema": schema.to_dict() if schema is not None else None,
+            "shuffled": bool(s.shuffle),
+            "seed": int(s.seed),
+            "skipped": self.admission.skipped,
+            "checksum": "crc32" if s.checksums else None,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "user": s.metadata or {},
+            "set_id": new_set_id(),
+        }
+        if offsets is not None:
+            meta["groups"] = len(offsets) - 1
+            meta["group_by"] = describe(s.group_by)  # type: ignore[arg-type]
+        meta["complete"] = True
+        return meta
