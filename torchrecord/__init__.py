@@ -13,6 +13,7 @@ from torchrecord.errors import TorchRecordError
 from torchrecord.memory import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord.record_file import RecordFile
 from torchrecord.schema import Field, Schema
+from torchrecord.streams import StreamDataset
 from torchrecord.verify import VerifyReport, verify
 from torchrecord.writer import RecordWriter, write_record
 
@@ -25,6 +26,7 @@ __all__ = [
     "RecordWriter",
     "SampleList",
     "Schema",
+    "StreamDataset",
     "TorchRecordError",
     "VerifyReport",
     "__version__",

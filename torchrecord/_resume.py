@@ -31,6 +31,7 @@ __all__ = [
     "STATE_VERSION",
     "accept",
     "consumed_samples",
+    "find_states",
     "loader_position",
     "plan_key",
     "remaining_runs",
@@ -52,17 +53,19 @@ def plan_key(state: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(state.get(k) for k in PLAN_KEYS)
 
 
-def accept(state: Any, *, set_id: str, epoch: int, path: str) -> dict[str, Any] | None:
+def accept(
+    state: Any, *, set_id: str, epoch: int, path: str, kinds: tuple[str, ...] = (STATE_KIND, POSITION_KIND)
+) -> dict[str, Any] | None:
     """Check a state or position against this dataset; the resume point to use, or None.
 
     Raises ValueError (saying what to do) for another set, a newer state
     version, a later epoch or something that is not a torchrecord state. A
     state from an earlier epoch is ignored with a warning.
     """
-    if not isinstance(state, Mapping) or state.get("kind") not in (STATE_KIND, POSITION_KIND):
+    if not isinstance(state, Mapping) or state.get("kind") not in kinds:
         raise ValueError(
-            f"{path}: not a torchrecord RecordDataset state or position (no kind {STATE_KIND!r}); pass what "
-            "RecordDataset.state_dict() or torchrecord.loader_position(...) returned"
+            f"{path}: not a torchrecord state of the right kind (expected kind {' or '.join(kinds)}); pass what "
+            "the dataset's state_dict() or torchrecord.loader_position(...) returned"
         )
     version = state.get("version")
     if not isinstance(version, int) or version > STATE_VERSION:
@@ -108,8 +111,8 @@ def loader_position(states: Any) -> dict[str, Any]:
         ValueError: no RecordDataset state found, states of different sets,
             epochs or settings, or a reader missing.
     """
-    found = [s for s in _find_states(states) if s.get("kind") == STATE_KIND]
-    positions = [s for s in _find_states(states) if s.get("kind") == POSITION_KIND]
+    found = [s for s in find_states(states) if s.get("kind") == STATE_KIND]
+    positions = [s for s in find_states(states) if s.get("kind") == POSITION_KIND]
     if not found and not positions:
         raise ValueError("no RecordDataset state found: pass the StatefulDataLoader state(s) of the run")
     if found and positions:
@@ -147,18 +150,21 @@ def loader_position(states: Any) -> dict[str, Any]:
     return position
 
 
-def _find_states(obj: Any, depth: int = 0) -> Iterable[Mapping[str, Any]]:
+def find_states(
+    obj: Any, kinds: tuple[str, ...] = (STATE_KIND, POSITION_KIND), depth: int = 0
+) -> Iterable[Mapping[str, Any]]:
+    """Every dict of one of ``kinds`` nested anywhere in ``obj`` (loader states nest them)."""
     if depth > 32:
         return
     if isinstance(obj, Mapping):
-        if obj.get("kind") in (STATE_KIND, POSITION_KIND):
+        if obj.get("kind") in kinds:
             yield obj
             return
         for value in obj.values():
-            yield from _find_states(value, depth + 1)
+            yield from find_states(value, kinds, depth + 1)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from _find_states(value, depth + 1)
+            yield from find_states(value, kinds, depth + 1)
 
 
 def _share_runs(plan: Mapping[str, Any], epoch: int, rank: int, worker: int) -> list[Run]:

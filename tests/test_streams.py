@@ -1,0 +1,231 @@
+"""StreamDataset: the stream plan, continuity, workers in rotation, resume, gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader
+
+from tests.helpers import assert_exactly_once
+from torchrecord import StreamDataset, write_record
+from torchrecord._stream_plan import plan_streams
+
+B = 4
+
+
+def _sequences(lengths: list[int]) -> list[dict[str, Any]]:
+    """Frames {"x": float32[3] holding (sequence, frame), "seq": int, "t": int}, sequence by sequence."""
+    out = []
+    for g, n in enumerate(lengths):
+        for t in range(n):
+            out.append({"x": np.array([g, t, g * 1000 + t], np.float32), "seq": g, "t": t})
+    return out
+
+
+LENGTHS = [int(x) for x in np.random.default_rng(0).integers(1, 40, size=30)]
+
+
+@pytest.fixture(scope="module")
+def stream_set(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("streams") / "seqs.tr"
+    write_record(_sequences(LENGTHS), path, group_by="seq", seed=3, progress=False)
+    return str(path)
+
+
+# -- the plan (pure) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streams", [1, 3, 8, 50])
+@pytest.mark.parametrize("tail", ["pad", "drop"])
+def test_plan_covers_every_frame_once_in_whole_sequences(streams: int, tail: str) -> None:
+    lengths = np.random.default_rng(streams).integers(1, 30, size=40)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    plan = plan_streams(offsets, streams=streams, seed=1, epoch=0, tail=tail)
+    cells = plan.cells(range(streams), 0, plan.steps_per_epoch)
+    valid = cells.sample[cells.mask]
+    if tail == "pad":
+        assert_exactly_once(valid.tolist(), int(offsets[-1]))
+        assert plan.dropped == 0
+    else:
+        assert cells.mask.all()
+        assert len(valid) + plan.dropped == offsets[-1]
+        assert len(set(valid.tolist())) == len(valid)
+    for s in range(streams):
+        row, seq, start = cells.sample[s], cells.sequence[s], cells.start[s]
+        ok = row >= 0
+        # starts exactly where a sequence begins; otherwise the next stored frame of the same sequence
+        for t in range(1, int(ok.sum())):
+            if start[t]:
+                assert row[t] == offsets[seq[t]]
+            else:
+                assert seq[t] == seq[t - 1] and row[t] == row[t - 1] + 1
+        if ok.any():
+            assert start[0] and row[0] == offsets[seq[0]]
+    # balanced: no stream longer than the shortest plus the longest sequence
+    assert plan.lengths.max() - plan.lengths.min() <= lengths.max()
+
+
+def test_plan_changes_per_epoch_and_is_pure() -> None:
+    offsets = np.concatenate(([0], np.cumsum(np.arange(1, 30))))
+    a = plan_streams(offsets, streams=4, seed=0, epoch=0)
+    again = plan_streams(offsets, streams=4, seed=0, epoch=0)
+    assert [x.tolist() for x in a.order] == [x.tolist() for x in again.order]
+    b = plan_streams(offsets, streams=4, seed=0, epoch=1)
+    assert [x.tolist() for x in a.order] != [x.tolist() for x in b.order]
+
+
+# -- the dataset -------------------------------------------------------------------------
+
+
+def _check_batches(batches: list[dict[str, Any]], steps: int) -> None:
+    """Continuity per position, start flags, every frame once over valid cells."""
+    seen: list[int] = []
+    last: dict[int, tuple[int, int]] = {}
+    source_of: dict[int, int] = {}  # stored group index -> the source's sequence id (groups were pre-shuffled)
+    for batch in batches:
+        x, mask, start, seq = batch["data"]["x"], batch["mask"], batch["start"], batch["sequence"]
+        assert x.shape[:2] == (B, steps) and mask.dtype == torch.bool
+        for b in range(B):
+            for t in range(steps):
+                if not mask[b, t]:
+                    assert seq[b, t] == -1 and (x[b, t] == 0).all()
+                    continue
+                g, frame = int(x[b, t, 0]), int(x[b, t, 1])
+                assert source_of.setdefault(int(seq[b, t]), g) == g
+                seen.append(int(x[b, t, 2]))
+                assert bool(start[b, t]) == (frame == 0)
+                if not start[b, t]:
+                    assert last[b] == (g, frame - 1), "position b does not continue its sequence"
+                last[b] = (g, frame)
+    frames = [g * 1000 + t for g, n in enumerate(LENGTHS) for t in range(n)]
+    assert Counter(seen) == Counter(frames)
+    assert len(set(source_of.values())) == len(source_of) == len(LENGTHS)
+
+
+@pytest.mark.parametrize("steps", [1, 16])
+def test_batches_continue_streams(stream_set: str, steps: int) -> None:
+    ds = StreamDataset(stream_set, B, steps=steps, seed=2)
+    batches = list(ds)
+    assert len(batches) == len(ds)
+    _check_batches(batches, steps)
+    ds.set_epoch(1)
+    assert [b["sequence"].tolist() for b in ds] != [b["sequence"].tolist() for b in batches]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("steps", [1, 16])
+def test_any_number_of_workers_gives_identical_batches(stream_set: str, context: str, steps: int) -> None:
+    ds = StreamDataset(stream_set, B, steps=steps, seed=2)
+    reference = list(ds)
+    workers = [1, 2, 3, 5] if context == "fork" else [2]
+    for n in workers:  # steps=16 gives fewer batches than 5 workers for short epochs too
+        loader = DataLoader(ds, batch_size=None, num_workers=n, multiprocessing_context=context)
+        got = list(loader)
+        assert len(got) == len(reference)
+        for a, b in zip(got, reference):
+            for key in ("mask", "start", "sequence"):
+                assert torch.equal(a[key], b[key]), (n, key)
+            assert torch.equal(a["data"]["x"], b["data"]["x"])
+
+
+def test_every_frame_is_read_once_over_workers(stream_set: str) -> None:
+    ds = StreamDataset(stream_set, B, steps=3, seed=2)
+    valid = 0
+    for worker in range(3):
+        part = StreamDataset(stream_set, B, steps=3, seed=2)
+        for batch in part.batches(worker, 3):
+            valid += int(batch["mask"].sum())
+        assert part.records_read == sum(int(b["mask"].sum()) for b in ds.batches(worker, 3))
+    assert valid == sum(LENGTHS)
+
+
+def test_drop_tail_counts_dropped_frames(stream_set: str) -> None:
+    ds = StreamDataset(stream_set, B, steps=2, tail="drop")
+    batches = list(ds)
+    kept = sum(int(b["mask"].sum()) for b in batches)
+    assert all(bool(b["mask"].all()) for b in batches)
+    assert kept + ds.dropped + (ds.plan().steps_per_epoch % 2) * B == sum(LENGTHS)
+
+
+def test_transform_runs_per_frame(stream_set: str) -> None:
+    ds = StreamDataset(stream_set, B, steps=4, transform=lambda s: {"y": torch.from_numpy(s["x"] * 2)})
+    batch = next(iter(ds))
+    plain = next(iter(StreamDataset(stream_set, B, steps=4)))
+    assert torch.equal(batch["data"]["y"], plain["data"]["x"] * 2)
+
+
+def test_resume_with_another_number_of_workers_continues_identically(stream_set: str) -> None:
+    ds = StreamDataset(stream_set, B, steps=2, seed=4)
+    reference = [b["sequence"].tolist() for b in ds]
+    states = []
+    for worker in range(2):  # two workers, 7 batches delivered: worker 0 made 4, worker 1 made 3
+        part = StreamDataset(stream_set, B, steps=2, seed=4)
+        it = part.batches(worker, 2)
+        for _ in range(4 if worker == 0 else 3):
+            next(it)
+        states.append(json.loads(json.dumps(part.state_dict())))
+    resumed = StreamDataset(stream_set, B, steps=2, seed=4)
+    resumed.load_state_dict({"workers": states})
+    loader = DataLoader(resumed, batch_size=None, num_workers=3, multiprocessing_context="fork")
+    assert [b["sequence"].tolist() for b in loader] == reference[7:]
+
+
+def test_resume_with_other_streams_is_refused(stream_set: str) -> None:
+    state = StreamDataset(stream_set, B).state_dict()
+    with pytest.raises(ValueError, match="hidden state could not follow"):
+        StreamDataset(stream_set, B + 1).load_state_dict(state)
+
+
+def test_errors(stream_set: str, tmp_path: Path) -> None:
+    flat = tmp_path / "flat.tr"
+    write_record(list(range(10)), flat, progress=False)
+    with pytest.raises(ValueError, match="group_by"):
+        StreamDataset(flat, 2)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        StreamDataset.check_loader(DataLoader(StreamDataset(stream_set, B), batch_size=4))
+
+
+def _rank_main(rank: int, init_file: str, path: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        ds = StreamDataset(path, B, steps=5, seed=1)
+        batches = [b["data"]["x"][:, :, 2].tolist() for b in DataLoader(ds, batch_size=None, num_workers=1)]
+        masks = [b["mask"].tolist() for b in ds]
+        with open(os.path.join(out_dir, f"r{rank}.json"), "w") as f:
+            json.dump({"len": len(ds), "batches": batches, "masks": masks}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_two_gloo_ranks_play_the_2b_stream_plan(stream_set: str, tmp_path: Path) -> None:
+    mp.spawn(_rank_main, args=(str(tmp_path / "init"), stream_set, str(tmp_path)), nprocs=2, join=True)
+    reports = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    assert reports[0]["len"] == reports[1]["len"] == len(reports[0]["batches"]) == len(reports[1]["batches"])
+    both = StreamDataset(stream_set, 2 * B, steps=5, seed=1, rank=0, world_size=1)
+    expected = [b["data"]["x"][:, :, 2].tolist() for b in both]
+    for t, batch in enumerate(expected):
+        assert reports[0]["batches"][t] == batch[:B] and reports[1]["batches"][t] == batch[B:]
+
+
+def test_resume_through_stateful_dataloader(stream_set: str) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    reference = [b["sequence"].tolist() for b in StreamDataset(stream_set, B, steps=2, seed=4)]
+    loader = StatefulDataLoader(StreamDataset(stream_set, B, steps=2, seed=4), batch_size=None, num_workers=2)
+    it = iter(loader)
+    before = [next(it)["sequence"].tolist() for _ in range(5)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    again = StatefulDataLoader(StreamDataset(stream_set, B, steps=2, seed=4), batch_size=None, num_workers=2)
+    again.load_state_dict(state)
+    assert before + [b["sequence"].tolist() for b in again] == reference

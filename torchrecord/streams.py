@@ -1,0 +1,343 @@
+"""StreamDataset: batch position b continues the same sequence, for any number of workers."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
+
+from torchrecord import _resume
+from torchrecord._kinds import as_tensor, split_columns
+from torchrecord._layout import FixedLayout
+from torchrecord._reader import Share, ShareReader
+from torchrecord._stream_plan import Cells, StreamPlan, plan_streams
+from torchrecord._structure import flatten, unflatten
+from torchrecord.record_file import RecordFile
+
+__all__ = ["StreamDataset"]
+
+STATE_KIND = "torchrecord.StreamDataset"
+_PLAN_KEYS = ("seed", "shuffle", "tail", "streams", "batch_size", "steps")
+
+
+class StreamDataset(IterableDataset[dict[str, Any]]):
+    """Sequence streams from a grouped record set: position b of batch t+1 continues position b of batch t.
+
+    For models that carry hidden state from one batch to the next (an RNN or a
+    transducer over long audio, a language model over documents cut in chunks).
+    Each group of the set (``write_record(..., group_by=...)``) is one sequence.
+    Every epoch, the sequences are put in a seeded order and dealt to
+    ``world_size x batch_size`` streams, each next sequence to the stream with the
+    fewest frames so far; rank r owns streams ``[r*B, (r+1)*B)``. A batch holds
+    ``steps`` consecutive frames of each of the rank's B streams::
+
+        {"data": the sample's structure, each leaf [B, steps, ...],
+         "mask": bool[B, steps]      (False on padding),
+         "start": bool[B, steps]     (True where a sequence begins: reset state there),
+         "sequence": int64[B, steps] (the group index, -1 on padding)}
+
+    Workers: use ``DataLoader(ds, batch_size=None, num_workers=n)`` (in-order
+    delivery, the default). Worker w builds only the batches t with
+    ``t % n == w``, seeking each stream's cursor to its frames, so every frame is
+    read once and batches are built in parallel across time steps; the DataLoader
+    hands them out in order, so the result is identical for any number of workers.
+    :meth:`check_loader` refuses a DataLoader that would break that.
+
+    Args:
+        path: a grouped record set.
+        batch_size: streams per rank (B).
+        steps: consecutive frames per stream in one batch.
+        shuffle: a new sequence order (and so new streams) every epoch.
+        seed: the base seed of the order.
+        tail: ``"pad"`` runs until the longest stream ends (nothing lost, nothing
+            repeated; padding cells are zeros with mask False); ``"drop"`` until the
+            shortest ends (every cell valid; :attr:`dropped` frames are left out).
+        transform: called on each frame's decoded sample before batching.
+        rank, world_size: override what ``torch.distributed`` reports.
+        verify: check each record's CRC-32 as it is read.
+
+    ``len()`` is the number of batches per rank per epoch, the same on every rank.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        batch_size: int,
+        *,
+        steps: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        tail: str = "pad",
+        transform: Callable[[Any], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        verify: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        if tail not in ("pad", "drop"):
+            raise ValueError(f"tail must be 'pad' or 'drop', got {tail!r}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        self.file = RecordFile(path)
+        if self.file.groups is None:
+            raise ValueError(
+                f"{self.file.path}: the set has no groups; write it with write_record(..., group_by=...) "
+                "so that each sequence is one group"
+            )
+        self.file.close()
+        self.batch_size, self.steps, self.shuffle, self.seed, self.tail = batch_size, steps, shuffle, seed, tail
+        self.transform, self.verify = transform, verify
+        self._explicit = (rank, world_size) if rank is not None else None
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._plan_cache: tuple[tuple[int, int], StreamPlan] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._next_step = 0
+        self.records_read = 0  # records this process read (for tests and benchmarks)
+
+    # -- configuration ------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose plan the next iteration plays."""
+        self._epoch.fill_(int(epoch))
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    def _world(self) -> tuple[int, int]:
+        if self._explicit is not None:
+            return self._explicit  # type: ignore[return-value]
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def plan(self) -> StreamPlan:
+        """This epoch's streams over all ranks (a pure function of seed, epoch and world size)."""
+        world = self._world()[1]
+        key = (self.epoch, world)
+        if self._plan_cache is None or self._plan_cache[0] != key:
+            offsets = self.file.groups
+            assert offsets is not None
+            plan = plan_streams(
+                offsets, streams=world * self.batch_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                tail=self.tail,
+            )
+            self._plan_cache = (key, plan)
+        return self._plan_cache[1]
+
+    @property
+    def dropped(self) -> int:
+        """Frames of this epoch no batch holds (``tail="drop"``; 0 with ``"pad"``)."""
+        return self.plan().dropped
+
+    def __len__(self) -> int:
+        total = self.plan().steps_per_epoch
+        return -(-total // self.steps) if self.tail == "pad" else total // self.steps
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamDataset({self.file.path!r}, batch_size={self.batch_size}, steps={self.steps}, "
+            f"tail={self.tail!r}, epoch={self.epoch})"
+        )
+
+    @staticmethod
+    def check_loader(loader: torch.utils.data.DataLoader[Any]) -> None:
+        """Raise ValueError if ``loader`` would not deliver this dataset's batches whole and in order."""
+        if loader.batch_size is not None:
+            raise ValueError(
+                f"StreamDataset builds whole batches: use DataLoader(ds, batch_size=None), not batch_size="
+                f"{loader.batch_size}"
+            )
+        if getattr(loader, "in_order", True) is False:
+            raise ValueError("StreamDataset needs in-order delivery: DataLoader(..., in_order=True)")
+
+    # -- iteration ------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return self.batches(worker, workers)
+        if (resume["worker"], resume["num_workers"]) == (worker, workers):
+            # this worker's own saved state (torchdata loads each worker's copy with its own and
+            # restores the loader's rotation): go on with exactly the step it would build next
+            return self.batches(worker, workers, first=resume["step"])
+        # a merged position: a fresh DataLoader's rotation starts at worker 0 and step `step`
+        return self.batches(worker, workers, start=resume["step"])
+
+    def batches(
+        self, worker: int = 0, num_workers: int = 1, start: int = 0, *, first: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """One worker's part: batches ``start + worker``, ``start + worker + num_workers``, ... in order.
+
+        A DataLoader takes one batch from each worker in turn, so the workers'
+        parts interleave back into batches ``start, start + 1, ...``. ``first``
+        overrides the first step (a worker resuming its own saved state).
+        """
+        plan = self.plan()
+        streams = self._streams()
+        total = plan.steps_per_epoch
+        if first is None:
+            first = start + worker
+        layout = FixedLayout.build(self.file.schema, self.file.samples_per_record)
+        self._next_step = first
+        for t in range(first, len(self), num_workers):
+            t0 = t * self.steps
+            cells = plan.cells(streams, t0, min(t0 + self.steps, total))
+            batch = self._build(cells, layout, t)
+            self._next_step = t + num_workers
+            yield batch
+
+    def _streams(self) -> range:
+        """The streams this rank plays: [rank * B, (rank + 1) * B)."""
+        rank = self._world()[0]
+        return range(rank * self.batch_size, (rank + 1) * self.batch_size)
+
+    def _build(self, cells: Cells, layout: FixedLayout | None, t: int) -> dict[str, Any]:
+        b, width = cells.sample.shape
+        steps = self.steps
+        mask = np.zeros((b, steps), bool)
+        mask[:, :width] = cells.mask
+        flat = np.flatnonzero(mask)
+        wanted = np.full((b, steps), -1, np.int64)
+        wanted[:, :width] = cells.sample
+        samples = wanted.reshape(-1)[flat]
+        chunk = self._read(samples, layout, t)
+        if layout is not None and self.transform is None:
+            data = self._scatter_columns(chunk, flat, b * steps, (b, steps))
+        else:
+            frames = list(split_columns(chunk, self.file.schema)) if layout is not None else list(chunk)
+            if self.transform is not None:
+                frames = [self.transform(s) for s in frames]
+            data = _collate_cells(frames, flat, b * steps, (b, steps))
+        sequence = np.full((b, steps), -1, np.int64)
+        sequence[:, :width] = cells.sequence
+        start = np.zeros((b, steps), bool)
+        start[:, :width] = cells.start
+        return {
+            "data": data,
+            "mask": torch.from_numpy(mask),
+            "start": torch.from_numpy(start),
+            "sequence": torch.from_numpy(sequence),
+        }
+
+    def _read(self, samples: np.ndarray, layout: FixedLayout | None, t: int) -> list[Any]:
+        """The stored samples ``samples`` (in that order) through the read layer: one run per cursor seek."""
+        if not len(samples):
+            return [np.zeros((0,))] * len(self.file.schema.fields) if layout is not None else []
+        breaks = np.flatnonzero(np.diff(samples) != 1) + 1
+        bounds = np.concatenate(([0], breaks, [len(samples)]))
+        runs = tuple((int(samples[a]), int(samples[e - 1]) + 1) for a, e in itertools.pairwise(bounds))
+        share = Share(runs, self.seed, self.epoch, 0, 0, shuffle=False, window=len(samples))
+        reader = ShareReader(self.file, share, layout=layout, verify=self.verify)
+        chunk = next(reader.chunks(len(samples)))
+        self.records_read += reader.records_read
+        return chunk if layout is not None else list(chunk)
+
+    def _scatter_columns(self, typed: list[np.ndarray], flat: np.ndarray, cells: int, lead: tuple[int, int]) -> Any:
+        leaves = []
+        for column, fld in zip(typed, self.file.schema.fields):
+            out = np.zeros((cells, *column.shape[1:]), column.dtype)
+            out[flat] = column
+            leaves.append(as_tensor(out.reshape(*lead, *column.shape[1:]), fld.dtype))
+        return unflatten(self.file.schema.tree, leaves)
+
+    # -- resume -------------------------------------------------------------------
+    def _plan_state(self) -> dict[str, Any]:
+        world = self._world()[1]
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "tail": self.tail,
+            "streams": world * self.batch_size,
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step this reader builds next: small, plain, JSON-serialisable."""
+        state: dict[str, Any] = {"kind": STATE_KIND, "version": _resume.STATE_VERSION}
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        state.update(set_id=self.file.set_id, epoch=self.epoch, rank=self._world()[0], next_step=self._next_step)
+        state.update(worker=worker, num_workers=workers)
+        state.update(self._plan_state())
+        return state
+
+    def load_state_dict(self, state: Any) -> None:
+        """Resume from a state, or from any nesting of several (e.g. a whole loader state).
+
+        The batches continue at the earliest step any of the states would build
+        next, so a resume with another number of workers continues identically.
+        Raises ValueError for another set, a later epoch, a newer state version,
+        or another number of streams, steps or order (hidden state cannot follow).
+        """
+        found = list(_resume.find_states(state, (STATE_KIND,)))
+        if not found:
+            raise ValueError(f"{self.file.path}: no StreamDataset state found in what was given")
+        accepted = [
+            _resume.accept(s, set_id=self.file.set_id, epoch=self.epoch, path=self.file.path, kinds=(STATE_KIND,))
+            for s in found
+        ]
+        mine = self._plan_state()
+        for s in accepted:
+            if s is None:
+                continue
+            for key in _PLAN_KEYS:
+                if s.get(key) != mine[key]:
+                    raise ValueError(
+                        f"{self.file.path}: the state was saved with {key}={s.get(key)!r}, this dataset has "
+                        f"{mine[key]!r}; the streams would differ and hidden state could not follow: resume with "
+                        "the same batch size, world size, steps, seed, shuffle and tail"
+                    )
+        kept = [s for s in accepted if s is not None]
+        if not kept:
+            self._resume = None
+        elif len(kept) == 1:
+            s = kept[0]
+            self._resume = {"step": int(s["next_step"]), "worker": s.get("worker"), "num_workers": s.get("num_workers")}
+        else:
+            self._resume = {"step": min(int(s["next_step"]) for s in kept), "worker": None, "num_workers": None}
+
+
+def _collate_cells(frames: list[Any], flat: np.ndarray, cells: int, lead: tuple[int, int]) -> Any:
+    """Frames (any structure) into leaves [B, steps, ...]: stacked where every frame's leaf has one shape.
+
+    Padding cells are zeros in stacked leaves and None in the nested lists of the others.
+    """
+    if not frames:
+        return None
+    tree, _ = flatten(frames[0])
+    columns = list(zip(*(flatten(f)[1] for f in frames)))
+    index = torch.from_numpy(flat)
+    leaves: list[Any] = []
+    for column in columns:
+        stacked: torch.Tensor | None = None
+        if all(isinstance(x, torch.Tensor) for x in column) and len({x.shape for x in column}) == 1:
+            stacked = torch.stack(column)
+        elif all(isinstance(x, (np.ndarray, np.generic, int, float, bool)) for x in column):
+            arrays = [np.asarray(x) for x in column]
+            if len({a.shape for a in arrays}) == 1 and arrays[0].dtype != object:
+                stacked = torch.from_numpy(np.stack(arrays))
+        if stacked is not None:
+            out = torch.zeros((cells, *stacked.shape[1:]), dtype=stacked.dtype)
+            out[index] = stacked
+            leaves.append(out.reshape(*lead, *stacked.shape[1:]))
+        else:
+            grid: list[Any] = [None] * cells
+            for i, value in zip(flat.tolist(), column):
+                grid[i] = value
+            leaves.append([grid[r * lead[1] : (r + 1) * lead[1]] for r in range(lead[0])])
+    return unflatten(tree, leaves)
