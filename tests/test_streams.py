@@ -229,3 +229,9 @@ def test_resume_through_stateful_dataloader(stream_set: str) -> None:
     again = StatefulDataLoader(StreamDataset(stream_set, B, steps=2, seed=4), batch_size=None, num_workers=2)
     again.load_state_dict(state)
     assert before + [b["sequence"].tolist() for b in again] == reference
+
+
+def test_a_batch_of_padding_only_keeps_its_shapes(stream_set: str) -> None:
+    ds = StreamDataset(stream_set, 40, steps=3, seed=1)  # more streams than sequences: some only pad
+    for batch in ds:
+        assert batch["data"]["x"].shape == (40, 3, 3) and batch["data"]["seq"].shape == (40, 3)

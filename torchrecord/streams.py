@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from torchrecord import _resume
+from torchrecord import _dtypes, _resume
 from torchrecord._kinds import as_tensor, split_columns
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
@@ -101,6 +101,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.batch_size, self.steps, self.shuffle, self.seed, self.tail = batch_size, steps, shuffle, seed, tail
         self.transform, self.verify = transform, verify
         self._explicit = (rank, world_size) if rank is not None else None
+        self._distributed = (0, 1)
+        self._world()
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._plan_cache: tuple[tuple[int, int], StreamPlan] | None = None
         self._resume: dict[str, Any] | None = None
@@ -117,11 +119,19 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         return int(self._epoch.item())
 
     def _world(self) -> tuple[int, int]:
+        """(rank, world size): given, or read from torch.distributed in the main process.
+
+        DataLoader workers do not see the process group, so they use what the
+        main process saw last (the dataset reaches them pickled).
+        """
         if self._explicit is not None:
             return self._explicit  # type: ignore[return-value]
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
+        if get_worker_info() is None:
+            if dist.is_available() and dist.is_initialized():
+                self._distributed = (dist.get_rank(), dist.get_world_size())
+            else:
+                self._distributed = (0, 1)
+        return self._distributed
 
     def plan(self) -> StreamPlan:
         """This epoch's streams over all ranks (a pure function of seed, epoch and world size)."""
@@ -235,8 +245,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
     def _read(self, samples: np.ndarray, layout: FixedLayout | None, t: int) -> list[Any]:
         """The stored samples ``samples`` (in that order) through the read layer: one run per cursor seek."""
-        if not len(samples):
-            return [np.zeros((0,))] * len(self.file.schema.fields) if layout is not None else []
+        if not len(samples):  # every cell of this batch is padding (this rank's streams have ended)
+            if layout is None:
+                return []
+            return [
+                np.zeros((0, *(int(d or 0) for d in f.shape)), _dtypes.by_name(f.dtype).numpy) for f in layout.fields
+            ]
         breaks = np.flatnonzero(np.diff(samples) != 1) + 1
         bounds = np.concatenate(([0], breaks, [len(samples)]))
         runs = tuple((int(samples[a]), int(samples[e - 1]) + 1) for a, e in itertools.pairwise(bounds))
