@@ -59,7 +59,8 @@ def test_all_is_sorted_and_complete(name: str) -> None:
 
 
 def test_top_level_exports() -> None:
-    for name in ("write_record", "RecordDataset", "RecordFile", "verify", "TorchRecordError", "__version__"):
+    names = ("write_record", "RecordWriter", "RecordDataset", "RecordFile", "verify", "TorchRecordError", "__version__")
+    for name in names:
         assert name in torchrecord.__all__
     assert isinstance(torchrecord.__version__, str) and torchrecord.__version__
 
