@@ -164,6 +164,19 @@ def test_map_style_with_two_workers(tmp_path: Path, shuffle: bool) -> None:
     assert [s["step"] for s in alone] == [s["step"] for s in rf]
 
 
+def test_numpy_keys_survive_worker_processes(tmp_path: Path) -> None:
+    """DataLoader workers turn NumPy scalars into tensors (hashed by identity): keys must be plain values."""
+    sizes = [1 + (g * 3) % 5 for g in range(100)]
+    rf = torchrecord.write_record(
+        Episodes(sizes),
+        tmp_path / "g.tr",
+        group_by=lambda s: (np.int64(s["episode"]), "run"),
+        num_workers=2,
+        progress=False,
+    )
+    assert_grouped(rf, sizes)
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("per_record", [1, 4])
 def test_record_writer_groups(tmp_path: Path, shuffle: bool, per_record: int) -> None:
