@@ -67,12 +67,15 @@ def test_all_is_sorted_and_complete(name: str) -> None:
 def test_top_level_exports() -> None:
     for name in (
         "write_record",
+        "RecordWriter",
         "RecordDataset",
         "RecordFile",
+        "StreamDataset",
         "verify",
         "TorchRecordError",
         "__version__",
         "load",
+        "loader_position",
         "BatchIter",
         "GroupBatchIter",
         "SampleList",

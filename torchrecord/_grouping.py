@@ -61,20 +61,31 @@ class FieldKey:
 
 
 class CallableKey:
-    """A user function's result as a group key (0-d tensors and arrays become Python scalars)."""
+    """A user function's result as a group key.
+
+    One-element tensors and arrays and NumPy scalars, also inside tuples, become
+    Python scalars: they compare by value, and DataLoader workers would turn NumPy
+    scalars into tensors, which hash by identity.
+    """
 
     def __init__(self, function: Callable[[Any], Any]) -> None:
         self.function = function
 
     def __call__(self, sample: Any) -> Hashable:
-        key = self.function(sample)
-        if isinstance(key, (torch.Tensor, np.ndarray, np.generic)):
-            return scalar_key(key, "group_by")
+        key = _plain(self.function(sample))
         try:
             hash(key)
         except TypeError:
             raise TypeError(f"group_by returned an unhashable {type(key).__name__}: {key!r}") from None
         return key  # type: ignore[no-any-return]
+
+
+def _plain(key: Any) -> Any:
+    if isinstance(key, (torch.Tensor, np.ndarray, np.generic)):
+        return scalar_key(key, "group_by")
+    if type(key) is tuple:
+        return tuple(_plain(k) for k in key)
+    return key
 
 
 _MISSING = object()

@@ -207,12 +207,17 @@ def read_in_order(
             num_workers=num_workers,
             multiprocessing_context=mp_context,
             prefetch_factor=4,
+            collate_fn=_as_is,  # the default turns tuples (group keys) into lists, NumPy scalars into tensors
         )
     for batch in batches:
         if isinstance(batch, Encoded):
             yield batch
         else:
             yield from batch
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
 
 
 def iterate_source(source: Iterable[Any], fast: bool = True, key: KeyFunction | None = None) -> Iterator[Item]:

@@ -255,10 +255,10 @@ class RecordWriter:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+        elif self._session is not None:  # not aborted inside the block
+            self.close()
 
     def __repr__(self) -> str:
         state = "published" if self.result is not None else "open" if self._session is not None else "aborted"
