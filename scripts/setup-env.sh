@@ -9,5 +9,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q torch==2.13.0
+python -m pip install -q --no-compile torch==2.13.0  # no up-front byte-compiling of all of torch
 python -m pip install -q -e '.[dev]'

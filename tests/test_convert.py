@@ -498,9 +498,12 @@ def test_optional_extras_are_imported_lazily_and_named_when_missing(tmp_path: Pa
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "checking images (check_images=True, the default) needs Pillow: pip install torchrecord-lmdb[images]",
-        "reading HDF5 files needs h5py: pip install torchrecord-lmdb[hdf5]",
-        "decode_image needs Pillow: pip install torchrecord-lmdb[images]",
+        "checking images (check_images=True, the default) needs Pillow: pip install 'pillow>=9'"
+        " (or, in a torchrecord checkout: pip install -e '.[images]')",
+        "reading HDF5 files needs h5py: pip install 'h5py>=3'"
+        " (or, in a torchrecord checkout: pip install -e '.[hdf5]')",
+        "decode_image needs Pillow: pip install 'pillow>=9'"
+        " (or, in a torchrecord checkout: pip install -e '.[images]')",
         "2",
     ]
 

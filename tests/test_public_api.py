@@ -13,7 +13,7 @@ import pytest
 import torchrecord
 import torchrecord.errors
 
-#: Generated code (protoc) keeps the layout its generator gives it.
+#: Generated code (scripts/gen_proto.py) keeps the layout its generator gives it.
 GENERATED = {"torchrecord._proto.torchrecord_pb2"}
 #: Importing these runs a program.
 NOT_IMPORTABLE = {"torchrecord.__main__"}

@@ -7,7 +7,7 @@ tensors as the samples leave it::
 
     ds = RecordDataset("train.tr", transform=decode_image, batch_size=64)
 
-It needs Pillow (``pip install torchrecord-lmdb[images]``). It is a module-level
+It needs Pillow (``pip install pillow``, or the ``images`` extra). It is a module-level
 function, so it pickles into spawn workers; ``functools.partial(decode_image,
 mode="L")`` does too.
 """
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrecord._extras import install_hint
 from torchrecord.errors import CorruptRecordError
 
 __all__ = ["decode_image"]
@@ -58,7 +59,7 @@ def _decode(data: Any, mode: str | None) -> torch.Tensor:
     try:
         from PIL import Image
     except ImportError as exc:
-        raise ImportError("decode_image needs Pillow: pip install torchrecord-lmdb[images]") from exc
+        raise ImportError(f"decode_image needs Pillow: {install_hint('images')}") from exc
     try:
         with Image.open(io.BytesIO(data)) as image:
             converted = image.convert(mode) if mode is not None and image.mode != mode else image

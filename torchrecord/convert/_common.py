@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from torchrecord import _dtypes
+from torchrecord._extras import install_hint
 from torchrecord.errors import SourceError
 from torchrecord.record_file import RecordFile
 from torchrecord.writer import write_record
@@ -36,7 +37,7 @@ def require(module: str, extra: str, purpose: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         package = {"PIL": "Pillow"}.get(module.split(".")[0], module)
-        raise ImportError(f"{purpose} needs {package}: pip install torchrecord-lmdb[{extra}]") from exc
+        raise ImportError(f"{purpose} needs {package}: {install_hint(extra)}") from exc
 
 
 def write(

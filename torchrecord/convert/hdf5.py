@@ -165,7 +165,7 @@ def from_hdf5(
         **kwargs: passed to :func:`torchrecord.write_record`.
 
     Raises:
-        ImportError: h5py is not installed (``pip install torchrecord-lmdb[hdf5]``).
+        ImportError: h5py is not installed (``pip install h5py``, or the ``hdf5`` extra).
         SourceError: the file is missing or not HDF5, a dataset is missing, scalar,
             of an unsupported dtype, or the datasets disagree in length.
     """

@@ -1,0 +1,22 @@
+"""Optional dependencies: the extra of setup.cfg that installs each, and the hint to give.
+
+torchrecord-lmdb is not on PyPI yet, so a hint names the package itself first (that
+works wherever torchrecord came from) and then the extra, for a checkout.
+tests/test_install.py checks this table against setup.cfg's ``extras_require``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXTRAS", "install_hint"]
+
+# extra name -> the requirement it installs (as in setup.cfg)
+EXTRAS: dict[str, str] = {
+    "hdf5": "h5py>=3",
+    "images": "pillow>=9",
+    "progress": "tqdm>=4.60",
+}
+
+
+def install_hint(extra: str) -> str:
+    """``pip install 'pillow>=9' (or, in a torchrecord checkout: pip install -e '.[images]')``."""
+    return f"pip install '{EXTRAS[extra]}' (or, in a torchrecord checkout: pip install -e '.[{extra}]')"
