@@ -79,6 +79,8 @@ def test_top_level_exports() -> None:
         "BatchIter",
         "GroupBatchIter",
         "SampleList",
+        "SequenceDataset",
+        "WindowDataset",
     ):
         assert name in torchrecord.__all__
     assert isinstance(torchrecord.__version__, str) and torchrecord.__version__

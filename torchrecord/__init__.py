@@ -12,6 +12,7 @@ from torchrecord.dataset import RecordDataset
 from torchrecord.errors import TorchRecordError
 from torchrecord.memory import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord.record_file import RecordFile
+from torchrecord.robomimic import SequenceDataset, WindowDataset
 from torchrecord.schema import Field, Schema
 from torchrecord.streams import StreamDataset
 from torchrecord.verify import VerifyReport, verify
@@ -26,9 +27,11 @@ __all__ = [
     "RecordWriter",
     "SampleList",
     "Schema",
+    "SequenceDataset",
     "StreamDataset",
     "TorchRecordError",
     "VerifyReport",
+    "WindowDataset",
     "__version__",
     "load",
     "loader_position",

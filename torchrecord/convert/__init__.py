@@ -9,12 +9,17 @@ list      text file of ``<path> <label>`` lines  ``{"image": bytes, "label": int
 npy       one ``.npy`` array                     its row ``array[i]``
 npz       ``.npz`` archive                       ``{name: array[i]}`` over its arrays
 hdf5      HDF5 file                              ``{name: dataset[i]}`` (groups nest dicts)
+robomimic robomimic HDF5 (``data/demo_N/...``)    one time step, demos as groups; see
+                                                :func:`from_robomimic`
 ========  ====================================  ==============================================
 
 Every converter returns the :class:`~torchrecord.RecordFile` it wrote and passes
 its other keyword arguments to :func:`torchrecord.write_record` (``shuffle``,
 ``seed``, ``num_workers``, ``on_error``, ``overwrite``, ``progress``, ``metadata``).
-The user metadata also records ``source_format``. Images are stored encoded; use
+The user metadata also records ``source_format``. robomimic files (detected
+before the generic HDF5 converter) keep robomimic's demo order: ``shuffle``,
+``seed``, ``num_workers`` and ``on_error`` do not apply to them (the windows are
+shuffled when read), and ``keys`` chooses their obs keys. Images are stored encoded; use
 ``RecordDataset(path, transform=torchrecord.transforms.decode_image)`` to decode
 them after shuffling. Pillow (``images`` extra) and h5py (``hdf5`` extra) are
 imported only when needed.
@@ -30,6 +35,7 @@ from torchrecord.convert._common import existing
 from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
 from torchrecord.convert.images import from_image_folder, from_list_file
+from torchrecord.convert.robomimic import from_robomimic, is_robomimic
 from torchrecord.errors import SourceError
 from torchrecord.record_file import RecordFile
 
@@ -42,6 +48,8 @@ __all__ = [
     "from_image_folder",
     "from_list_file",
     "from_numpy",
+    "from_robomimic",
+    "is_robomimic",
 ]
 
 #: The converter of each source format.
@@ -51,6 +59,7 @@ CONVERTERS: dict[str, Callable[..., RecordFile]] = {
     "npy": from_numpy,
     "npz": from_numpy,
     "hdf5": from_hdf5,
+    "robomimic": from_robomimic,
 }
 #: Format names accepted by :func:`convert` (besides ``"auto"``).
 FORMATS = tuple(CONVERTERS)
@@ -63,8 +72,9 @@ def detect_format(source: str | os.PathLike[str]) -> str:
     """Guess a source's format: a directory is ``folder``; files are told by content.
 
     NumPy and HDF5 files are recognized by their signature bytes (HDF5 also by
-    suffix); any other file without NUL bytes in its first 64 KiB is taken as a
-    ``list`` file. SourceError if the path is missing or the format is unclear.
+    suffix; one with robomimic's layout is ``robomimic``); any other file
+    without NUL bytes in its first 64 KiB is taken as a ``list`` file.
+    SourceError if the path is missing or the format is unclear.
     """
     path = os.fspath(source)
     if os.path.isdir(path):
@@ -77,7 +87,7 @@ def detect_format(source: str | os.PathLike[str]) -> str:
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return "npz"
     if any(head[at : at + 8] == _HDF5_MAGIC for at in (0, 512, 1024, 2048)) or path.endswith(_HDF5_SUFFIXES):
-        return "hdf5"
+        return "robomimic" if is_robomimic(path) else "hdf5"
     if head and b"\0" not in head:
         return "list"
     raise SourceError(f"{path}: cannot tell its format; choose one with format= (--format): {', '.join(FORMATS)}")
@@ -98,7 +108,7 @@ def convert(
         source: a folder, list file, ``.npy``/``.npz`` or HDF5 file.
         path: the record set to write.
         format: one of :data:`FORMATS`, or ``"auto"`` (:func:`detect_format`).
-        keys: arrays to convert (``npz`` and ``hdf5`` only).
+        keys: arrays to convert (``npz`` and ``hdf5``), obs keys (``robomimic``).
         check_images: decode each image while converting (``folder`` and ``list``
             only; see :func:`from_image_folder`).
         **kwargs: passed to :func:`torchrecord.write_record`.
@@ -107,6 +117,10 @@ def convert(
     if fmt not in CONVERTERS:
         raise ValueError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
     options: dict[str, Any] = {}
+    if fmt == "robomimic":
+        for name in ("shuffle", "seed", "num_workers", "on_error"):
+            kwargs.pop(name, None)
+        return from_robomimic(source, path, obs_keys=keys, **kwargs)
     if keys is not None:
         if fmt not in ("npz", "hdf5"):
             raise ValueError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
