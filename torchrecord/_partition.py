@@ -3,8 +3,9 @@
 An epoch's visiting order is built in three steps, each a pure function of
 (count, seed, epoch, world size, rank, number of workers, worker):
 
-1. the index range is cut into fixed-size blocks, and the blocks are put in a
-   seeded order (new every epoch): the coarse, global shuffle;
+1. the index range is cut into fixed-size blocks (for a sharded set, each
+   shard on its own, so no block straddles two shards), and the blocks are put
+   in a seeded order (new every epoch): the coarse, global shuffle;
 2. that virtual sequence (padded by wrapping around, or cut, so it divides
    evenly) is split into equal contiguous spans, one per rank;
 3. a rank's span is split among its DataLoader workers (on batch boundaries
@@ -16,10 +17,13 @@ mixes them further in a shuffle buffer.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 __all__ = [
     "auto_block_size",
+    "block_bounds",
     "block_order",
     "rank_span",
     "reader_runs",
@@ -36,13 +40,31 @@ def auto_block_size(count: int) -> int:
     return int(min(4096, max(16, count // 256)))
 
 
-def block_order(count: int, block_size: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The start index of every block, in the order this epoch visits them."""
-    starts = np.arange(0, count, block_size, dtype=np.int64)
+def block_bounds(count: int, block_size: int, bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(start, stop) of every block in index order; blocks restart at each shard bound.
+
+    ``bounds`` are the shard offsets ``[0, c0, c0 + c1, ..., count]`` of a sharded
+    set (None: one shard).
+    """
+    if bounds is None or len(bounds) <= 2:
+        starts = np.arange(0, count, block_size, dtype=np.int64)
+        return starts, np.minimum(starts + block_size, count)
+    pieces = [np.arange(lo, hi, block_size, dtype=np.int64) for lo, hi in itertools.pairwise(bounds)]
+    starts = np.concatenate(pieces)
+    shard_end = np.asarray(bounds[1:], dtype=np.int64)[np.searchsorted(bounds[1:], starts, side="right")]
+    return starts, np.minimum(starts + block_size, shard_end)
+
+
+def block_order(
+    count: int, block_size: int, seed: int, epoch: int, shuffle: bool, bounds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(start, stop) of every block, in the order this epoch visits them."""
+    starts, stops = block_bounds(count, block_size, bounds)
     if shuffle:
         rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x626C6F63]))
-        starts = starts[rng.permutation(len(starts))]
-    return starts
+        order = rng.permutation(len(starts))
+        starts, stops = starts[order], stops[order]
+    return starts, stops
 
 
 def samples_per_rank(count: int, world_size: int, drop_last: bool) -> int:
@@ -87,13 +109,14 @@ def reader_runs(
     num_workers: int = 1,
     drop_last: bool = False,
     batch_size: int | None = None,
+    bounds: np.ndarray | None = None,
 ) -> list[Run]:
-    """The runs [start, stop) of record indices one reader visits, in order."""
+    """The runs [start, stop) of sample indices one reader visits, in order (``bounds``: see block_bounds)."""
     if count <= 0:
         return []
     span = worker_span(rank_span(count, rank, world_size, drop_last), worker, num_workers, batch_size)
-    starts = block_order(count, block_size, seed, epoch, shuffle)
-    lengths = np.minimum(starts + block_size, count) - starts
+    starts, stops = block_order(count, block_size, seed, epoch, shuffle, bounds)
+    lengths = stops - starts
     ends = np.cumsum(lengths)  # virtual position where each visited block ends
     runs: list[Run] = []
     lo, hi = span
