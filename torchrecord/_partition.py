@@ -23,8 +23,8 @@ import numpy as np
 
 __all__ = [
     "auto_block_size",
-    "block_bounds",
     "block_order",
+    "block_stops",
     "rank_span",
     "reader_runs",
     "reader_seed",
@@ -40,31 +40,31 @@ def auto_block_size(count: int) -> int:
     return int(min(4096, max(16, count // 256)))
 
 
-def block_bounds(count: int, block_size: int, bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(start, stop) of every block in index order; blocks restart at each shard bound.
+def block_order(
+    count: int, block_size: int, seed: int, epoch: int, shuffle: bool, bounds: np.ndarray | None = None
+) -> np.ndarray:
+    """The start index of every block, in the order this epoch visits them.
 
     ``bounds`` are the shard offsets ``[0, c0, c0 + c1, ..., count]`` of a sharded
-    set (None: one shard).
+    set: blocks then restart at each shard, so none straddles two (None: one shard).
     """
     if bounds is None or len(bounds) <= 2:
         starts = np.arange(0, count, block_size, dtype=np.int64)
-        return starts, np.minimum(starts + block_size, count)
-    pieces = [np.arange(lo, hi, block_size, dtype=np.int64) for lo, hi in itertools.pairwise(bounds)]
-    starts = np.concatenate(pieces)
-    shard_end = np.asarray(bounds[1:], dtype=np.int64)[np.searchsorted(bounds[1:], starts, side="right")]
-    return starts, np.minimum(starts + block_size, shard_end)
-
-
-def block_order(
-    count: int, block_size: int, seed: int, epoch: int, shuffle: bool, bounds: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(start, stop) of every block, in the order this epoch visits them."""
-    starts, stops = block_bounds(count, block_size, bounds)
+    else:
+        pieces = [np.arange(lo, hi, block_size, dtype=np.int64) for lo, hi in itertools.pairwise(bounds)]
+        starts = np.concatenate(pieces)
     if shuffle:
         rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x626C6F63]))
-        order = rng.permutation(len(starts))
-        starts, stops = starts[order], stops[order]
-    return starts, stops
+        starts = starts[rng.permutation(len(starts))]
+    return starts
+
+
+def block_stops(starts: np.ndarray, count: int, block_size: int, bounds: np.ndarray | None = None) -> np.ndarray:
+    """The end of each block starting at ``starts``: a block ends at ``block_size``, its shard's end or ``count``."""
+    if bounds is None or len(bounds) <= 2:
+        return np.minimum(starts + block_size, count)
+    ends = np.asarray(bounds[1:], dtype=np.int64)
+    return np.minimum(starts + block_size, ends[np.searchsorted(ends, starts, side="right")])
 
 
 def samples_per_rank(count: int, world_size: int, drop_last: bool) -> int:
@@ -115,8 +115,8 @@ def reader_runs(
     if count <= 0:
         return []
     span = worker_span(rank_span(count, rank, world_size, drop_last), worker, num_workers, batch_size)
-    starts, stops = block_order(count, block_size, seed, epoch, shuffle, bounds)
-    lengths = stops - starts
+    starts = block_order(count, block_size, seed, epoch, shuffle, bounds)
+    lengths = block_stops(starts, count, block_size, bounds) - starts
     ends = np.cumsum(lengths)  # virtual position where each visited block ends
     runs: list[Run] = []
     lo, hi = span

@@ -246,7 +246,7 @@ def remaining_runs(
         return []
     count, block = int(position["count"]), int(position["block_size"])
     seed, epoch, shuffle = int(position["seed"]), int(position["epoch"]), bool(position["shuffle"])
-    starts, _ = _partition.block_order(count, block, seed, epoch, shuffle, bounds)
+    starts = _partition.block_order(count, block, seed, epoch, shuffle, bounds)
     by_start = np.argsort(starts)  # the k-th block in index order is visited at position by_start[k]
     block_of = np.searchsorted(starts[by_start], rest, side="right") - 1
     rest = rest[np.lexsort((rest, by_start[block_of]))]

@@ -9,6 +9,8 @@ from typing import Any
 import lmdb
 
 from torchrecord import _format
+from torchrecord._manifest import file_digest
+from torchrecord._sharded import ShardedSet
 from torchrecord._walk import PIECE, Walk, check_crc
 from torchrecord.errors import CorruptRecordError, TorchRecordError
 from torchrecord.record_file import RecordFile
@@ -67,6 +69,8 @@ def verify(
     bad page does not hide the rest.
     """
     rf = RecordFile(path)
+    if isinstance(rf, ShardedSet):
+        return _verify_shards(rf, progress, max_errors)
     env, records_db = rf.environment()
     count = rf.num_records
     crc_db = rf.crc_db
@@ -95,6 +99,25 @@ def verify(
         _check_extra(env, records_db, count, present, report, max_errors)
     finally:
         bar.close()
+    return report
+
+
+def _verify_shards(sharded: ShardedSet, progress: bool | None, max_errors: int) -> VerifyReport:
+    """verify each shard; record indices run on over the shards, and each file must match its SHA-256."""
+    report = VerifyReport(sharded.path)
+    base = 0
+    for s, entry in enumerate(sharded.manifest["shards"]):
+        shard = sharded.shard(s)
+        sub = verify(shard.path, progress=progress, max_errors=max_errors)
+        report.records += sub.records
+        for index, message in sub.errors:
+            report._fail(base + index, message, max_errors)
+        report.bad += sub.bad - len(sub.errors)
+        if sub.ok and file_digest(shard.path) != (entry["sha256"], entry["bytes"]):
+            message = f"{shard.path}: the file's SHA-256 or size differs from the manifest's; copy it again"
+            report._fail(base, message, max_errors)
+        base += sub.records
+        sharded.release(s)
     return report
 
 
