@@ -62,9 +62,12 @@ def block_order(
 def block_stops(starts: np.ndarray, count: int, block_size: int, bounds: np.ndarray | None = None) -> np.ndarray:
     """The end of each block starting at ``starts``: a block ends at ``block_size``, its shard's end or ``count``."""
     if bounds is None or len(bounds) <= 2:
-        return np.minimum(starts + block_size, count)
-    ends = np.asarray(bounds[1:], dtype=np.int64)
-    return np.minimum(starts + block_size, ends[np.searchsorted(ends, starts, side="right")])
+        limit: np.ndarray | int = count
+    else:
+        ends = np.asarray(bounds[1:], dtype=np.int64)
+        limit = ends[np.searchsorted(ends, starts, side="right")]
+    stops: np.ndarray = np.minimum(starts + block_size, limit)
+    return stops
 
 
 def samples_per_rank(count: int, world_size: int, drop_last: bool) -> int:
