@@ -344,3 +344,57 @@ def test_load_and_verify_a_sharded_set(tmp_path: Path) -> None:
     report = torchrecord.verify(directory)
     assert not report.ok and report.first_bad == 51 + 3
     assert "shard-00002-of-00004.tr" in str(report.first_error)
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+def test_cli_convert_shards_then_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_convert import make_image_folder
+    from torchrecord.cli import main
+
+    make_image_folder(tmp_path / "src", {"cat": 3, "dog": 4})
+    single = tmp_path / "one.tr"
+    assert main(["convert", str(tmp_path / "src"), str(single), "--seed", "3"]) == 0
+    folder = tmp_path / "shards"
+    for i in range(3):
+        assert main(["convert", str(tmp_path / "src"), str(folder), "--shards", "3", "--shard", str(i), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("wrote ") == 4 and "the sharded set is finalized" in out
+    for i in range(3):  # the seed applies to the global permutation
+        assert main(["convert", str(tmp_path / "src"), str(folder / "s3"), "--shards", "3", "--shard", str(i),
+                     "--seed", "3", "-q"]) == 0  # fmt: skip
+    assert [s["label"] for s in RecordFile(folder / "s3")] == [s["label"] for s in RecordFile(single)]
+    capsys.readouterr()
+    assert main(["info", str(folder), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["count"] == 7 and info["shards"] == 3 and info["set_id"] == RecordFile(folder).set_id
+    assert info["size_bytes"] == sum(os.path.getsize(folder / n) for n in os.listdir(folder) if n.endswith(".tr"))
+    assert main(["info", str(folder / "manifest.json")]) == 0
+    assert "shards:       3 (a sharded set" in capsys.readouterr().out
+    assert main(["head", str(folder), "-n", "2", "--index", "-2"]) == 0
+    assert capsys.readouterr().out.count("sample ") == 2
+    assert main(["verify", str(folder), "-q"]) == 0
+    assert "OK, 7 records checked" in capsys.readouterr().out
+    assert main(["bench", str(folder), "--workers", "0", "--epochs", "1", "--batch-size", "2", "-q"]) == 0
+    assert "samples/s" in capsys.readouterr().out
+    assert main(["convert", str(tmp_path / "src"), str(folder), "--shards", "3"]) == 1
+    assert "give both --shards N and --shard I" in capsys.readouterr().err
+    os.remove(folder / "shard-00001-of-00003.tr")
+    assert main(["info", str(folder)]) == 0  # the manifest describes the set
+    capsys.readouterr()
+    assert main(["head", str(folder), "--index", "3", "-n", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "shard-00001-of-00003.tr: no record set here" in err and "Traceback" not in err
+
+
+def test_cli_convert_array_stream_in_shards(tmp_path: Path) -> None:
+    from torchrecord.cli import main
+
+    src = tmp_path / "rows.npz"
+    np.savez_compressed(src, x=np.arange(50, dtype=np.int64))  # compressed: read as a stream in order
+    for i in range(2):
+        assert main(["convert", str(src), str(tmp_path / "sh"), "--shards", "2", "--shard", str(i), "-q"]) == 0
+    rf = RecordFile(tmp_path / "sh")
+    assert sorted(int(s["x"]) for s in rf) == list(range(50))
+    assert [len(rf.shard(i)) for i in range(2)] == [25, 25]

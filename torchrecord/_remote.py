@@ -26,7 +26,7 @@ from typing import Any
 from torchrecord._manifest import MANIFEST_NAME, file_digest
 from torchrecord.errors import ChecksumError, FetchError
 
-__all__ = ["ATTEMPTS", "TIMEOUT", "ShardCache", "fetch_manifest", "is_url"]
+__all__ = ["AHEAD", "ATTEMPTS", "ShardCache", "TIMEOUT", "fetch_manifest", "is_url"]
 
 #: Downloads of one shard whose checksum does not match, before giving up.
 ATTEMPTS = 3

@@ -52,7 +52,11 @@ class VerifyReport:
 
 
 def verify(
-    path: str | os.PathLike[str], *, progress: bool | None = None, max_errors: int = 20
+    path: str | os.PathLike[str],
+    *,
+    progress: bool | None = None,
+    max_errors: int = 20,
+    cache_dir: str | None = None,
 ) -> VerifyReport:
     """Check every record of a record set: present, checksum matches, reads back per the schema.
 
@@ -60,6 +64,11 @@ def verify(
         path: the record set.
         progress: show a tqdm bar (None: only on a terminal).
         max_errors: how many (index, message) pairs the report keeps.
+        cache_dir: where a remote sharded set's shards are fetched to.
+
+    A sharded set is verified shard by shard (record indices run on over the
+    shards, messages name the shard's file), and each shard file's SHA-256 is
+    checked against the manifest.
 
     Opening problems (missing file, not a record set, newer version, truncated file)
     raise; per-record problems are counted in the report, which names the first bad
@@ -68,7 +77,7 @@ def verify(
     checked again record by record with keyed gets in fresh transactions, so one
     bad page does not hide the rest.
     """
-    rf = RecordFile(path)
+    rf = RecordFile(path, cache_dir=cache_dir)
     if isinstance(rf, ShardedSet):
         return _verify_shards(rf, progress, max_errors)
     env, records_db = rf.environment()
