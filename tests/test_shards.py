@@ -238,10 +238,11 @@ def test_blocks_never_straddle_a_shard() -> None:
 
 
 @pytest.mark.parametrize(
-    ("world", "workers", "batch", "drop_last"), [(1, 2, None, False), (2, 2, 8, False), (3, 2, None, True)]
+    ("world", "workers", "batch", "drop_last", "start"),
+    [(1, 2, None, False, "fork"), (2, 2, 8, False, "fork"), (3, 2, None, True, "fork"), (2, 1, 4, True, "spawn")],
 )
 def test_exactly_once_over_ranks_and_workers(
-    tmp_path: Path, world: int, workers: int, batch: Any, drop_last: bool
+    tmp_path: Path, world: int, workers: int, batch: Any, drop_last: bool, start: str
 ) -> None:
     directory = _sharded(tmp_path)
     seen: list[int] = []
@@ -251,13 +252,16 @@ def test_exactly_once_over_ranks_and_workers(
             directory, rank=rank, world_size=world, batch_size=batch, drop_last=drop_last, shuffle_buffer=16, seed=1
         )
         ds.set_epoch(1)
-        items = list(DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork"))
+        items = list(DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=start))
         assert len(items) == len(ds)
         lengths.append(len(items))
         labels = [int(x) for _, ys in items for x in ys] if batch else [int(y) for _, y in items]
         seen.extend(labels)
     assert len(set(lengths)) == 1, "every rank yields the same number"
-    if drop_last:
+    if drop_last and batch:
+        assert len(seen) == len(lengths) * lengths[0] * batch
+        assert len(set(seen)) == len(seen)
+    elif drop_last:
         assert_exactly_once(seen, COUNT, drop=COUNT - COUNT // world * world)
     else:
         assert_exactly_once(seen, COUNT, pad=-(-COUNT // world) * world - COUNT)

@@ -217,16 +217,15 @@ class _ShardWalks:
         self.set, self.verify, self.buffers = file, verify, buffers
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
         self.records_read = 0
-        self.last: dict[int, int] = {}  # shard -> the last window that needs it
-        order: list[int] = []
-        for i, pieces in enumerate(plan):
+        self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
+        order: list[int] = []  # the shards in the order they are needed (a remote set fetches ahead)
+        for pieces in plan:
             for s, _, _ in pieces:
-                self.last[s] = i
                 if not order or order[-1] != s:
                     order.append(s)
         prefetch = getattr(file, "prefetch", None)
         if prefetch is not None:
-            prefetch(list(dict.fromkeys(order)))
+            prefetch(order)
 
     def walk(self, s: int) -> Walk:
         """The open walk over shard ``s`` (opening, and for a remote set fetching, it first)."""
@@ -247,8 +246,15 @@ class _ShardWalks:
         return len(self.file(s))
 
     def done(self, i: int) -> None:
-        """Window ``i`` is fully handed out: close the shards no later window needs."""
-        for s in [s for s in self._walks if self.last.get(s, -1) <= i and self.set.num_shards > 1]:
+        """Window ``i`` is fully handed out: close the shards the next window does not need.
+
+        A closed shard of a remote set may be evicted from the cache (and is
+        fetched again if a later window needs it); one file is never closed.
+        """
+        if self.set.num_shards == 1:
+            return
+        following = self.plan[i + 1] if i + 1 < len(self.plan) else set()
+        for s in [s for s in self._walks if s not in following]:
             self._close(s)
 
     def _close(self, s: int) -> None:

@@ -63,8 +63,7 @@ def fetch_manifest(url: str) -> tuple[str, str]:
     where = url if url.endswith(".json") else url.rstrip("/") + "/" + MANIFEST_NAME
     fs, path = _filesystem(where)
     try:
-        with fs.open(path, "rb") as f:
-            data = f.read()
+        data = fs.cat_file(path)
     except FileNotFoundError:
         raise FetchError(f"{where}: no manifest there (finalize the set, or check the URL)") from None
     except Exception as exc:  # fsspec back ends raise many kinds
@@ -102,7 +101,7 @@ class ShardCache:
         """The local path of shard ``s``, fetched and checked first if the cache lacks it."""
         with self._cond:
             self.in_use.add(s)
-            if s in self._plan[self._next :]:
+            with contextlib.suppress(ValueError):  # s is needed now: the plan goes on from there
                 self._next = self._plan.index(s, self._next)
             self._cond.notify_all()
             error = self._errors.pop(s, None)
@@ -111,7 +110,10 @@ class ShardCache:
         return self._fetch(s)
 
     def plan(self, shards: Sequence[int]) -> None:
-        """The shards this process reads next, in order; a background thread fetches ahead."""
+        """The shards this process reads next, in the order it needs them (a shard may come back).
+
+        A background thread fetches the next AHEAD of them; eviction spares them.
+        """
         with self._cond:
             self._plan, self._next = list(shards), 0
             self._cond.notify_all()
