@@ -150,7 +150,7 @@ def test_killed_writer_is_named_at_finalize_and_a_retry_completes_the_set(tmp_pa
     with pytest.raises(IncompleteRecordSetError, match=r"shard 2 \(shard-00002-of-00004.tr\) is missing") as err:
         finalize_shards(directory)
     assert f"pid {proc.pid}" in str(err.value) and "1 of 4 shards missing" in str(err.value)
-    with pytest.raises(torchrecord.errors.RecordNotFoundError, match="finalize_shards"):
+    with pytest.raises(torchrecord.errors.NotARecordSetError, match="never finalized; run torchrecord.finalize"):
         RecordFile(directory).manifest  # noqa: B018
     _write(directory, 2)  # the retried task: finalizes as the last writer, and clears the dead temporary
     assert not any(".tmp-" in name for name in os.listdir(directory))
@@ -402,3 +402,33 @@ def test_cli_convert_array_stream_in_shards(tmp_path: Path) -> None:
     rf = RecordFile(tmp_path / "sh")
     assert sorted(int(s["x"]) for s in rf) == list(range(50))
     assert [len(rf.shard(i)) for i in range(2)] == [25, 25]
+
+
+def test_manifest_checks(tmp_path: Path) -> None:
+    directory = _sharded(tmp_path)
+    manifest_path = Path(directory, "manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+
+    def opened(changed: dict[str, Any]) -> int:
+        manifest_path.write_text(json.dumps({**manifest, **changed}))
+        return len(RecordFile(directory))
+
+    assert opened({"a_later_key": [1, 2]}) == COUNT  # unknown keys are ignored
+    with pytest.raises(torchrecord.errors.VersionError, match="manifest version 2 .* Upgrade torchrecord"):
+        opened({"manifest_version": 2})
+    with pytest.raises(torchrecord.errors.FormatError, match="not the sum of its shards"):
+        opened({"count": COUNT + 1})
+    with pytest.raises(torchrecord.errors.FormatError, match="bad name"):
+        opened({"shards": [{**manifest["shards"][0], "name": "../x.tr"}, *manifest["shards"][1:]]})
+    with pytest.raises(torchrecord.errors.NotARecordSetError, match="not a torchrecord sharded-set manifest"):
+        opened({"format": "something else"})
+    manifest_path.write_text("{not json")
+    with pytest.raises(torchrecord.errors.FormatError, match="not valid JSON"):
+        len(RecordFile(directory))
+    manifest_path.write_text(json.dumps(manifest))
+    # a shard rewritten after finalizing (another set_id) is refused by readers until finalized again
+    write_record([IndexedImages(COUNT)[i] for i in range(26)],
+                 os.path.join(directory, "shard-00001-of-00004.tr"), overwrite=True, progress=False)  # fmt: skip
+    with pytest.raises(torchrecord.errors.FormatError, match="rewritten after the set was finalized"):
+        RecordFile(directory)[30]
+    assert RecordFile(directory)[3] is not None  # the other shards still read

@@ -21,7 +21,7 @@ import numpy as np
 
 from torchrecord import _manifest
 from torchrecord._remote import ShardCache, fetch_manifest, is_url
-from torchrecord.errors import FormatError, RecordNotFoundError
+from torchrecord.errors import FormatError, NotARecordSetError, RecordNotFoundError, TorchRecordError
 from torchrecord.record_file import RecordFile
 from torchrecord.schema import Schema
 
@@ -73,8 +73,7 @@ class ShardedSet(RecordFile):
                 if os.path.isdir(where):
                     where = os.path.join(where, _manifest.MANIFEST_NAME)
                 if not os.path.exists(where):
-                    hint = " (run torchrecord.finalize_shards on it)" if os.path.isdir(self.path) else ""
-                    raise RecordNotFoundError(f"{self.path}: no sharded set here: {where} does not exist{hint}")
+                    raise _not_a_set(self.path, where)
                 with open(where, encoding="utf-8") as f:
                     text = f.read()
             self._manifest = _manifest.check_manifest(_manifest.parse_json(text, where), where)
@@ -242,3 +241,18 @@ class ShardedSet(RecordFile):
         self.__init__(state["path"], cache_dir=state["cache_dir"], cache_limit=state["cache_limit"])  # type: ignore[misc]
         self._manifest = state["m"]
 
+
+
+def _not_a_set(path: str, manifest: str) -> TorchRecordError:
+    """The error for a folder (or manifest path) without a manifest."""
+    if not os.path.isdir(path):
+        return RecordNotFoundError(f"{path}: no sharded-set manifest here; check the path")
+    if any(_manifest.parse_shard_name(name) for name in os.listdir(path)):
+        return NotARecordSetError(
+            f"{path}: is a directory of shards without {_manifest.MANIFEST_NAME}: the set was never finalized; "
+            "run torchrecord.finalize_shards on it (it names any missing shard)"
+        )
+    return NotARecordSetError(
+        f"{path}: is a directory, not a record set: a record set is a single file written by write_record, "
+        f"a sharded set a directory with {_manifest.MANIFEST_NAME} (write_shard, finalize_shards)"
+    )
