@@ -150,7 +150,7 @@ def test_killed_writer_is_named_at_finalize_and_a_retry_completes_the_set(tmp_pa
     with pytest.raises(IncompleteRecordSetError, match=r"shard 2 \(shard-00002-of-00004.tr\) is missing") as err:
         finalize_shards(directory)
     assert f"pid {proc.pid}" in str(err.value) and "1 of 4 shards missing" in str(err.value)
-    with pytest.raises(torchrecord.errors.NotARecordSetError, match="never finalized; run torchrecord.finalize"):
+    with pytest.raises(torchrecord.errors.NotARecordSetError, match=r"never finalized; run torchrecord\.finalize"):
         RecordFile(directory).manifest  # noqa: B018
     _write(directory, 2)  # the retried task: finalizes as the last writer, and clears the dead temporary
     assert not any(".tmp-" in name for name in os.listdir(directory))
@@ -414,7 +414,7 @@ def test_manifest_checks(tmp_path: Path) -> None:
         return len(RecordFile(directory))
 
     assert opened({"a_later_key": [1, 2]}) == COUNT  # unknown keys are ignored
-    with pytest.raises(torchrecord.errors.VersionError, match="manifest version 2 .* Upgrade torchrecord"):
+    with pytest.raises(torchrecord.errors.VersionError, match=r"manifest version 2 .* Upgrade torchrecord"):
         opened({"manifest_version": 2})
     with pytest.raises(torchrecord.errors.FormatError, match="not the sum of its shards"):
         opened({"count": COUNT + 1})
