@@ -215,6 +215,7 @@ class _ShardWalks:
 
     def __init__(self, file: RecordFile, plan: Sequence[Sequence[LocalRun]], *, verify: bool, buffers: bool) -> None:
         self.set, self.verify, self.buffers = file, verify, buffers
+        self.counts = np.diff(file.shard_offsets).tolist()
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
         self.records_read = 0
         self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
@@ -243,7 +244,8 @@ class _ShardWalks:
         return self._walks[s][0]
 
     def count(self, s: int) -> int:
-        return len(self.file(s))
+        """Samples in shard ``s``."""
+        return int(self.counts[s])
 
     def done(self, i: int) -> None:
         """Window ``i`` is fully handed out: close the shards the next window does not need.
