@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ratio = read_four / read_one
     verdict = "within 5%" if abs(1 - ratio) <= 0.05 else "not within 5%"
-    print(f"\nread, one file: {read_one:,.0f} samples/s; 4 shards: {read_four:,.0f} samples/s ({ratio:.3f}x, {verdict})")
+    print(f"\nread, one file: {read_one:,.0f} samples/s; 4 shards: {read_four:,.0f} samples/s", end="")
+    print(f" ({ratio:.3f}x, {verdict})")
 
     remote = bench_remote(sharded, data.batch_size, root / "cache")
     print()
