@@ -197,3 +197,21 @@ def test_a_missing_manifest_url_is_a_clear_error(served: tuple[_Server, str], tm
     server, _ = served
     with pytest.raises(FetchError, match="no manifest there"):
         len(RecordFile(server.url + "/nothing", cache_dir=str(tmp_path / "cache")))
+
+
+def test_dataloader_workers_and_load_read_a_remote_set(served: tuple[_Server, str], tmp_path: Path) -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+    import torchrecord
+
+    server, url = served
+    cache = str(tmp_path / "cache")
+    ds = RecordDataset(url, batch_size=8, shuffle_buffer=16, cache_dir=cache)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    assert sorted(_labels(loader)) == list(range(COUNT))
+    assert all(n == 1 for name, n in server.gets.items() if name.endswith(".tr")), "the workers share the cache"
+    images, labels = torchrecord.load(RecordFile(url, cache_dir=cache))
+    local_images, local_labels = torchrecord.load(tmp_path / "www" / "set")
+    assert torch.equal(labels, local_labels) and torch.equal(images, local_images)
+    assert torchrecord.verify(url, cache_dir=cache).ok

@@ -41,6 +41,7 @@ MANIFEST_FORMAT = "torchrecord-shards"
 #: Bump on any change a reader of the previous version would misread.
 MANIFEST_VERSION = 1
 
+_SET_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")  # it names a cache folder: nothing else
 _SHARD = re.compile(r"^shard-(\d{5,})-of-(\d{5,})\.tr$")
 _DIGEST_CHUNK = 8 << 20
 
@@ -181,8 +182,8 @@ def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
     per_record = manifest.get("samples_per_record", 1)
     if not isinstance(per_record, int) or per_record < 1:
         raise FormatError(f"{where}: the manifest's samples_per_record {per_record!r} is not >= 1")
-    if not isinstance(manifest.get("set_id"), str) or not manifest["set_id"]:
-        raise FormatError(f"{where}: the manifest has no set_id")
+    if not isinstance(manifest.get("set_id"), str) or not _SET_ID.match(manifest["set_id"]):
+        raise FormatError(f"{where}: the manifest has no valid set_id (letters, digits, '-' and '_')")
     if manifest.get("schema") is not None:
         check_schema(manifest["schema"], where)
     elif total:

@@ -161,10 +161,10 @@ class ShardedSet(RecordFile):
         if rf is None:
             entry = self.manifest["shards"][s]
             if is_url(self.path):
-                local = self._remote().fetch(s)
+                rf = self._fetched(s)
             else:
-                local = os.path.join(self._base(), entry["name"])
-            rf = RecordFile(local)
+                rf = RecordFile(os.path.join(self._base(), entry["name"]))
+            local = rf.path
             if rf.set_id != entry["set_id"] or len(rf) != entry["count"]:
                 raise FormatError(
                     f"{local}: shard {s} is not the file the manifest lists (set_id {rf.set_id}, {len(rf)} samples; "
@@ -172,6 +172,17 @@ class ShardedSet(RecordFile):
                     "finalized; run torchrecord.finalize_shards again"
                 )
             self._files[s] = rf
+        return rf
+
+    def _fetched(self, s: int) -> RecordFile:
+        """Shard ``s`` of a remote set, fetched into the cache and opened."""
+        cache = self._remote()
+        try:
+            rf = RecordFile(cache.fetch(s))
+            len(rf)  # open it now: its mapping outlives an eviction by another process
+        except RecordNotFoundError:  # evicted by another reader between the fetch and the open
+            rf = RecordFile(cache.fetch(s))
+            len(rf)
         return rf
 
     def prefetch(self, plan: Sequence[int]) -> None:
