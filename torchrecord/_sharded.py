@@ -242,7 +242,12 @@ class ShardedSet(RecordFile):
         raise IndexError(f"group index {g} out of range for {self.path}: a sharded set has no groups")
 
     def close(self) -> None:
+        """Forget the opened shards (they open again on next use)."""
         self._files = {}
+
+    def __enter__(self) -> ShardedSet:
+        self.manifest  # noqa: B018  (read and checked now)
+        return self
 
     def __getstate__(self) -> dict[str, Any]:
         # the manifest travels with the set, so every worker reads the same snapshot of it
