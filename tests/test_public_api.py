@@ -38,6 +38,8 @@ def test_modules_are_found() -> None:
         "torchrecord._partition",
         "torchrecord.errors",
         "torchrecord.memory",
+        "torchrecord.shards",
+        "torchrecord._sharded",
     ):
         assert name in MODULES
 
@@ -81,6 +83,9 @@ def test_top_level_exports() -> None:
         "SampleList",
         "SequenceDataset",
         "WindowDataset",
+        "ShardedSet",
+        "finalize_shards",
+        "write_shard",
     ):
         assert name in torchrecord.__all__
     assert isinstance(torchrecord.__version__, str) and torchrecord.__version__

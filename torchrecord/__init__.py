@@ -1,12 +1,14 @@
 """torchrecord: pre-shuffled TensorProtos records in LMDB, read fast by PyTorch.
 
 Write once with :func:`write_record` (or push samples into a
-:class:`RecordWriter`), read in a DataLoader with :class:`RecordDataset`, or
+:class:`RecordWriter`, or write shards in parallel with :func:`write_shard` and
+:func:`finalize_shards`), read in a DataLoader with :class:`RecordDataset`, or
 randomly with :class:`RecordFile`; for data that fits in memory, :func:`load` it
 and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
 
 from torchrecord._resume import loader_position
+from torchrecord._sharded import ShardedSet
 from torchrecord._version import __version__
 from torchrecord.dataset import RecordDataset
 from torchrecord.errors import TorchRecordError
@@ -14,6 +16,7 @@ from torchrecord.memory import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord.record_file import RecordFile
 from torchrecord.robomimic import SequenceDataset, WindowDataset
 from torchrecord.schema import Field, Schema
+from torchrecord.shards import finalize_shards, write_shard
 from torchrecord.streams import StreamDataset
 from torchrecord.verify import VerifyReport, verify
 from torchrecord.writer import RecordWriter, write_record
@@ -28,13 +31,16 @@ __all__ = [
     "SampleList",
     "Schema",
     "SequenceDataset",
+    "ShardedSet",
     "StreamDataset",
     "TorchRecordError",
     "VerifyReport",
     "WindowDataset",
     "__version__",
+    "finalize_shards",
     "load",
     "loader_position",
     "verify",
     "write_record",
+    "write_shard",
 ]

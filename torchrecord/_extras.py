@@ -7,7 +7,7 @@ tests/test_install.py checks this table against setup.cfg's ``extras_require``.
 
 from __future__ import annotations
 
-__all__ = ["EXTRAS", "install_hint"]
+__all__ = ["EXTRAS", "REMOTE_HINT", "install_hint"]
 
 # extra name -> the requirement it installs (as in setup.cfg)
 EXTRAS: dict[str, str] = {
@@ -20,3 +20,6 @@ EXTRAS: dict[str, str] = {
 def install_hint(extra: str) -> str:
     """``pip install 'pillow>=9' (or, in a torchrecord checkout: pip install -e '.[images]')``."""
     return f"pip install '{EXTRAS[extra]}' (or, in a torchrecord checkout: pip install -e '.[{extra}]')"
+
+#: The ``remote`` extra installs two packages, so its hint is spelled out.
+REMOTE_HINT = "pip install 'fsspec>=2023.1' 'aiohttp>=3.8' (or, in a torchrecord checkout: pip install -e '.[remote]')"

@@ -64,33 +64,38 @@ class FixedWindow:
         return out
 
 
+#: One piece of a window: (the walk of its shard, samples in that shard, start, stop) in shard indices.
+Piece = tuple[Walk, int, int, int]
+
+
 class FixedWindowReader:
-    """Reads windows of a fixed-layout set through one walk, recycling window buffers.
+    """Reads windows of a fixed-layout set through its shards' walks, recycling window buffers.
 
     Args:
-        walk: an open walk (``buffers=True``) over the set's records.
         layout: the set's fixed layout.
-        count: samples in the set (to recognise the short final chunk).
         capacity: samples a window holds at most (sizes the first buffer).
     """
 
-    def __init__(self, walk: Walk, layout: FixedLayout, count: int, capacity: int) -> None:
-        self.walk, self.layout, self.count = walk, layout, count
-        self.path = walk.path
+    def __init__(self, layout: FixedLayout, capacity: int) -> None:
+        self.layout = layout
         self.joined = layout.length < JOIN_LIMIT
         k = layout.rows
         self._capacity = (-(-capacity // k) + 2) * layout.length if self.joined else 0
         self._recycled: list[tuple[np.ndarray, weakref.ref[FixedWindow]]] = []
 
-    def read(self, runs: Sequence[Run]) -> tuple[FixedWindow, np.ndarray, np.ndarray]:
-        """The window holding sample runs ``runs``, with each sample's (record row, row) in run order."""
-        build = _WindowBuilder(self.layout, self._buffer(), self.count, self.path)
+    def read(self, pieces: Sequence[Piece]) -> tuple[FixedWindow, np.ndarray, np.ndarray]:
+        """The window holding ``pieces`` (sample runs of shards), with each sample's (record row, row) in order.
+
+        Each piece's walk is open (``buffers=True``) over its shard's records; the
+        shard's sample count recognises its short final chunk.
+        """
+        build = _WindowBuilder(self.layout, self._buffer())
         k = self.layout.rows
         recs: list[np.ndarray] = []
         rows: list[np.ndarray] = []
-        for start, stop in runs:
+        for walk, count, start, stop in pieces:
             first, last = start // k, (stop - 1) // k + 1
-            row0 = build.add(first, self.walk.records(first, last))
+            row0 = build.add(first, walk.records(first, last), count, walk.path)
             samples = np.arange(start, stop, dtype=np.int64)
             recs.append(samples // k - first + row0)
             rows.append(samples % k)
@@ -113,30 +118,30 @@ class _WindowBuilder:
 
     Short records are copied one by one into a preallocated buffer (one copy out
     of the map, no per-record objects kept alive); long ones are kept as views.
-    A record of the wrong length, the short final chunk, or one whose header
-    bytes differ from the template is replaced by its checked canonical encoding.
+    A record of the wrong length, the short final chunk of a shard, or one whose
+    header bytes differ from the template is replaced by its checked canonical
+    encoding.
     """
 
-    def __init__(self, layout: FixedLayout, buffer: np.ndarray, count: int, path: str) -> None:
-        self.layout, self.count, self.path = layout, count, path
+    def __init__(self, layout: FixedLayout, buffer: np.ndarray) -> None:
+        self.layout = layout
         self.joined = layout.length < JOIN_LIMIT
         self.buffer = buffer
         self.views: list[Any] = []
-        self.records: list[int] = []  # first record index of each piece
-        self.pieces: list[int] = []  # record count of each piece
+        #: per piece: (first row, first record index, record count, samples in its shard, its file)
+        self.pieces: list[tuple[int, int, int, int, str]] = []
         self.held = 0  # records held
         self.odd: dict[int, Any] = {}  # row -> original value of a record of the wrong length
 
-    def add(self, first: int, values: list[Any]) -> int:
-        """Append the values of records first, first+1, ...; returns the row of the first one."""
+    def add(self, first: int, values: list[Any], count: int, path: str) -> int:
+        """Append the values of records first, first+1, ... of a shard; returns the row of the first one."""
         row0 = self.held
         n = len(values)
         if self.joined:
             self._copy_in(values, row0)
         else:
             self.views.extend(values)
-        self.records.append(first)
-        self.pieces.append(n)
+        self.pieces.append((row0, first, n, count, path))
         self.held += n
         return row0
 
@@ -156,19 +161,20 @@ class _WindowBuilder:
                 self.odd[row0 + i] = bytes(value)
             pos += length
 
-    def record_index(self, row: int) -> int:
-        for first, n in zip(self.records, self.pieces):
-            if row < n:
-                return first + row
-            row -= n
+    def _piece_of(self, row: int) -> tuple[int, int, str]:
+        """(record index, samples in its shard, its file) of the record held at ``row``."""
+        for row0, first, n, count, path in self.pieces:
+            if row0 <= row < row0 + n:
+                return first + row - row0, count, path
         raise IndexError(row)
 
     def finish(self) -> FixedWindow:
         layout, k = self.layout, self.layout.rows
-        partial = self.count // k if self.count % k else -1  # the short final chunk, if any
         suspects = set(self.odd)
-        if partial >= 0:
-            suspects.update(r for r in range(self.held) if self.record_index(r) == partial)
+        for row0, first, n, count, _ in self.pieces:
+            partial = count // k if count % k else -1  # the shard's short final chunk, if any
+            if first <= partial < first + n:
+                suspects.add(row0 + partial - first)
         if self.joined:
             joined = np.frombuffer(self.buffer, np.uint8, count=self.held * layout.length)
             joined = joined.reshape(self.held, layout.length)
@@ -188,7 +194,7 @@ class _WindowBuilder:
         return FixedWindow(layout, None, views, self.buffer)
 
     def _canonical(self, row: int, value: Any) -> bytes:
-        record = self.record_index(row)
-        rows = min(self.layout.rows, self.count - record * self.layout.rows)
+        record, count, path = self._piece_of(row)
+        rows = min(self.layout.rows, count - record * self.layout.rows)
         data = value.tobytes() if isinstance(value, np.ndarray) else value
-        return self.layout.canonical(data, record, rows, f"{self.path}: record {record}")
+        return self.layout.canonical(data, record, rows, f"{path}: record {record}")

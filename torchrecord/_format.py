@@ -39,6 +39,7 @@ __all__ = [
     "META_KEY",
     "RECORDS_DB",
     "check_metadata",
+    "check_schema",
     "decode_key",
     "encode_key",
     "lmdb_errors",
@@ -255,7 +256,7 @@ def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
         if count:
             raise FormatError(f"{path}: metadata has {count} samples but no schema; {_REWRITE}")
     else:
-        _check_schema(schema, path)
+        check_schema(schema, path)
     return meta
 
 
@@ -271,7 +272,7 @@ def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_schema(schema: Any, path: str) -> None:
+def check_schema(schema: Any, path: str) -> None:
     """A FormatError unless ``schema`` is a tree plus one valid field per leaf."""
     if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
         raise FormatError(f"{path}: the schema in the metadata is malformed; {_REWRITE}")

@@ -34,14 +34,14 @@ Subset = slice | range | Sequence[int] | np.ndarray | torch.Tensor
 
 
 def load_columns(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | RecordFile,
     *,
     fields: str | Sequence[str] | None,
     subset: Subset | None,
     device: str | torch.device,
 ) -> Any:
     """The chosen fields and rows of the set at ``path`` as columns (see :func:`torchrecord.load`)."""
-    record_file = RecordFile(path)
+    record_file = path if isinstance(path, RecordFile) else RecordFile(path)
     schema = record_file.schema
     count = len(record_file)
     if not schema.fields:
@@ -52,13 +52,13 @@ def load_columns(
     target = torch.device(device)
     columns = [_allocate(schema.fields[i], size, target) for i in keep]
     if size:
-        columns = _fill(columns, keep, rows, record_file.path, schema, count, target)
+        columns = _fill(columns, keep, rows, record_file, schema, count, target)
     tree = _prune(schema.tree, set(keep), iter(range(len(schema.fields))))
     assert tree is not None
     return unflatten(tree, columns)
 
 
-def _read_chunks(path: str, schema: Schema, chunk: int) -> Iterator[list[Any]]:
+def _read_chunks(path: str | RecordFile, schema: Schema, chunk: int) -> Iterator[list[Any]]:
     """The record set in stored order, ``chunk`` samples at a time, as columns in schema field order.
 
     The one place where :func:`load` reads. It uses batch-mode RecordDataset
@@ -73,7 +73,7 @@ def _fill(
     columns: list[Any],
     keep: list[int],
     rows: np.ndarray | None,
-    path: str,
+    record_file: RecordFile,
     schema: Schema,
     count: int,
     device: torch.device,
@@ -88,7 +88,8 @@ def _fill(
         wanted = rows[order]
         last = int(wanted[-1])
     start = 0
-    for chunk in _read_chunks(path, schema, _chunk_size(schema, count)):
+    path = record_file.path
+    for chunk in _read_chunks(record_file, schema, _chunk_size(schema, count)):
         stop = start + len(chunk[0])
         if rows is None and start == 0 and stop == count:
             return [_adopt(out, chunk[i], device) for out, i in zip(columns, keep)]

@@ -3,8 +3,9 @@
 An epoch's visiting order is built in three steps, each a pure function of
 (count, seed, epoch, world size, rank, number of workers, worker):
 
-1. the index range is cut into fixed-size blocks, and the blocks are put in a
-   seeded order (new every epoch): the coarse, global shuffle;
+1. the index range is cut into fixed-size blocks (for a sharded set, each
+   shard on its own, so no block straddles two shards), and the blocks are put
+   in a seeded order (new every epoch): the coarse, global shuffle;
 2. that virtual sequence (padded by wrapping around, or cut, so it divides
    evenly) is split into equal contiguous spans, one per rank;
 3. a rank's span is split among its DataLoader workers (on batch boundaries
@@ -16,11 +17,14 @@ mixes them further in a shuffle buffer.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 __all__ = [
     "auto_block_size",
     "block_order",
+    "block_stops",
     "rank_span",
     "reader_runs",
     "reader_seed",
@@ -36,13 +40,34 @@ def auto_block_size(count: int) -> int:
     return int(min(4096, max(16, count // 256)))
 
 
-def block_order(count: int, block_size: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The start index of every block, in the order this epoch visits them."""
-    starts = np.arange(0, count, block_size, dtype=np.int64)
+def block_order(
+    count: int, block_size: int, seed: int, epoch: int, shuffle: bool, bounds: np.ndarray | None = None
+) -> np.ndarray:
+    """The start index of every block, in the order this epoch visits them.
+
+    ``bounds`` are the shard offsets ``[0, c0, c0 + c1, ..., count]`` of a sharded
+    set: blocks then restart at each shard, so none straddles two (None: one shard).
+    """
+    if bounds is None or len(bounds) <= 2:
+        starts = np.arange(0, count, block_size, dtype=np.int64)
+    else:
+        pieces = [np.arange(lo, hi, block_size, dtype=np.int64) for lo, hi in itertools.pairwise(bounds)]
+        starts = np.concatenate(pieces)
     if shuffle:
         rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x626C6F63]))
         starts = starts[rng.permutation(len(starts))]
     return starts
+
+
+def block_stops(starts: np.ndarray, count: int, block_size: int, bounds: np.ndarray | None = None) -> np.ndarray:
+    """The end of each block starting at ``starts``: a block ends at ``block_size``, its shard's end or ``count``."""
+    if bounds is None or len(bounds) <= 2:
+        limit: np.ndarray | int = count
+    else:
+        ends = np.asarray(bounds[1:], dtype=np.int64)
+        limit = ends[np.searchsorted(ends, starts, side="right")]
+    stops: np.ndarray = np.minimum(starts + block_size, limit)
+    return stops
 
 
 def samples_per_rank(count: int, world_size: int, drop_last: bool) -> int:
@@ -87,13 +112,14 @@ def reader_runs(
     num_workers: int = 1,
     drop_last: bool = False,
     batch_size: int | None = None,
+    bounds: np.ndarray | None = None,
 ) -> list[Run]:
-    """The runs [start, stop) of record indices one reader visits, in order."""
+    """The runs [start, stop) of sample indices one reader visits, in order (``bounds``: see block_bounds)."""
     if count <= 0:
         return []
     span = worker_span(rank_span(count, rank, world_size, drop_last), worker, num_workers, batch_size)
-    starts = block_order(count, block_size, seed, epoch, shuffle)
-    lengths = np.minimum(starts + block_size, count) - starts
+    starts = block_order(count, block_size, seed, epoch, shuffle, bounds)
+    lengths = block_stops(starts, count, block_size, bounds) - starts
     ends = np.cumsum(lengths)  # virtual position where each visited block ends
     runs: list[Run] = []
     lo, hi = span

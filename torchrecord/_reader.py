@@ -16,6 +16,7 @@ Two decoding paths give the same samples in the same order:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +30,11 @@ from torchrecord._layout import FixedLayout
 from torchrecord._walk import Walk, record_runs
 from torchrecord.record_file import RecordFile
 
-__all__ = ["Share", "ShareReader"]
+__all__ = ["LocalRun", "Share", "ShareReader", "split_runs"]
 
 Run = tuple[int, int]
+#: (shard, start, stop): a run of sample indices inside one shard
+LocalRun = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class ShareReader:
 
     def __init__(self, file: RecordFile, share: Share, *, layout: FixedLayout | None, verify: bool = False) -> None:
         self.file, self.share, self.layout, self.verify = file, share, layout, verify
+        self.offsets = file.shard_offsets
         self.records_read = 0
 
     @property
@@ -87,50 +91,55 @@ class ShareReader:
     def chunks(self, size: int, start: int = 0) -> Iterator[list[Any]]:
         """Consecutive chunks of ``size`` samples from position ``start`` (the last may be short).
 
-        Only the windows at or after ``start``'s are read.
+        Only the windows at or after ``start``'s are read, and only the shards
+        they need are opened (a sharded set's shard is closed after the last
+        window that needs it).
         """
         share = self.share
         total = share.total
         if start >= total:
             return
-        env, db = self.file.environment()
-        crc_db = self.file.crc_db if self.verify else None
+        first_window = start // share.window
+        window = share.window
+        plan = [
+            split_runs(_order.slice_runs(share.runs, j * window, min(total, (j + 1) * window)), self.offsets)
+            for j in range(first_window, -(-total // window))
+        ]
         # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make
         buffers = self.layout is not None and self.layout.length >= JOIN_LIMIT
-        with Walk(env, db, self.file.path, crc_db=crc_db, buffers=buffers) as walk:
-            try:
-                windows = self._fixed_windows(walk) if self.layout is not None else self._generic_windows(walk)
-                pending: list[_Taken] = []
-                held = 0
-                first_window = start // share.window
-                skip = start - first_window * share.window
-                for j in range(first_window, -(-total // share.window)):
-                    lo, hi = j * share.window, min(total, (j + 1) * share.window)
-                    taker = windows(j, _order.slice_runs(share.runs, lo, hi))
-                    if skip:
-                        taker.offset, skip = skip, 0
-                    while taker.remaining:
-                        n = min(size - held, taker.remaining)
-                        pending.append(taker.take(n))
-                        held += n
-                        if held == size:
-                            yield self._join(pending)
-                            pending, held = [], 0
-                if pending:
-                    yield self._join(pending)
-            finally:
-                self.records_read += walk.records_read
+        walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
+        try:
+            windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
+            pending: list[_Taken] = []
+            held = 0
+            skip = start - first_window * share.window
+            for i, pieces in enumerate(plan):
+                taker = windows(first_window + i, pieces)
+                if skip:
+                    taker.offset, skip = skip, 0
+                while taker.remaining:
+                    n = min(size - held, taker.remaining)
+                    pending.append(taker.take(n))
+                    held += n
+                    if held == size:
+                        yield self._join(pending)
+                        pending, held = [], 0
+                walks.done(i)
+            if pending:
+                yield self._join(pending)
+        finally:
+            self.records_read += walks.close()
 
     # -- the two paths --------------------------------------------------------
-    def _fixed_windows(self, walk: Walk) -> Any:
+    def _fixed_windows(self, walks: _ShardWalks) -> Any:
         layout = self.layout
         assert layout is not None
-        reader = FixedWindowReader(walk, layout, len(self.file), self.share.window)
+        reader = FixedWindowReader(layout, self.share.window)
         shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in layout.fields]
         path = self.file.path
 
-        def window(j: int, runs: Sequence[Run]) -> _Taken:
-            win, rec, row = reader.read(runs)
+        def window(j: int, pieces: Sequence[LocalRun]) -> _Taken:
+            win, rec, row = reader.read([(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces])
             order = self.share.order(j, len(rec))
             if order is not None:
                 rec, row = rec[order], row[order]
@@ -145,31 +154,30 @@ class ShareReader:
 
         return window
 
-    def _generic_windows(self, walk: Walk) -> Any:
-        file = self.file
-        k = file.samples_per_record
+    def _generic_windows(self, walks: _ShardWalks) -> Any:
+        k = self.file.samples_per_record
 
-        def window(j: int, runs: Sequence[Run]) -> _Taken:
-            if k == 1:
-                items: list[tuple[int, Any]] = []
-                for first, values in walk.pieces(record_runs(runs, 1)):
-                    items.extend(zip(range(first, first + len(values)), values))
-            else:
-                items = []
-                for start, stop in runs:
-                    for first, values in walk.pieces(record_runs([(start, stop)], k)):
-                        for record, value in zip(range(first, first + len(values)), values):
-                            for i, sample in enumerate(file.decode_record(value, record)):
-                                if start <= record * k + i < stop:
-                                    items.append((-1, sample))
+        def window(j: int, pieces: Sequence[LocalRun]) -> _Taken:
+            items: list[tuple[RecordFile, int, Any]] = []
+            for s, start, stop in pieces:
+                walk, file = walks.walk(s), walks.file(s)
+                if k == 1:
+                    for first, values in walk.pieces(record_runs([(start, stop)], 1)):
+                        items.extend(zip([file] * len(values), range(first, first + len(values)), values))
+                    continue
+                for first, values in walk.pieces(record_runs([(start, stop)], k)):
+                    for record, value in zip(range(first, first + len(values)), values):
+                        for i, sample in enumerate(file.decode_record(value, record)):
+                            if start <= record * k + i < stop:
+                                items.append((file, -1, sample))
             order = self.share.order(j, len(items))
             if order is not None:
                 items = [items[i] for i in order.tolist()]
 
             def decode(sel: slice) -> list[Any]:
                 if k == 1:
-                    return [file.decode(value, index) for index, value in items[sel]]
-                return [sample for _, sample in items[sel]]
+                    return [file.decode(value, index) for file, index, value in items[sel]]
+                return [sample for _, _, sample in items[sel]]
 
             return _Taken(len(items), decode)
 
@@ -181,6 +189,89 @@ class ShareReader:
         if self.layout is not None:
             return [np.concatenate(column) for column in zip(*parts)]
         return [sample for part in parts for sample in part]
+
+
+def split_runs(runs: Sequence[Run], offsets: np.ndarray) -> list[LocalRun]:
+    """Runs of global sample indices as (shard, start, stop) in shard indices, cut at shard bounds."""
+    out: list[LocalRun] = []
+    bounds = offsets.tolist()
+    for a, b in runs:
+        while a < b:
+            s = bisect.bisect_right(bounds, a) - 1
+            e = min(b, bounds[s + 1])
+            out.append((s, a - bounds[s], e - bounds[s]))
+            a = e
+    return out
+
+
+class _ShardWalks:
+    """The open walks of one reader, one per shard, opened on first use and closed after their last window.
+
+    Args:
+        file: the set (a RecordFile: one shard; a ShardedSet: several).
+        plan: the (shard, start, stop) pieces of each window the reader reads, in order.
+        verify, buffers: as for :class:`~torchrecord._walk.Walk`.
+    """
+
+    def __init__(self, file: RecordFile, plan: Sequence[Sequence[LocalRun]], *, verify: bool, buffers: bool) -> None:
+        self.set, self.verify, self.buffers = file, verify, buffers
+        self.counts = np.diff(file.shard_offsets).tolist()
+        self._walks: dict[int, tuple[RecordFile, Walk]] = {}
+        self.records_read = 0
+        self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
+        order: list[int] = []  # the shards in the order they are needed (a remote set fetches ahead)
+        for pieces in plan:
+            for s, _, _ in pieces:
+                if not order or order[-1] != s:
+                    order.append(s)
+        prefetch = getattr(file, "prefetch", None)
+        if prefetch is not None:
+            prefetch(order)
+
+    def walk(self, s: int) -> Walk:
+        """The open walk over shard ``s`` (opening, and for a remote set fetching, it first)."""
+        held = self._walks.get(s)
+        if held is None:
+            file = self.set.shard(s)
+            env, db = file.environment()
+            crc_db = file.crc_db if self.verify else None
+            walk = Walk(env, db, file.path, crc_db=crc_db, buffers=self.buffers).__enter__()
+            held = self._walks[s] = (file, walk)
+        return held[1]
+
+    def file(self, s: int) -> RecordFile:
+        self.walk(s)
+        return self._walks[s][0]
+
+    def count(self, s: int) -> int:
+        """Samples in shard ``s``."""
+        return int(self.counts[s])
+
+    def done(self, i: int) -> None:
+        """Window ``i`` is fully handed out: close the shards the next window does not need.
+
+        A closed shard of a remote set may be evicted from the cache (and is
+        fetched again if a later window needs it); one file is never closed.
+        """
+        if self.set.num_shards == 1:
+            return
+        following = self.plan[i + 1] if i + 1 < len(self.plan) else set()
+        for s in [s for s in self._walks if s not in following]:
+            self._close(s)
+
+    def _close(self, s: int) -> None:
+        _, walk = self._walks.pop(s)
+        self.records_read += walk.records_read
+        walk.close()
+        release = getattr(self.set, "release", None)
+        if release is not None:
+            release(s)
+
+    def close(self) -> int:
+        """Close every walk; returns the records read through them all."""
+        for s in list(self._walks):
+            self._close(s)
+        return self.records_read
 
 
 class _Taken:

@@ -167,7 +167,9 @@ def find_states(
             yield from find_states(value, kinds, depth + 1)
 
 
-def _share_runs(plan: Mapping[str, Any], epoch: int, rank: int, worker: int) -> list[Run]:
+def _share_runs(
+    plan: Mapping[str, Any], epoch: int, rank: int, worker: int, bounds: np.ndarray | None
+) -> list[Run]:
     return _partition.reader_runs(
         int(plan["count"]),
         block_size=int(plan["block_size"]),
@@ -180,6 +182,7 @@ def _share_runs(plan: Mapping[str, Any], epoch: int, rank: int, worker: int) -> 
         num_workers=int(plan["num_workers"]),
         drop_last=bool(plan["drop_last"]),
         batch_size=plan["batch_size"],
+        bounds=bounds,
     )
 
 
@@ -189,17 +192,20 @@ def _samples_of(runs: Sequence[Run]) -> np.ndarray:
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
 
 
-def consumed_samples(position: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def consumed_samples(
+    position: Mapping[str, Any], bounds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(every sample the position's epoch visits, the samples already yielded), as index arrays.
 
-    Pure: rebuilt from the order functions, nothing is read.
+    Pure: rebuilt from the order functions, nothing is read. ``bounds``: the
+    shard offsets of a sharded set (its blocks restart at each shard).
     """
     epoch, window = int(position["epoch"]), int(position["window"])
     batch = position["batch_size"]
     planned: list[np.ndarray] = []
     done: list[np.ndarray] = []
     for rank, worker, items in position["yielded"]:
-        seq = _samples_of(_share_runs(position, epoch, rank, worker))
+        seq = _samples_of(_share_runs(position, epoch, rank, worker, bounds))
         planned.append(seq)
         n = min(len(seq), items * batch if batch else items)
         full = n // window * window
@@ -226,6 +232,7 @@ def remaining_runs(
     num_workers: int,
     batch_size: int | None,
     drop_last: bool,
+    bounds: np.ndarray | None = None,
 ) -> list[Run]:
     """One new reader's runs of the rest of the position's epoch (every sample once over all new readers).
 
@@ -233,16 +240,16 @@ def remaining_runs(
     ranks (padded by wrapping, or cut with ``drop_last``) and then over each
     rank's workers, like a fresh epoch.
     """
-    planned, done = consumed_samples(position)
+    planned, done = consumed_samples(position, bounds)
     rest = np.setdiff1d(planned, done, assume_unique=True)
     if len(rest) == 0:
         return []
     count, block = int(position["count"]), int(position["block_size"])
     seed, epoch, shuffle = int(position["seed"]), int(position["epoch"]), bool(position["shuffle"])
-    starts = _partition.block_order(count, block, seed, epoch, shuffle)
-    visit = np.empty(len(starts), np.int64)
-    visit[np.argsort(starts)] = np.arange(len(starts))
-    rest = rest[np.lexsort((rest, visit[rest // block]))]
+    starts = _partition.block_order(count, block, seed, epoch, shuffle, bounds)
+    by_start = np.argsort(starts)  # the k-th block in index order is visited at position by_start[k]
+    block_of = np.searchsorted(starts[by_start], rest, side="right") - 1
+    rest = rest[np.lexsort((rest, by_start[block_of]))]
     lo, hi = _partition.worker_span(
         _partition.rank_span(len(rest), rank, world_size, drop_last), worker, num_workers, batch_size
     )

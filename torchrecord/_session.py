@@ -83,13 +83,22 @@ class WriteSession:
         settings: the write's options.
         spool: park the samples and write them in a seeded permuted order at close.
         source: how errors name where samples come from.
+        extra: more metadata keys (a shard's place in its sharded set).
     """
 
     def __init__(
-        self, target: str, overwrite: bool, settings: WriteSettings, *, spool: bool, source: str = "the source"
+        self,
+        target: str,
+        overwrite: bool,
+        settings: WriteSettings,
+        *,
+        spool: bool,
+        source: str = "the source",
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.target = target
         self.settings = settings
+        self.extra = dict(extra or {})
         chunk = settings.samples_per_record
         #: the group key of a sample, or None for an ungrouped set
         self.key: KeyFunction | None = key_function(settings.group_by) if settings.group_by is not None else None
@@ -156,8 +165,12 @@ class WriteSession:
         self._bar.update(1)
 
     # -- ending ------------------------------------------------------------------------
-    def close(self) -> RecordFile:
-        """Write the spooled samples in their final order, the metadata, and publish."""
+    def close(self, before_publish: Callable[[str], None] | None = None) -> RecordFile:
+        """Write the spooled samples in their final order, the metadata, and publish.
+
+        ``before_publish`` is called with the finished, closed temporary file just
+        before it is renamed over the target (a shard writer takes its checksum there).
+        """
         if self._bar is not None:
             self._bar.close()
         offsets = None
@@ -169,6 +182,8 @@ class WriteSession:
         extra = {GROUPS_KEY: pack_offsets(offsets)} if offsets is not None else None
         self.appender.finish(_format.pack_metadata(self._metadata(offsets)), extra)
         self.appender.close()
+        if before_publish is not None:
+            before_publish(self.publisher.temp)
         self.publisher.publish()
         return RecordFile(self.target)
 
@@ -229,5 +244,6 @@ class WriteSession:
         if offsets is not None:
             meta["groups"] = len(offsets) - 1
             meta["group_by"] = describe(s.group_by)  # type: ignore[arg-type]
+        meta.update(self.extra)
         meta["complete"] = True
         return meta

@@ -29,6 +29,7 @@ _USER_ERRORS = (TorchRecordError, OSError, ValueError, ImportError)
 _EPILOG = """examples:
   torchrecord convert data/train train.tr --workers 4   # class-per-folder images
   torchrecord convert arrays.npz train.tr --keys x,y
+  torchrecord convert data/train shards/ --shards 8 --shard 3   # one writer of a sharded set
   torchrecord info train.tr
   torchrecord head train.tr -n 3
   torchrecord verify train.tr
@@ -102,6 +103,15 @@ def _add_quiet(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_PATH_HELP = "a record set, or a sharded set: its folder, manifest.json, or the manifest's URL"
+
+
+def _add_cache(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-dir", metavar="DIR", help="where a remote sharded set's shards are fetched to (default: a temp dir)"
+    )
+
+
 def _progress(args: argparse.Namespace) -> bool | None:
     return False if args.quiet else None  # None: a bar on a terminal only
 
@@ -142,7 +152,7 @@ def _add_convert(commands: Any) -> None:
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("source", metavar="SOURCE", help="image folder, list file, .npy, .npz or HDF5 file")
-    p.add_argument("path", metavar="PATH", help="the record set to create (a single file)")
+    p.add_argument("path", metavar="PATH", help="the record set to create (a single file; a folder with --shards)")
     p.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source format (default: auto)")
     p.add_argument(
         "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="pre-shuffle the samples (default: on)"
@@ -169,12 +179,25 @@ def _add_convert(commands: Any) -> None:
         action="store_false",
         help="images: check file signatures only, do not decode each image (faster; no Pillow needed)",
     )
+    p.add_argument(
+        "--shards",
+        type=_positive,
+        metavar="N",
+        help="write one shard of a sharded set of N shards in the folder PATH (with --shard); the last "
+        "writer to finish publishes the set's manifest",
+    )
+    p.add_argument("--shard", type=_non_negative, metavar="I", help="which shard to write, 0 .. N-1 (with --shards)")
     _add_quiet(p)
 
 
 def _convert(args: argparse.Namespace) -> int:
     from torchrecord.convert import convert
 
+    if (args.shards is None) != (args.shard is None):
+        raise ValueError("give both --shards N and --shard I, or neither")
+    if args.shards is not None and args.shard >= args.shards:
+        raise ValueError(f"--shard {args.shard} is not in [0, {args.shards})")
+    sharding = {"shard": args.shard, "num_shards": args.shards} if args.shards is not None else {}
     started = time.perf_counter()
     try:
         rf = convert(
@@ -189,6 +212,7 @@ def _convert(args: argparse.Namespace) -> int:
             on_error="skip" if args.skip_bad else "raise",
             overwrite=args.overwrite,
             progress=_progress(args),
+            **sharding,
         )
     except RecordExistsError as exc:
         if os.path.isdir(args.path):
@@ -201,6 +225,8 @@ def _convert(args: argparse.Namespace) -> int:
         f"{order}, {meta.get('skipped', 0)} skipped, {_size(os.path.getsize(rf.path))}, "
         f"{time.perf_counter() - started:.1f} s"
     )
+    if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):
+        print(f"{args.path}: every shard is written; the sharded set is finalized")
     return 0
 
 
@@ -217,14 +243,15 @@ def _add_info(commands: Any) -> None:
         "variable), size on disk, format and writer versions, shuffle seed, creation time and "
         "user metadata.",
     )
-    p.add_argument("path", metavar="PATH", help="a record set")
+    p.add_argument("path", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object (the count is under 'count')")
+    _add_cache(p)
 
 
-def _describe_set(path: str) -> dict[str, Any]:
+def _describe_set(path: str, cache_dir: str | None = None) -> dict[str, Any]:
     from torchrecord.record_file import RecordFile
 
-    rf = RecordFile(path)
+    rf = RecordFile(path, cache_dir=cache_dir)
     meta = rf.metadata
     fields = [
         {"name": f.name, "kind": f.kind, "dtype": f.dtype, "shape": list(f.shape), "fixed": f.is_fixed}
@@ -236,7 +263,9 @@ def _describe_set(path: str) -> dict[str, Any]:
         "records": int(meta.get("records", len(rf))),
         "samples_per_record": int(meta.get("samples_per_record", 1)),
         "fields": fields,
-        "size_bytes": os.path.getsize(rf.path),
+        "size_bytes": rf.size_bytes,
+        "shards": rf.num_shards,
+        "set_id": rf.set_id,
         "format_version": meta.get("format_version"),
         "library_version": meta.get("library_version"),
         "shuffled": meta.get("shuffled"),
@@ -262,7 +291,7 @@ def _field_shape(f: dict[str, Any]) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    d = _describe_set(args.path)
+    d = _describe_set(args.path, args.cache_dir)
     if args.json:
         print(json.dumps(d, default=_jsonable, sort_keys=True))
         return 0
@@ -270,6 +299,7 @@ def _info(args: argparse.Namespace) -> int:
     rows = [
         ("path", d["path"]),
         ("samples", f"{d['count']}{per_record}" + (f" ({d['skipped']} skipped at write)" if d["skipped"] else "")),
+        ("shards", f"{d['shards']} (a sharded set: one manifest, one record-set file per shard)"),
         ("size on disk", f"{_size(d['size_bytes'])} ({d['size_bytes']} bytes)"),
         ("format", f"version {d['format_version']}, written by torchrecord {d['library_version']}"),
         ("order", f"shuffled with seed {d['seed']}" if d["shuffled"] else f"source order (seed {d['seed']})"),
@@ -277,7 +307,8 @@ def _info(args: argparse.Namespace) -> int:
         ("checksums", d["checksum"] or "none"),
     ]
     for label, value in rows:
-        print(f"{label + ':':<14}{value}")
+        if label != "shards" or d["shards"] > 1:
+            print(f"{label + ':':<14}{value}")
     print("fields:")
     width = max([len(f["name"]) for f in d["fields"]] + [4])
     for f in d["fields"]:
@@ -300,9 +331,10 @@ def _add_head(commands: Any) -> None:
         "Show N samples from index I in stored (shuffled) order: for each field its kind, "
         "dtype, shape and a short preview of its values.",
     )
-    p.add_argument("path", metavar="PATH", help="a record set")
+    p.add_argument("path", metavar="PATH", help=_PATH_HELP)
     p.add_argument("-n", type=_positive, default=5, metavar="N", help="how many samples (default: 5)")
     p.add_argument("--index", type=int, default=0, metavar="I", help="first sample index; negative counts from the end")
+    _add_cache(p)
 
 
 def _preview(leaf: Any) -> str:
@@ -326,7 +358,7 @@ def _preview(leaf: Any) -> str:
 def _head(args: argparse.Namespace) -> int:
     from torchrecord.record_file import RecordFile
 
-    rf = RecordFile(args.path)
+    rf = RecordFile(args.path, cache_dir=args.cache_dir)
     n = len(rf)
     start = args.index + n if args.index < 0 else args.index
     if not 0 <= start < n:
@@ -352,14 +384,15 @@ def _add_verify(commands: Any) -> None:
         "Read every record of PATH, check its CRC-32 and decode it against the schema. "
         "Exits 1 naming the first bad record if any is bad.",
     )
-    p.add_argument("path", metavar="PATH", help="a record set")
+    p.add_argument("path", metavar="PATH", help=_PATH_HELP)
     _add_quiet(p)
+    _add_cache(p)
 
 
 def _verify(args: argparse.Namespace) -> int:
     from torchrecord.verify import verify
 
-    report = verify(args.path, progress=_progress(args))
+    report = verify(args.path, progress=_progress(args), cache_dir=args.cache_dir)
     if report.ok:
         print(f"{report.path}: OK, {report.records} records checked, none bad")
         return 0
@@ -387,12 +420,13 @@ def _add_bench(commands: Any) -> None:
         "DataLoader(batch_size=None, num_workers=N) and report samples/s and MB/s of the "
         "record file (median over epochs; the first epoch includes starting the workers).",
     )
-    p.add_argument("path", metavar="PATH", help="a record set")
+    p.add_argument("path", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--workers", type=_non_negative, default=2, metavar="N", help="DataLoader workers (default: 2)")
     p.add_argument("--batch-size", type=_positive, default=64, metavar="B", help="samples per batch (default: 64)")
     p.add_argument("--epochs", type=_positive, default=3, metavar="E", help="epochs to time (default: 3)")
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True, help="read shuffled (default: on)")
     _add_quiet(p)
+    _add_cache(p)
 
 
 def _batch_len(batch: Any) -> int:
@@ -415,8 +449,8 @@ def _bench(args: argparse.Namespace) -> int:
     from torchrecord.dataset import RecordDataset
     from torchrecord.writer import _progress_bar
 
-    dataset = RecordDataset(args.path, batch_size=args.batch_size, shuffle=args.shuffle)
-    n, size = len(dataset.file), os.path.getsize(args.path)
+    dataset = RecordDataset(args.path, batch_size=args.batch_size, shuffle=args.shuffle, cache_dir=args.cache_dir)
+    n, size = len(dataset.file), dataset.file.size_bytes
     if n == 0:
         raise ValueError(f"{args.path}: holds no samples; nothing to measure")
     loader = DataLoader(dataset, batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0)

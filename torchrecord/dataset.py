@@ -47,8 +47,14 @@ class RecordDataset(IterableDataset[Any]):
     ``DistributedSampler``, to get a new order. It reaches persistent workers too,
     because the epoch lives in shared memory.
 
+    A sharded set (:func:`torchrecord.write_shard`; a directory, manifest or URL)
+    reads as one set: one global index over its shards, blocks that never
+    straddle two shards, and each reader opens (or fetches) only the shards its
+    share needs, when it first needs them.
+
     Args:
-        path: a record set written by :func:`torchrecord.write_record`.
+        path: a record set written by :func:`torchrecord.write_record`, a sharded
+            set, or a :class:`RecordFile` of either.
         shuffle: visit blocks in a seeded order and mix through the buffer;
             ``False`` reads each reader's share in stored order.
         shuffle_buffer: samples per window, mixed at a time by each reader (capped
@@ -71,6 +77,9 @@ class RecordDataset(IterableDataset[Any]):
             samples, each leaf of the kind it was written as.
         rank, world_size: override what ``torch.distributed`` reports.
         verify: check each record's CRC-32 as it is read (ChecksumError on mismatch).
+        cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
+            local folder its shards are fetched to, and the bytes of shards it
+            keeps (see :class:`~torchrecord._sharded.ShardedSet`).
 
     ``len()`` is the number of items this rank yields per epoch: samples, or
     batches when ``batch_size`` is set. Rank and world size are read from
@@ -87,7 +96,7 @@ class RecordDataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | RecordFile,
         *,
         shuffle: bool = True,
         shuffle_buffer: int = 8192,
@@ -100,6 +109,8 @@ class RecordDataset(IterableDataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
         verify: bool = False,
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
@@ -111,7 +122,9 @@ class RecordDataset(IterableDataset[Any]):
             raise ValueError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
-        self.file = RecordFile(path)
+        self.file = path if isinstance(path, RecordFile) else RecordFile(
+            path, cache_dir=cache_dir, cache_limit=cache_limit
+        )
         self.shuffle = shuffle
         self.shuffle_buffer = shuffle_buffer
         self.block_size = block_size
@@ -281,6 +294,7 @@ class RecordDataset(IterableDataset[Any]):
             num_workers=num_workers,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
+            bounds=self._bounds(),
         )
         return Share(tuple(runs), share.seed, share.epoch, share.rank, share.worker, share.shuffle, share.window), 0
 
@@ -303,7 +317,12 @@ class RecordDataset(IterableDataset[Any]):
             num_workers=num_workers,
             drop_last=self.drop_last,
             batch_size=self.batch_size,
+            bounds=self._bounds(),
         )
+
+    def _bounds(self) -> Any:
+        """The shard offsets of a sharded set (its blocks restart at each shard), None for one file."""
+        return self.file.shard_offsets if self.file.num_shards > 1 else None
 
     def share(self, worker: int = 0, num_workers: int = 1) -> Share:
         """What one reader reads this epoch and the identity its order is seeded from."""

@@ -15,7 +15,8 @@ or ``except ValueError`` keeps working::
     │       └── ChecksumError                              a record's CRC does not match
     ├── SchemaError              (also ValueError)         a sample differs from the first one
     ├── SourceError                                        the source failed at sample i, or is unusable
-    └── WriteError               (also OSError)            the write failed (disk full, ...)
+    ├── WriteError               (also OSError)            the write failed (disk full, ...)
+    └── FetchError               (also OSError)            a remote shard or manifest could not be fetched
 
 Messages name the file, the record (or sample) index and the field where they
 are known, and say what to do about it.
@@ -26,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "ChecksumError",
     "CorruptRecordError",
+    "FetchError",
     "FormatError",
     "IncompleteRecordSetError",
     "NotARecordSetError",
@@ -86,3 +88,7 @@ class SourceError(TorchRecordError):
 
 class WriteError(TorchRecordError, OSError):
     """Writing the record set failed (for example the disk is full)."""
+
+
+class FetchError(TorchRecordError, OSError):
+    """A remote sharded set's manifest or shard could not be fetched (server down, timeout, missing)."""

@@ -21,6 +21,7 @@ import torch
 from torchrecord._columns import Columns, SampleList, epoch_rng
 from torchrecord._group_batches import GroupPlan, check_offsets, offsets_from_ids, plan_epoch
 from torchrecord._load import Subset, load_columns
+from torchrecord.record_file import RecordFile
 
 __all__ = ["BatchIter", "GroupBatchIter", "SampleList", "load"]
 
@@ -30,7 +31,7 @@ _GROUP_STREAM = 0x67727570
 
 
 def load(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | RecordFile,
     *,
     fields: str | Sequence[str] | None = None,
     subset: Subset | None = None,
@@ -46,7 +47,9 @@ def load(
     ``RecordFile(path).groups`` gives the offsets for ``GroupBatchIter``.
 
     Args:
-        path: a record set written by :func:`torchrecord.write_record`.
+        path: a record set written by :func:`torchrecord.write_record`, a sharded
+            set, or a :class:`~torchrecord.RecordFile` of either (e.g. a remote
+            set opened with its ``cache_dir``).
         fields: names of the fields to keep (``RecordFile(path).schema.names``:
             ``"0"``, ``"image"``, ``"meta.id"``); the others are left out of the
             result (containers left empty disappear). ``None`` keeps all.

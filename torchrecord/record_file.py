@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from torchrecord import _envcache, _format
 from torchrecord._codec import decode_leaves
@@ -32,15 +33,31 @@ class RecordFile:
     file, and re-opened after a fork; a RecordFile pickles as its path alone, so it
     can be handed to DataLoader workers under fork, spawn or forkserver.
 
+    ``RecordFile(path)`` of a sharded set (a directory, a ``manifest.json`` or a
+    URL; see :func:`torchrecord.write_shard`) returns a
+    :class:`~torchrecord._sharded.ShardedSet`, a RecordFile over all its shards.
+
     Args:
-        path: a record set written by :func:`torchrecord.write_record`.
+        path: a record set written by :func:`torchrecord.write_record`, or a sharded set.
+        cache_dir, cache_limit: for a remote sharded set: where its shards are
+            fetched to and how many bytes of them to keep (see ``ShardedSet``).
 
     Example:
         >>> rf = RecordFile("train.tr")                      # doctest: +SKIP
         >>> len(rf), rf.schema, rf[0]                        # doctest: +SKIP
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __new__(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> RecordFile:
+        if cls is RecordFile and path is not None:
+            from torchrecord._sharded import ShardedSet, is_sharded
+
+            if is_sharded(os.fspath(path)):
+                return object.__new__(ShardedSet)
+        return object.__new__(cls)
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, cache_dir: str | None = None, cache_limit: int | None = None
+    ) -> None:
         self.path = os.fspath(path)
         self._handle: _envcache.Handle | None = None
         self._meta: dict[str, Any] | None = None
@@ -186,6 +203,28 @@ class RecordFile:
             for first, values in walk.pieces([(0, self.num_records)]):
                 for record, value in enumerate(values, first):
                     yield from self.decode_record(value, record)
+
+    # -- shards: a record set is a sharded set of one ----------------------------------
+    @property
+    def num_shards(self) -> int:
+        """1 (a :class:`~torchrecord._sharded.ShardedSet` has more)."""
+        return 1
+
+    @property
+    def shard_offsets(self) -> np.ndarray:
+        """int64 ``[0, len(self)]``: shard ``s`` holds samples ``offsets[s] .. offsets[s+1]-1``."""
+        return np.array([0, len(self)], dtype=np.int64)
+
+    def shard(self, s: int) -> RecordFile:
+        """Shard ``s``: the file itself for ``s == 0``."""
+        if s != 0:
+            raise IndexError(f"shard {s} out of range for {self.path}, a record set of one file")
+        return self
+
+    @property
+    def size_bytes(self) -> int:
+        """The file's size on disk."""
+        return os.path.getsize(self.path)
 
     # -- groups and identity ------------------------------------------------------
     @property

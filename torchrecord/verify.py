@@ -9,6 +9,8 @@ from typing import Any
 import lmdb
 
 from torchrecord import _format
+from torchrecord._manifest import file_digest
+from torchrecord._sharded import ShardedSet
 from torchrecord._walk import PIECE, Walk, check_crc
 from torchrecord.errors import CorruptRecordError, TorchRecordError
 from torchrecord.record_file import RecordFile
@@ -50,7 +52,11 @@ class VerifyReport:
 
 
 def verify(
-    path: str | os.PathLike[str], *, progress: bool | None = None, max_errors: int = 20
+    path: str | os.PathLike[str],
+    *,
+    progress: bool | None = None,
+    max_errors: int = 20,
+    cache_dir: str | None = None,
 ) -> VerifyReport:
     """Check every record of a record set: present, checksum matches, reads back per the schema.
 
@@ -58,6 +64,11 @@ def verify(
         path: the record set.
         progress: show a tqdm bar (None: only on a terminal).
         max_errors: how many (index, message) pairs the report keeps.
+        cache_dir: where a remote sharded set's shards are fetched to.
+
+    A sharded set is verified shard by shard (record indices run on over the
+    shards, messages name the shard's file), and each shard file's SHA-256 is
+    checked against the manifest.
 
     Opening problems (missing file, not a record set, newer version, truncated file)
     raise; per-record problems are counted in the report, which names the first bad
@@ -66,7 +77,9 @@ def verify(
     checked again record by record with keyed gets in fresh transactions, so one
     bad page does not hide the rest.
     """
-    rf = RecordFile(path)
+    rf = RecordFile(path, cache_dir=cache_dir)
+    if isinstance(rf, ShardedSet):
+        return _verify_shards(rf, progress, max_errors)
     env, records_db = rf.environment()
     count = rf.num_records
     crc_db = rf.crc_db
@@ -95,6 +108,25 @@ def verify(
         _check_extra(env, records_db, count, present, report, max_errors)
     finally:
         bar.close()
+    return report
+
+
+def _verify_shards(sharded: ShardedSet, progress: bool | None, max_errors: int) -> VerifyReport:
+    """verify each shard; record indices run on over the shards, and each file must match its SHA-256."""
+    report = VerifyReport(sharded.path)
+    base = 0
+    for s, entry in enumerate(sharded.manifest["shards"]):
+        shard = sharded.shard(s)
+        sub = verify(shard.path, progress=progress, max_errors=max_errors)
+        report.records += sub.records
+        for index, message in sub.errors:
+            report._fail(base + index, message, max_errors)
+        report.bad += sub.bad - len(sub.errors)
+        if sub.ok and file_digest(shard.path) != (entry["sha256"], entry["bytes"]):
+            message = f"{shard.path}: the file's SHA-256 or size differs from the manifest's; copy it again"
+            report._fail(base, message, max_errors)
+        base += sub.records
+        sharded.release(s)
     return report
 
 

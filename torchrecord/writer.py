@@ -24,7 +24,7 @@ from torchrecord._session import WriteSession, WriteSettings
 from torchrecord._sources import Preparer, is_map_style, iterate_source, read_in_order
 from torchrecord.record_file import RecordFile
 
-__all__ = ["RecordWriter", "write_record"]
+__all__ = ["RecordWriter", "write_record", "write_source"]
 
 #: cli.py and verify.py take their progress bar from here
 _progress_bar = progress_bar
@@ -95,7 +95,6 @@ def write_record(
         SchemaError: a sample's structure or dtype differs from the first one's.
         WriteError: the write failed (disk full, ...); nothing is left at ``path``.
     """
-    target = os.fspath(path)
     settings = WriteSettings(
         shuffle=shuffle,
         seed=seed,
@@ -109,21 +108,45 @@ def write_record(
         commit_bytes=commit_bytes,
     )
     settings.check()
+    return write_source(dataset, os.fspath(path), settings, overwrite, num_workers, multiprocessing_context)
+
+
+def write_source(
+    dataset: Any,
+    target: str,
+    settings: WriteSettings,
+    overwrite: bool,
+    num_workers: int = 0,
+    multiprocessing_context: str | None = None,
+    *,
+    positions: slice | None = None,
+    extra: dict[str, Any] | None = None,
+    before_publish: Callable[[str], None] | None = None,
+) -> RecordFile:
+    """The body of :func:`write_record` (also used by ``write_shard``).
+
+    ``positions``: write only these positions of the map-style write order (a
+    shard's slice of the global permutation); ``extra``: more metadata keys;
+    ``before_publish``: see :meth:`WriteSession.close`.
+    """
+    shuffle, seed = settings.shuffle, settings.seed
     map_style = is_map_style(dataset)
-    grouped = group_by is not None
+    grouped = settings.group_by is not None
     # a map-style set is read in permuted order; groups and iterables are known only at the end
-    session = WriteSession(target, overwrite, settings, spool=shuffle and (grouped or not map_style))
+    session = WriteSession(target, overwrite, settings, spool=shuffle and (grouped or not map_style), extra=extra)
     try:
         if map_style:
             n = len(dataset)
             order = np.random.default_rng(seed).permutation(n) if shuffle and not grouped else np.arange(n)
+            if positions is not None:
+                order = order[positions]
             stream = read_in_order(
                 dataset, order, num_workers, multiprocessing_context, fast=session.fast, key=session.key
             )
-            session.consume(stream, n)
+            session.consume(stream, len(order))
         else:
             session.consume(iterate_source(dataset, fast=session.fast, key=session.key), None)
-        return session.close()
+        return session.close(before_publish)
     except BaseException as exc:
         session.abort()
         _reraise(exc, target)

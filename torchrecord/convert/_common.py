@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,9 +44,19 @@ def require(module: str, extra: str, purpose: str) -> Any:
 def write(
     dataset: Any, path: str | os.PathLike[str], source_meta: dict[str, Any], kwargs: dict[str, Any]
 ) -> RecordFile:
-    """write_record with the converter's description merged under the caller's ``metadata``."""
+    """write_record with the converter's description merged under the caller's ``metadata``.
+
+    With ``shard`` and ``num_shards`` in ``kwargs``, :func:`torchrecord.write_shard`
+    writes that shard of a sharded set in the folder ``path`` instead.
+    """
     kwargs = dict(kwargs)
     user = kwargs.pop("metadata", None) or {}
+    if kwargs.get("num_shards") is not None:
+        from torchrecord.shards import write_shard
+
+        return write_shard(dataset, path, metadata={**source_meta, **user}, **kwargs)
+    kwargs.pop("shard", None)
+    kwargs.pop("num_shards", None)
     return write_record(dataset, path, metadata={**source_meta, **user}, **kwargs)
 
 
@@ -55,6 +66,11 @@ def write_stream(
     """:func:`write` for a :class:`RowStream`: any read error is fatal (``on_error`` is ignored)."""
     kwargs = {**kwargs, "on_error": "raise"}
     kwargs.pop("num_workers", None)  # an iterable is read in this process
+    if kwargs.get("num_shards") is not None:  # a shard writes its own rows: an iterable is one writer's part
+        n, i = int(kwargs["num_shards"]), int(kwargs["shard"])
+        lo, hi = i * stream.length // n, (i + 1) * stream.length // n
+        whole = stream
+        stream = RowStream(hi - lo, lambda: itertools.islice(whole.open_rows(), lo, hi))
     return write(stream, path, source_meta, kwargs)
 
 
