@@ -12,7 +12,8 @@ or ``except ValueError`` keeps working::
     │   ├── IncompleteRecordSetError                       written but never finished
     │   ├── VersionError                                   written by a newer format version
     │   └── CorruptRecordError                             a record fails to decode
-    │       └── ChecksumError                              a record's CRC does not match
+    │       ├── ChecksumError                              a record's CRC does not match
+    │       └── StructureError                             LMDB's own page structure is damaged
     ├── SchemaError              (also ValueError)         a sample differs from the first one
     ├── SourceError                                        the source failed at sample i, or is unusable
     └── WriteError               (also OSError)            the write failed (disk full, ...)
@@ -33,6 +34,7 @@ __all__ = [
     "RecordNotFoundError",
     "SchemaError",
     "SourceError",
+    "StructureError",
     "TorchRecordError",
     "VersionError",
     "WriteError",
@@ -86,3 +88,10 @@ class SourceError(TorchRecordError):
 
 class WriteError(TorchRecordError, OSError):
     """Writing the record set failed (for example the disk is full)."""
+
+
+class StructureError(CorruptRecordError):
+    """LMDB's own page structure is damaged: found by the structural check, or a
+    process reading the file with liblmdb died on it (signal, timeout)."""
+
+    HINT = "the file is damaged: copy it again from its source or rewrite it with write_record"
