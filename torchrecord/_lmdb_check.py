@@ -378,12 +378,14 @@ class _Walker:
                       pgno, here)
         count = (lower - PAGEHDRSZ) >> 1
         pointers = struct.unpack_from(f"={count}H", page, PAGEHDRSZ)
+        if count and (min(pointers) < upper or max(pointers) > psize - NODESIZE):
+            index = next(i for i, offset in enumerate(pointers) if not upper <= offset <= psize - NODESIZE)
+            self.fail(f"node {index}'s pointer {pointers[index]} is outside the node area {upper}..{psize}",
+                      pgno, here)
         nodes: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * count
         position = upper
         for index in sorted(range(count), key=pointers.__getitem__):
             offset = pointers[index]
-            if not upper <= offset <= psize - NODESIZE:
-                self.fail(f"node {index}'s pointer {offset} is outside the node area {upper}..{psize}", pgno, here)
             if offset != position:
                 problem = "overlaps the node before it" if offset < position else "leaves a gap after the node before"
                 self.fail(f"node {index} at offset {offset} {problem} (which ends at {position})", pgno, here)
