@@ -279,6 +279,12 @@ def test_named_database_record(bases: list[Base], tmp_path: Path) -> None:
     _raises(path, "database 'records' holds 400 entries, its record says 401")
     path = _damaged(bases[1], tmp_path, lambda m: m.put("H", m.at(main.pgno, record + 4), 0x04))
     _raises(path, f"page {main.pgno}", "database 'records' has flags 0x0004")
+    # a root page number above 2**63 (found by the campaign: it once escaped as OverflowError)
+    for name, rel in ((b"meta", 40), (b"records", 40), (b"crc32", 40)):
+        node = next(n for n in main.nodes if bases[1].data[main.pgno * 4096 + n.offset + 8 :][: n.key_size] == name)
+        at = node.offset + 8 + node.key_size + rel
+        path = _damaged(bases[1], tmp_path, lambda m, at=at: m.put("Q", m.at(main.pgno, at), 9544842990936377143))
+        _raises(path, "page 9544842990936377143", "outside the data pages")
 
 
 def test_key_bytes_and_node_flags(bases: list[Base], tmp_path: Path) -> None:

@@ -190,12 +190,13 @@ class _Db:
     entries: int
     root: int
     kind: str  # "free", "main" or "named"
+    home: int  # the page holding this record: a meta page, or the main database's leaf page
     named: list[tuple[bytes, _Db]] = field(default_factory=list)  # main: the named databases in key order
 
     @classmethod
-    def parse(cls, data: bytes, offset: int, label: str, kind: str) -> _Db:
+    def parse(cls, data: bytes, offset: int, label: str, kind: str, home: int) -> _Db:
         pad, flags, depth, branch, leaf, overflow, entries, root = _DB.unpack_from(data, offset)
-        return cls(label, pad, flags, depth, branch, leaf, overflow, entries, root, kind)
+        return cls(label, pad, flags, depth, branch, leaf, overflow, entries, root, kind, home)
 
     def info(self) -> DatabaseInfo:
         root = None if self.root == P_INVALID else self.root
@@ -259,8 +260,8 @@ class _Walker:
             self.fail(f"the header says page {pgno} with flags 0x{flags:04x}, not meta page {number}", number, "meta")
         if version != MDB_DATA_VERSION:
             self.fail(f"LMDB data format version {version}, this liblmdb reads {MDB_DATA_VERSION}", number, "meta")
-        free = _Db.parse(data, _META_DBS, "free-page database", "free")
-        main = _Db.parse(data, _META_DBS + _DB.size, "main database", "main")
+        free = _Db.parse(data, _META_DBS, "free-page database", "free", number)
+        main = _Db.parse(data, _META_DBS + _DB.size, "main database", "main", number)
         last, txnid = _META_TAIL.unpack_from(data, _META_TAIL_AT)
         return free.pad, free.flags, free, main, last, txnid
 
@@ -318,13 +319,14 @@ class _Walker:
 
     def _walk(self, db: _Db) -> None:
         where = db.label
+        record = f"the record of the {where}"
         if db.root == P_INVALID:
             if db.depth or db.entries or db.branch_pages or db.leaf_pages or db.overflow_pages:
                 self.fail(f"{where} is empty (no root) but its record says depth {db.depth}, {db.entries} entries, "
-                          f"{db.branch_pages + db.leaf_pages + db.overflow_pages} pages")
+                          f"{db.branch_pages + db.leaf_pages + db.overflow_pages} pages", db.home, record)
             return
         if not 1 <= db.depth <= CURSOR_STACK:
-            self.fail(f"{where} has depth {db.depth}, outside 1..{CURSOR_STACK}")
+            self.fail(f"{where} has depth {db.depth}, outside 1..{CURSOR_STACK}", db.home, record)
         walk = _Walk(db)
         # leaf pages of a named database go through the vectorized check in batches, in walk order
         batched = self.vector and db.kind == "named" and self.collect is None
@@ -344,7 +346,7 @@ class _Walker:
         names = ["branch pages", "leaf pages", "overflow pages", "entries"]
         for name, found, claimed in zip(names, walk.counts, expected):
             if found != claimed:
-                self.fail(f"{where} holds {found} {name}, its record says {claimed}")
+                self.fail(f"{where} holds {found} {name}, its record says {claimed}", db.home, record)
 
     def _visit(self, walk: _Walk, visit: _Visit, stack: list[_Visit]) -> None:
         """Check one tree page (the reference, scalar path)."""
@@ -486,7 +488,7 @@ class _Walker:
                 if flags != F_SUBDATA or size != _DB.size:
                     self.fail(f"node {index} (named database {_show(key)}) has flags 0x{flags:x} and {size} data "
                               f"bytes, not a {_DB.size}-byte F_SUBDATA record", pgno, here)
-                sub = _Db.parse(page, data, f"database {_show(key)}", "named")
+                sub = _Db.parse(page, data, f"database {_show(key)}", "named", pgno)
                 if sub.flags:
                     self.fail(f"database {_show(key)} has flags 0x{sub.flags:04x} (dupsort, integer keys, ...); "
                               "torchrecord's databases have none", pgno, here)
@@ -512,6 +514,8 @@ class _Walker:
     def _leaf_batch_passes(self, walk: _Walk, batch: list[_Visit]) -> bool:
         """The scalar leaf checks, vectorized over ``batch``; state changes only if they all pass."""
         psize, count = self.psize, len(batch)
+        if not all(2 <= visit[0] <= self.last for visit in batch):
+            return False
         pgnos = np.fromiter((visit[0] for visit in batch), dtype=np.int64, count=count)
         if self.visited[pgnos].any() or np.unique(pgnos).size != count:
             return False
