@@ -48,7 +48,7 @@ import stat
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -513,41 +513,41 @@ class _Walker:
 
     def _leaf_batch_passes(self, walk: _Walk, batch: list[_Visit]) -> bool:
         """The scalar leaf checks, vectorized over ``batch``; state changes only if they all pass."""
-        psize, count = self.psize, len(batch)
+        psize, count, half_page = self.psize, len(batch), self.psize // 2
         if not all(2 <= visit[0] <= self.last for visit in batch):
             return False
         pgnos = np.fromiter((visit[0] for visit in batch), dtype=np.int64, count=count)
         if self.visited[pgnos].any() or np.unique(pgnos).size != count:
             return False
         buffer = bytearray(count * psize)
-        view = memoryview(buffer)
-        for i, pgno in enumerate(pgnos.tolist()):
-            if os.preadv(self.fd, [view[i * psize : (i + 1) * psize]], pgno * psize) != psize:
-                return False
+        if not self._read_pages(pgnos, buffer):
+            return False
         u8 = np.frombuffer(buffer, dtype=np.uint8)
-        u16 = u8.view(np.uint16).reshape(count, psize // 2)
+        u16 = u8.view(np.uint16)
+        rows = u16.reshape(count, half_page)
         head = u8.reshape(count, psize)[:, :8].copy().view(np.uint64)[:, 0]
-        lower = u16[:, 6].astype(np.int64)
-        upper = u16[:, 7].astype(np.int64)
-        good = (head == pgnos.astype(np.uint64)) & (u16[:, 5] == P_LEAF) & (lower >= PAGEHDRSZ + 2)
+        lower = rows[:, 6].astype(np.int64)
+        upper = rows[:, 7].astype(np.int64)
+        good = (head == pgnos.astype(np.uint64)) & (rows[:, 5] == P_LEAF) & (lower >= PAGEHDRSZ + 2)
         if not (good & (lower & 1 == 0) & (lower <= upper) & (upper <= psize)).all():
             return False
-        # every node of the batch, in (page, index) order
+        # every node of the batch, in (page, index) order; u16 offsets into the whole buffer
         nodes = (lower - PAGEHDRSZ) >> 1
         total = int(nodes.sum())
         page = np.repeat(np.arange(count), nodes)
         starts = np.cumsum(nodes) - nodes
         lasts = starts + nodes - 1
-        pointer = u16[page, PAGEHDRSZ // 2 + np.arange(total) - starts[page]].astype(np.int64)
+        base = page * half_page
+        pointer = u16[base + PAGEHDRSZ // 2 + np.arange(total) - starts[page]].astype(np.int64)
         if not ((pointer >= upper[page]) & (pointer <= psize - NODESIZE) & (pointer & 1 == 0)).all():
             return False
-        half = pointer >> 1
-        flags = u16[page, half + 2]
+        header = u16[(base + (pointer >> 1))[:, None] + np.arange(4)].astype(np.int64)  # lo, hi, flags, ksize
+        flags = header[:, 2]
         if (flags > F_BIGDATA).any():
             return False
         big = flags == F_BIGDATA
-        size = u16[page, half].astype(np.int64) | u16[page, half + 1].astype(np.int64) << 16
-        ksize = u16[page, half + 3].astype(np.int64)
+        size = header[:, 0] | header[:, 1] << 16
+        ksize = header[:, 3]
         end = pointer + NODESIZE + ksize + np.where(big, _PGNO.size, size)
         if (end > psize).any():
             return False
@@ -569,42 +569,115 @@ class _Walker:
                 return False
             if not (begins[1:][pairs] == ends[:-1][pairs]).all():
                 return False
-        # keys strictly increasing across the whole batch
+        # keys strictly increasing across the whole batch, and inside each page's bounds
         key_at = page * psize + pointer + NODESIZE
-        width = int(ksize[0])
-        if 1 <= width <= 8 and (ksize == width).all():
-            padded = np.zeros((total, 8), dtype=np.uint8)  # big-endian, so integer order is byte order
-            padded[:, 8 - width :] = u8[key_at[:, None] + np.arange(width)]
-            values = padded.view(">u8")[:, 0]
-            if not (values[1:] > values[:-1]).all():
+        last_key = self._keys_pass(walk, batch, u8, memoryview(buffer), key_at, ksize, starts, lasts)
+        if last_key is None:
+            return False
+        # overflow runs: inside the file, of overflow pages, long enough, overlapping nothing
+        runs = np.flatnonzero(big)
+        firsts = np.zeros(0, dtype=np.int64)
+        lengths = np.zeros(0, dtype=np.int64)
+        if runs.size:
+            firsts_u = u8[(key_at[runs] + ksize[runs])[:, None] + np.arange(8)].copy().view(np.uint64)[:, 0]
+            if (firsts_u < 2).any() or (firsts_u > self.last).any():
                 return False
-        else:
-            keys = [bytes(view[a : a + k]) for a, k in zip(key_at.tolist(), ksize.tolist())]
-            if not all(map(operator.lt, keys, keys[1:])):
+            firsts = firsts_u.astype(np.int64)
+            heads = bytearray(PAGEHDRSZ * runs.size)
+            if not self._read_pages(firsts, heads, PAGEHDRSZ):
                 return False
+            heads8 = np.frombuffer(heads, dtype=np.uint8).reshape(runs.size, PAGEHDRSZ)
+            heads16 = heads8.view(np.uint16)
+            lengths = heads8[:, 12:16].copy().view(np.uint32)[:, 0].astype(np.int64)
+            if int(lengths.sum()) > self.last + 1:  # they would overlap; and this bounds the array below
+                return False
+            need = (PAGEHDRSZ - 1 + size[runs]) // psize + 1  # OVPAGES
+            ok = (heads8[:, :8].copy().view(np.uint64)[:, 0] == firsts_u) & (heads16[:, 5] == P_OVERFLOW)
+            if not (ok & (lengths >= need) & (firsts + lengths <= self.last + 1)).all():
+                return False
+            covered = np.repeat(firsts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+            if self.visited[covered].any() or np.isin(covered, pgnos).any() or np.unique(covered).size != covered.size:
+                return False
+            self.visited[covered] = 1
+        # all passed: commit
+        walk.previous[0] = last_key
+        self.visited[pgnos] = 1
+        walk.counts[1] += count
+        walk.counts[2] += int(lengths.sum())
+        walk.counts[3] += total
+        return True
+
+    def _keys_pass(
+        self,
+        walk: _Walk,
+        batch: list[_Visit],
+        u8: np.ndarray[Any, np.dtype[np.uint8]],
+        view: memoryview,
+        key_at: np.ndarray[Any, np.dtype[np.int64]],
+        ksize: np.ndarray[Any, np.dtype[np.int64]],
+        starts: np.ndarray[Any, np.dtype[np.int64]],
+        lasts: np.ndarray[Any, np.dtype[np.int64]],
+    ) -> bytes | None:
+        """Keys strictly above the previous one and inside their page's bounds: the batch's last key, or None."""
 
         def key(j: int) -> bytes:
             at = int(key_at[j])
             return bytes(view[at : at + int(ksize[j])])
 
+        total = key_at.size
+        width = int(ksize[0])
+        bounds = [walk.previous[0]] + [b for visit in batch for b in (visit[2], visit[3])]
+        if 1 <= width <= 8 and (ksize == width).all() and all(
+            b is None or (isinstance(b, bytes) and len(b) == width) for b in bounds
+        ):
+            # fixed-width keys (torchrecord's 8-byte big-endian indices): compare them as integers
+            padded = np.zeros((total, 8), dtype=np.uint8)
+            padded[:, 8 - width :] = u8[key_at[:, None] + np.arange(width)]
+            values = padded.view(">u8")[:, 0].astype(np.uint64)
+            if not (values[1:] > values[:-1]).all():
+                return None
+            as_int = [None if b is None else int.from_bytes(b, "big") for b in bounds]  # type: ignore[arg-type]
+            if as_int[0] is not None and as_int[0] >= int(values[0]):
+                return None
+            firsts, lasts_ = values[starts].tolist(), values[lasts].tolist()
+            for i in range(len(batch)):
+                low, high = as_int[1 + 2 * i], as_int[2 + 2 * i]
+                if (low is not None and firsts[i] < low) or (high is not None and lasts_[i] >= high):
+                    return None
+            return key(total - 1)
+        keys = [bytes(view[a : a + k]) for a, k in zip(key_at.tolist(), ksize.tolist())]
+        if not all(map(operator.lt, keys, keys[1:])):
+            return None
         previous = walk.previous[0]
-        if previous is not None and not previous < key(0):  # type: ignore[operator]
-            return False
-        for (_pgno, _level, low, high, _via), first, last in zip(batch, starts.tolist(), lasts.tolist()):
-            if low is not None and key(first) < low:  # type: ignore[operator]
+        if previous is not None and not previous < keys[0]:  # type: ignore[operator]
+            return None
+        for (_pgno, _level, low_key, high_key, _via), first, last in zip(batch, starts.tolist(), lasts.tolist()):
+            if low_key is not None and keys[first] < low_key:
+                return None
+            if high_key is not None and keys[last] >= high_key:
+                return None
+        return keys[-1]
+
+    def _read_pages(self, pgnos: np.ndarray[Any, np.dtype[np.int64]], buffer: bytearray, length: int = 0) -> bool:
+        """Read ``length`` bytes (a whole page if 0) of each page into ``buffer``, one read per run
+        of consecutive pages when whole pages are read; False if the file is shorter."""
+        psize = self.psize
+        view = memoryview(buffer)
+        numbers = pgnos.tolist()
+        if length:
+            for i, pgno in enumerate(numbers):
+                if os.preadv(self.fd, [view[i * length : (i + 1) * length]], pgno * psize) != length:
+                    return False
+            return True
+        i = 0
+        while i < len(numbers):
+            j = i + 1
+            while j < len(numbers) and numbers[j] == numbers[j - 1] + 1:
+                j += 1
+            want = (j - i) * psize
+            if os.preadv(self.fd, [view[i * psize : j * psize]], numbers[i] * psize) != want:
                 return False
-            if high is not None and key(last) >= high:  # type: ignore[operator]
-                return False
-        # all passed: commit, then the overflow runs (whose check raises its own errors)
-        self.visited[pgnos] = 1
-        walk.previous[0] = key(total - 1)
-        walk.counts[1] += count
-        walk.counts[3] += total
-        for j in np.flatnonzero(big).tolist():
-            pgno, level, _low, _high, via = batch[int(page[j])]
-            (first,) = _PGNO.unpack_from(buffer, int(key_at[j] + ksize[j]))
-            where = f"{_where(walk.db, level, via)}, node {j - starts[page[j]]}"
-            walk.counts[2] += self._overflow(first, int(size[j]), pgno, where)
+            i = j
         return True
 
     def _overflow(self, first: int, size: int, pgno: int, where: str) -> int:
