@@ -23,8 +23,16 @@ py-lmdb bundles) relies on, so that a file which passes can be mapped safely:
 
 Damage is reported by :class:`~torchrecord.errors.StructureError` naming the file,
 the page and what is wrong. Time and memory are O(file size): every tree page is
-read once, overflow pages only for their header, and the walk keeps one bit of
-state per page and one page per level (at most 32 levels).
+read once (with ``pread``, never mapped), overflow pages only for their header, and
+the walk keeps one byte per page, one page per level (at most 32 levels) and a batch
+of 256 leaf pages, whose checks run vectorized with NumPy (the scalar code is the
+reference: a batch that fails anything is checked again by it, for the message).
+Nothing a file claims sizes an allocation before it is checked against the file.
+
+Cost, CPU seconds on the project machine (warm page cache): about 0.7 s per 100 MB
+of tiny records (800,000 records of 72 bytes plus their CRCs: 1.6 million entries),
+0.1 s per 100 MB of 3 KB records (small images: one overflow run each), 0.01 s per
+100 MB of 150 KB records. The cost follows the number of entries, not the bytes.
 
 The on-disk structs (``libraries/liblmdb/mdb.c``, mdb.RE/0.9), native byte order::
 
