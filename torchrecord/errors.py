@@ -12,7 +12,8 @@ or ``except ValueError`` keeps working::
     │   ├── IncompleteRecordSetError                       written but never finished
     │   ├── VersionError                                   written by a newer format version
     │   └── CorruptRecordError                             a record fails to decode
-    │       └── ChecksumError                              a record's CRC does not match
+    │       ├── ChecksumError                              a record's CRC does not match
+    │       └── StructureError                             LMDB's own page structure is damaged
     ├── SchemaError              (also ValueError)         a sample differs from the first one
     ├── SourceError                                        the source failed at sample i, or is unusable
     ├── WriteError               (also OSError)            the write failed (disk full, ...)
@@ -35,6 +36,7 @@ __all__ = [
     "RecordNotFoundError",
     "SchemaError",
     "SourceError",
+    "StructureError",
     "TorchRecordError",
     "VersionError",
     "WriteError",
@@ -92,3 +94,10 @@ class WriteError(TorchRecordError, OSError):
 
 class FetchError(TorchRecordError, OSError):
     """A remote sharded set's manifest or shard could not be fetched (server down, timeout, missing)."""
+
+
+class StructureError(CorruptRecordError):
+    """LMDB's own page structure is damaged: found by the structural check, or a
+    process reading the file with liblmdb died on it (signal, timeout)."""
+
+    HINT = "the file is damaged: copy it again from its source or rewrite it with write_record"
