@@ -57,7 +57,7 @@ def test_runs_cover_every_index_once(count: int, drop_last: bool) -> None:
                     worker=worker,
                     num_workers=workers,
                     drop_last=drop_last,
-                    batch_size=batch_size,
+                    unit=batch_size,
                 )
                 if batch_size is not None:
                     if worker < workers - 1:

@@ -8,8 +8,12 @@ An epoch's visiting order is built in three steps, each a pure function of
    in a seeded order (new every epoch): the coarse, global shuffle;
 2. that virtual sequence (padded by wrapping around, or cut, so it divides
    evenly) is split into equal contiguous spans, one per rank;
-3. a rank's span is split among its DataLoader workers (on batch boundaries
-   when the reader yields batches, so only one worker yields a short batch).
+3. a rank's span is split among its DataLoader workers on whole *units*
+   (:func:`worker_unit`): the batch in batch mode; in per-sample mode the
+   DataLoader's batch size when it is known, else a power of two. So every
+   worker but the last holds whole batches, only one worker yields a short
+   batch, and ``len(loader)`` is the number of batches the loader yields
+   (:func:`loader_batches` counts them).
 
 A reader then walks its runs of consecutive records with one LMDB cursor and
 mixes them further in a shuffle buffer.
@@ -25,12 +29,17 @@ __all__ = [
     "auto_block_size",
     "block_order",
     "block_stops",
+    "loader_batches",
     "rank_span",
     "reader_runs",
     "reader_seed",
     "samples_per_rank",
     "worker_span",
+    "worker_unit",
 ]
+
+#: The largest unit per-sample mode cuts worker shares on when the DataLoader's batch size is not known.
+MAX_SAMPLE_UNIT = 4096
 
 Run = tuple[int, int]
 
@@ -85,18 +94,51 @@ def rank_span(count: int, rank: int, world_size: int, drop_last: bool) -> Run:
     return rank * per_rank, (rank + 1) * per_rank
 
 
-def worker_span(span: Run, worker: int, num_workers: int, batch_size: int | None = None) -> Run:
+def worker_unit(per_rank: int, num_workers: int, batch_size: int | None, loader_batch_size: int | None = None) -> int:
+    """The number of samples a rank's span is cut on when it is split among workers.
+
+    Batch mode: the batch. Per-sample mode: ``loader_batch_size`` (the
+    DataLoader's batch size) when given; otherwise the largest power of two
+    ``<= min(4096, per_rank // (2 * num_workers))`` (at least 1), so that any
+    DataLoader batch size dividing it gives exactly ``len(loader)`` batches,
+    while every worker still gets about two units or more.
+    """
+    if batch_size:
+        return batch_size
+    if loader_batch_size:
+        return loader_batch_size
+    cap = min(MAX_SAMPLE_UNIT, per_rank // (2 * max(1, num_workers)))
+    return 1 << (cap.bit_length() - 1) if cap >= 1 else 1
+
+
+def worker_span(span: Run, worker: int, num_workers: int, unit: int | None = None) -> Run:
     """The part of a rank's span that one worker reads.
 
-    With ``batch_size``, the cut falls on batch boundaries, so every worker but
-    the last yields whole batches and the batch count does not depend on workers.
+    The cut falls on multiples of ``unit`` samples (see :func:`worker_unit`),
+    so every worker but the last holds whole units.
     """
     lo, hi = span
-    unit = batch_size or 1
+    unit = unit or 1
     units = -(-(hi - lo) // unit)
     first = worker * units // num_workers
     last = (worker + 1) * units // num_workers
     return min(lo + first * unit, hi), min(lo + last * unit, hi)
+
+
+def loader_batches(per_rank: int, num_workers: int, unit: int, loader_batch_size: int, drop_last: bool) -> int:
+    """Batches a DataLoader yields from one rank's per-sample share.
+
+    Each of the ``num_workers`` readers (1 when the DataLoader has no workers)
+    collates its own share into batches of ``loader_batch_size``, ending on its
+    own short batch (dropped with ``drop_last``).
+    """
+    readers = max(1, num_workers)
+    total = 0
+    for worker in range(readers):
+        lo, hi = worker_span((0, per_rank), worker, readers, unit)
+        n = hi - lo
+        total += n // loader_batch_size if drop_last else -(-n // loader_batch_size)
+    return total
 
 
 def reader_runs(
@@ -111,13 +153,17 @@ def reader_runs(
     worker: int = 0,
     num_workers: int = 1,
     drop_last: bool = False,
-    batch_size: int | None = None,
+    unit: int | None = None,
     bounds: np.ndarray | None = None,
 ) -> list[Run]:
-    """The runs [start, stop) of sample indices one reader visits, in order (``bounds``: see block_bounds)."""
+    """The runs [start, stop) of sample indices one reader visits, in order.
+
+    ``unit`` is what a rank's span is cut on among workers (:func:`worker_unit`);
+    ``bounds``: see :func:`block_bounds` (blocks never straddle a shard).
+    """
     if count <= 0:
         return []
-    span = worker_span(rank_span(count, rank, world_size, drop_last), worker, num_workers, batch_size)
+    span = worker_span(rank_span(count, rank, world_size, drop_last), worker, num_workers, unit)
     starts = block_order(count, block_size, seed, epoch, shuffle, bounds)
     lengths = block_stops(starts, count, block_size, bounds) - starts
     ends = np.cumsum(lengths)  # virtual position where each visited block ends

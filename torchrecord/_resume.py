@@ -36,6 +36,7 @@ __all__ = [
     "plan_key",
     "remaining_runs",
     "rounds_consumed",
+    "worker_unit",
 ]
 
 STATE_KIND = "torchrecord.RecordDataset"
@@ -43,14 +44,30 @@ POSITION_KIND = "torchrecord.position"
 STATE_VERSION = 1
 
 #: The settings that decide which samples a reader visits and in which order.
-PLAN_KEYS = ("count", "seed", "shuffle", "window", "block_size", "drop_last", "batch_size", "world_size", "num_workers")
+PLAN_KEYS = (
+    "count",
+    "seed",
+    "shuffle",
+    "window",
+    "block_size",
+    "drop_last",
+    "batch_size",
+    "worker_unit",
+    "world_size",
+    "num_workers",
+)
 
 Run = tuple[int, int]
 
 
 def plan_key(state: Mapping[str, Any]) -> tuple[Any, ...]:
     """The order settings of a state or position, comparable with ``==``."""
-    return tuple(state.get(k) for k in PLAN_KEYS)
+    return tuple(worker_unit(state) if k == "worker_unit" else state.get(k) for k in PLAN_KEYS)
+
+
+def worker_unit(plan: Mapping[str, Any]) -> int:
+    """What a plan's rank spans were cut on among workers (states without the key: the batch, or 1)."""
+    return int(plan.get("worker_unit") or plan.get("batch_size") or 1)
 
 
 def accept(
@@ -142,7 +159,7 @@ def loader_position(states: Any) -> dict[str, Any]:
             f"the states of {len(missing)} reader(s) are missing (first: rank {r}, worker {w} of {world} ranks x "
             f"{workers} workers): pass the loader states of every rank"
         )
-    position = {k: first[k] for k in ("set_id", "epoch", *PLAN_KEYS)}
+    position = {k: first.get(k) for k in ("set_id", "epoch", *PLAN_KEYS)}
     if "rotate" in first:
         position["rotate"] = first["rotate"]
     position.update(kind=POSITION_KIND, version=STATE_VERSION)
@@ -181,7 +198,7 @@ def _share_runs(
         worker=worker,
         num_workers=int(plan["num_workers"]),
         drop_last=bool(plan["drop_last"]),
-        batch_size=plan["batch_size"],
+        unit=worker_unit(plan),
         bounds=bounds,
     )
 
@@ -230,7 +247,7 @@ def remaining_runs(
     world_size: int,
     worker: int,
     num_workers: int,
-    batch_size: int | None,
+    unit: int | None,
     drop_last: bool,
     bounds: np.ndarray | None = None,
 ) -> list[Run]:
@@ -238,7 +255,7 @@ def remaining_runs(
 
     The rest is laid out in the epoch's block order, split evenly over the new
     ranks (padded by wrapping, or cut with ``drop_last``) and then over each
-    rank's workers, like a fresh epoch.
+    rank's workers on multiples of ``unit`` samples, like a fresh epoch.
     """
     planned, done = consumed_samples(position, bounds)
     rest = np.setdiff1d(planned, done, assume_unique=True)
@@ -251,7 +268,7 @@ def remaining_runs(
     block_of = np.searchsorted(starts[by_start], rest, side="right") - 1
     rest = rest[np.lexsort((rest, by_start[block_of]))]
     lo, hi = _partition.worker_span(
-        _partition.rank_span(len(rest), rank, world_size, drop_last), worker, num_workers, batch_size
+        _partition.rank_span(len(rest), rank, world_size, drop_last), worker, num_workers, unit
     )
     picked = rest[np.arange(lo, hi) % len(rest)]
     if len(picked) == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from torchrecord import _order, _partition, _resume
+from torchrecord import _glue, _order, _partition, _resume
 from torchrecord._kinds import collate_samples, split_columns, stack_columns
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
@@ -75,6 +76,9 @@ class RecordDataset(IterableDataset[Any]):
             a sample with every fixed-shape numeric leaf stacked into one tensor and
             every other leaf (strings, variable shapes) a list. ``None`` yields
             samples, each leaf of the kind it was written as.
+        loader_batch_size: per-sample mode: the ``batch_size`` of the DataLoader,
+            so each worker's share is cut on whole batches and the loader yields
+            exactly ``len(loader)`` batches for any batch size (see below).
         rank, world_size: override what ``torch.distributed`` reports.
         verify: check each record's CRC-32 as it is read (ChecksumError on mismatch).
         cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
@@ -85,6 +89,17 @@ class RecordDataset(IterableDataset[Any]):
     batches when ``batch_size`` is set. Rank and world size are read from
     ``torch.distributed`` when the dataset is made and again by ``len()``,
     ``set_epoch()`` and iteration in the main process.
+
+    ``len(loader)`` in per-sample mode: a ``DataLoader(ds, batch_size=B,
+    num_workers=N)`` batches each worker's samples on its own, so every worker
+    that ends on a partial batch adds one short batch. Worker shares are
+    therefore cut on whole units: ``loader_batch_size`` when given, else a power
+    of two (up to 4096, at most half a worker's share). The loader then yields
+    exactly ``len(loader)`` batches whenever B divides that unit (any power of
+    two up to it, so the usual 32, 64, 256...); for another B, pass
+    ``loader_batch_size=B``. Taking ``len(loader)`` of a loader whose count
+    would differ warns with the fix, and :meth:`check_loader` checks a loader
+    explicitly.
 
     Example:
         >>> ds = RecordDataset("train.tr", batch_size=256)          # doctest: +SKIP
@@ -111,6 +126,7 @@ class RecordDataset(IterableDataset[Any]):
         verify: bool = False,
         cache_dir: str | None = None,
         cache_limit: int | None = None,
+        loader_batch_size: int | None = None,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
@@ -118,6 +134,13 @@ class RecordDataset(IterableDataset[Any]):
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if loader_batch_size is not None and loader_batch_size < 1:
+            raise ValueError(f"loader_batch_size must be >= 1 or None, got {loader_batch_size}")
+        if loader_batch_size is not None and batch_size is not None:
+            raise ValueError(
+                "loader_batch_size is for per-sample mode (the DataLoader batches); with batch_size= the "
+                "dataset yields whole batches: use DataLoader(ds, batch_size=None) and leave loader_batch_size out"
+            )
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
@@ -136,6 +159,7 @@ class RecordDataset(IterableDataset[Any]):
         self._force_generic = False  # tests: read a fixed-layout set the generic way
         self.drop_last = drop_last
         self.batch_size = batch_size
+        self.loader_batch_size = loader_batch_size
         self._explicit = (rank, world_size) if rank is not None else None
         self._distributed = self._detect_distributed()
         # shared memory: set_epoch in the main process reaches persistent workers
@@ -167,12 +191,72 @@ class RecordDataset(IterableDataset[Any]):
 
     def __len__(self) -> int:
         self._refresh_distributed()
-        per_rank = _partition.samples_per_rank(len(self.file), self._distributed[1], self.drop_last)
+        per_rank = self._per_rank()
         if self.batch_size is None:
+            loader = _glue.calling_loader(self)
+            if loader is not None:  # len(loader): say so now if the loader will yield another count
+                problem = self._loader_problem(loader)
+                if problem:
+                    warnings.warn(problem, UserWarning, stacklevel=3)
             return per_rank
         if self.drop_last:
             return per_rank // self.batch_size
         return -(-per_rank // self.batch_size)
+
+    def _per_rank(self) -> int:
+        return _partition.samples_per_rank(len(self.file), self._distributed[1], self.drop_last)
+
+    def _unit(self, num_workers: int) -> int:
+        """What this rank's span is cut on among ``num_workers`` readers."""
+        return _partition.worker_unit(self._per_rank(), num_workers, self.batch_size, self.loader_batch_size)
+
+    def check_loader(self, loader: Any) -> int:
+        """The number of batches ``loader`` yields from this rank per epoch; raises when it is not ``len(loader)``.
+
+        Use it to size schedules (``OneCycleLR(total_steps=epochs * ds.check_loader(loader))``)
+        or as an assertion before training. In per-sample mode the count
+        differs when the DataLoader's batch size does not divide the unit
+        worker shares are cut on (see the class docstring); the error says
+        which ``loader_batch_size`` fixes it.
+
+        Raises:
+            ValueError: ``loader`` does not read this dataset, or it yields
+                another number of batches than ``len(loader)``.
+        """
+        if getattr(loader, "dataset", None) is not self:
+            raise ValueError("check_loader: the loader does not read this dataset (loader.dataset is another object)")
+        self._refresh_distributed()
+        problem = self._loader_problem(loader)
+        if problem:
+            raise ValueError(problem)
+        return len(loader)
+
+    def _loader_problem(self, loader: Any) -> str | None:
+        """Why ``loader`` yields another number of batches than ``len(loader)``, or None."""
+        size = getattr(loader, "batch_size", None)
+        if self.batch_size is not None:
+            if size is not None:
+                return (
+                    f"{self.file.path}: the dataset yields whole batches (batch_size={self.batch_size}) and the "
+                    f"DataLoader batches them again (batch_size={size}): use DataLoader(ds, batch_size=None)"
+                )
+            return None
+        if size is None:
+            return None
+        workers = int(getattr(loader, "num_workers", 0))
+        drop = bool(getattr(loader, "drop_last", False))
+        per_rank = self._per_rank()
+        unit = self._unit(max(1, workers))
+        actual = _partition.loader_batches(per_rank, workers, unit, size, drop)
+        promised = per_rank // size if drop else -(-per_rank // size)
+        if actual == promised:
+            return None
+        return (
+            f"{self.file.path}: len(loader) is {promised}, but DataLoader(batch_size={size}, num_workers={workers}) "
+            f"yields {actual} batches per epoch from this dataset: each worker batches its own share and ends on "
+            f"its own short batch, and {size} does not divide the {unit} samples the shares are cut on. Fix: "
+            f"RecordDataset(..., loader_batch_size={size}), or a DataLoader batch size that divides {unit}"
+        )
 
     # -- resume -------------------------------------------------------------------
     def _plan(self, num_workers: int) -> dict[str, Any]:
@@ -187,6 +271,7 @@ class RecordDataset(IterableDataset[Any]):
             "block_size": -(-block // k) * k,
             "drop_last": bool(self.drop_last),
             "batch_size": self.batch_size,
+            "worker_unit": self._unit(num_workers),
             "world_size": self._distributed[1],
             "num_workers": num_workers,
         }
@@ -237,9 +322,12 @@ class RecordDataset(IterableDataset[Any]):
         :func:`torchrecord.loader_position`) to :meth:`load_state_dict`. The
         DataLoader takes one batch from each worker in turn, so the position of
         every worker follows from the count. ``loader_batch_size`` is the
-        DataLoader's ``batch_size`` in per-sample mode (None in batch mode).
+        DataLoader's ``batch_size`` in per-sample mode (None in batch mode;
+        default: the dataset's ``loader_batch_size``).
         """
         self._refresh_distributed()
+        if loader_batch_size is None:
+            loader_batch_size = self.loader_batch_size
         readers = max(1, num_workers)
         plan = self._plan(readers)
         per_worker: list[int] = []
@@ -292,7 +380,7 @@ class RecordDataset(IterableDataset[Any]):
             world_size=self._distributed[1],
             worker=worker,
             num_workers=num_workers,
-            batch_size=self.batch_size,
+            unit=self._unit(num_workers),
             drop_last=self.drop_last,
             bounds=self._bounds(),
         )
@@ -316,7 +404,7 @@ class RecordDataset(IterableDataset[Any]):
             worker=worker,
             num_workers=num_workers,
             drop_last=self.drop_last,
-            batch_size=self.batch_size,
+            unit=self._unit(num_workers),
             bounds=self._bounds(),
         )
 

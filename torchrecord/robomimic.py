@@ -284,7 +284,7 @@ class WindowDataset(IterableDataset[Any]):
         runs = _partition.reader_runs(
             count, block_size=block, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, rank=rank,
             world_size=world, worker=worker, num_workers=num_workers, drop_last=self.drop_last,
-            batch_size=self.batch_size,
+            unit=self.batch_size,
         )
         total = sum(b - a for a, b in runs)
         size = self.buffer_windows()
