@@ -38,6 +38,8 @@ def test_modules_are_found() -> None:
         "torchrecord._partition",
         "torchrecord.errors",
         "torchrecord.memory",
+        "torchrecord.mixed",
+        "torchrecord._mix_plan",
     ):
         assert name in MODULES
 
@@ -76,6 +78,7 @@ def test_top_level_exports() -> None:
         "BatchIter",
         "GroupBatchIter",
         "SampleList",
+        "MixedDataset",
     ):
         assert name in torchrecord.__all__
     assert isinstance(torchrecord.__version__, str) and torchrecord.__version__
