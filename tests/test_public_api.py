@@ -40,6 +40,8 @@ def test_modules_are_found() -> None:
         "torchrecord.memory",
         "torchrecord.shards",
         "torchrecord._sharded",
+        "torchrecord.mixed",
+        "torchrecord._mix_plan",
     ):
         assert name in MODULES
 
@@ -86,6 +88,7 @@ def test_top_level_exports() -> None:
         "ShardedSet",
         "finalize_shards",
         "write_shard",
+        "MixedDataset",
     ):
         assert name in torchrecord.__all__
     assert isinstance(torchrecord.__version__, str) and torchrecord.__version__

@@ -3,7 +3,8 @@
 Write once with :func:`write_record` (or push samples into a
 :class:`RecordWriter`, or write shards in parallel with :func:`write_shard` and
 :func:`finalize_shards`), read in a DataLoader with :class:`RecordDataset`, or
-randomly with :class:`RecordFile`; for data that fits in memory, :func:`load` it
+randomly with :class:`RecordFile`; mix many sets by weight with
+:class:`MixedDataset`; for data that fits in memory, :func:`load` it
 and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
 
@@ -13,6 +14,7 @@ from torchrecord._version import __version__
 from torchrecord.dataset import RecordDataset
 from torchrecord.errors import TorchRecordError
 from torchrecord.memory import BatchIter, GroupBatchIter, SampleList, load
+from torchrecord.mixed import MixedDataset
 from torchrecord.record_file import RecordFile
 from torchrecord.robomimic import SequenceDataset, WindowDataset
 from torchrecord.schema import Field, Schema
@@ -25,6 +27,7 @@ __all__ = [
     "BatchIter",
     "Field",
     "GroupBatchIter",
+    "MixedDataset",
     "RecordDataset",
     "RecordFile",
     "RecordWriter",

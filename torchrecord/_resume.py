@@ -116,22 +116,32 @@ def loader_position(states: Any) -> dict[str, Any]:
 
     Args:
         states: a torchdata ``StatefulDataLoader.state_dict()``, a list of them
-            (one per rank), a ``RecordDataset.state_dict()``, or any nesting of
-            these. The RecordDataset states are found by their ``kind`` key, so
-            changes in the loader's own nesting do not matter.
+            (one per rank), a ``RecordDataset.state_dict()`` or
+            ``MixedDataset.state_dict()``, or any nesting of these. The states are
+            found by their ``kind`` key, so changes in the loader's own nesting do
+            not matter.
 
     Returns:
-        A position (a small dict of plain values) for ``RecordDataset.load_state_dict``
+        A position (a small dict of plain values) for the dataset's ``load_state_dict``
         on any world size and number of workers.
 
     Raises:
         ValueError: no RecordDataset state found, states of different sets,
             epochs or settings, or a reader missing.
     """
+    from torchrecord import _mix_resume  # the mix's positions build on this module
+
+    mixed = list(find_states(states, (_mix_resume.MIX_STATE_KIND, _mix_resume.MIX_POSITION_KIND)))
     found = [s for s in find_states(states) if s.get("kind") == STATE_KIND]
     positions = [s for s in find_states(states) if s.get("kind") == POSITION_KIND]
+    if mixed and (found or positions):
+        raise ValueError("pass the states of one dataset: both RecordDataset and MixedDataset states were found")
+    if mixed:
+        return _mix_resume.mix_position(mixed)
     if not found and not positions:
-        raise ValueError("no RecordDataset state found: pass the StatefulDataLoader state(s) of the run")
+        raise ValueError(
+            "no RecordDataset state found (nor a MixedDataset state): pass the StatefulDataLoader state(s) of the run"
+        )
     if found and positions:
         raise ValueError("pass either reader states or positions, not both")
     if positions:  # e.g. one RecordDataset.position_after per rank: merge their readers
