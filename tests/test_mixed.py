@@ -358,7 +358,9 @@ def test_elastic_resume_twice_in_one_epoch(sets: list[str]) -> None:
 
 
 def test_state_is_small_plain_and_checked(sets: list[str], tmp_path: Path) -> None:
-    ds = MixedDataset(sets, batch_size=8, block=4, policy="ready")
+    # policy="exact": the "ready" policy's state also lists the blocks it took out of plan order,
+    # which depends on timing (1,244 bytes seen on a loaded machine); see the closing note of issue 15
+    ds = MixedDataset(sets, batch_size=8, block=4, policy="exact")
     it = iter(ds)
     next(it)
     state = ds.state_dict()

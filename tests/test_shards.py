@@ -228,7 +228,7 @@ def test_blocks_never_straddle_a_shard() -> None:
             for worker in range(workers):
                 runs = reader_runs(
                     103, block_size=8, seed=1, epoch=2, shuffle=True, rank=rank, world_size=world,
-                    worker=worker, num_workers=workers, batch_size=batch, bounds=bounds,
+                    worker=worker, num_workers=workers, unit=batch, bounds=bounds,
                 )  # fmt: skip
                 for a, b in runs:
                     shard = int(np.searchsorted(bounds, a, side="right")) - 1
