@@ -19,8 +19,8 @@ Two policies decide which unit is placed next:
   units away from its planned place, after which the mixer waits for it.
 
 :class:`Placement` is the whole position (plain ints): which units are placed,
-the units of the current window in the order they were placed, and how many of
-its samples were handed out. Resuming rebuilds that window from those units
+the units of the current window (in planned order: a window's contents are a
+set), and how many of its samples were handed out. Resuming rebuilds that window from those units
 and continues; with ``"exact"`` the continuation is identical to an
 uninterrupted run, with ``"ready"`` every planned sample is still handed out
 exactly once.
@@ -64,7 +64,7 @@ class Placement:
 
     Attributes:
         window: index of the current window (-1 before the first).
-        members: its units, in the order they were placed.
+        members: its units, in planned order.
         offset: its samples handed out.
         prefix: units [0, prefix) are all placed.
         extra: units past ``prefix`` that are placed.
@@ -282,6 +282,10 @@ class Mixer:
             samples += chunk.n
         if not parts:
             return None
+        # a window holds its units in planned order (whatever order they were read in): its contents
+        # are then a set, which the state keeps as a few runs
+        by_plan = sorted(range(len(members)), key=members.__getitem__)
+        members, parts = [members[k] for k in by_plan], [parts[k] for k in by_plan]
         p.window += 1
         p.members, p.offset = members, 0
         window = _Window(parts, self.order(p.window, samples), self.sources, self._buffers)

@@ -17,11 +17,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchrecord import _mix_plan, _order, _partition, _resume
 from torchrecord._kinds import collate_samples, split_columns, stack_columns
 from torchrecord._mix_resume import MIX_POSITION_KIND, MIX_STATE_KIND, reader_units_of
-from torchrecord._mix_source import FileSource, Source, SourceInfo
+from torchrecord._mix_source import FileSource, Source, SourceInfo, shared_schema
 from torchrecord._mixer import Mixer, Picked, Placement
-from torchrecord.errors import SchemaError
 from torchrecord.record_file import RecordFile
-from torchrecord.schema import Field, Schema
 
 __all__ = ["MixedDataset"]
 
@@ -152,7 +150,7 @@ class MixedDataset(IterableDataset[Any]):
         with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
             self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
         self.names = names or [info.name for info in self.infos]
-        self.schema, self.fixed = _shared_schema(self.infos)
+        self.schema, self.fixed = shared_schema(self.infos)
         sizes = [info.count for info in self.infos]
         fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
         self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
@@ -361,7 +359,7 @@ class MixedDataset(IterableDataset[Any]):
         It holds ``kind``, ``version``, ``set_id`` (a digest of the sources'
         set ids), ``epoch``, the settings that decide the plan, who this reader is,
         the items it yielded and where its mix stands (which draws are placed, the
-        draws of the current window in placed order, and how many of its samples
+        draws of the current window, and how many of its samples
         were handed out).
         """
         info = get_worker_info()
@@ -434,28 +432,3 @@ class MixedDataset(IterableDataset[Any]):
         assert resume["kind"] == MIX_POSITION_KIND
         return resume, Placement()
 
-
-def _shared_schema(infos: Sequence[SourceInfo]) -> tuple[Schema, bool]:
-    """The schema every source shares (sizes that differ become variable), and whether it is fixed.
-
-    Raises SchemaError naming both files and the field where two sources differ.
-    """
-    first = infos[0]
-    fields = list(first.schema.fields)
-    for info in infos[1:]:
-        if info.schema.tree != first.schema.tree or len(info.schema.fields) != len(fields):
-            raise SchemaError(
-                f"{info.name}: fields ({', '.join(info.schema.names)}) differ from {first.name}'s "
-                f"({', '.join(first.schema.names)}); every source of a mix must have the same fields"
-            )
-        for i, (a, b) in enumerate(zip(fields, info.schema.fields)):
-            if (a.kind, a.dtype, len(a.shape)) != (b.kind, b.dtype, len(b.shape)):
-                raise SchemaError(
-                    f"{info.name}, field {b.name!r}: {b.kind} of {b.dtype} with shape {list(b.shape)} differs from "
-                    f"{first.name}'s {a.kind} of {a.dtype} with shape {list(a.shape)}; convert one of them"
-                )
-            if a.shape != b.shape:
-                shape = tuple(x if x == y else None for x, y in zip(a.shape, b.shape))
-                fields[i] = Field(a.name, a.kind, a.dtype, shape)
-    schema = Schema(first.schema.tree, fields)
-    return schema, bool(fields) and schema.is_fixed and all(i.schema.is_fixed for i in infos)
