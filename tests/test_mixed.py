@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import assert_exactly_once
-from torchrecord import MixedDataset, loader_position, write_record
+from torchrecord import MixedDataset, RecordFile, loader_position, write_record
+from torchrecord._mix_plan import order_block, source_seed, stream_runs
 from torchrecord._mix_source import Chunk, FileSource
 from torchrecord.errors import SchemaError
 
@@ -298,6 +299,34 @@ def test_ready_policy_keeps_going_while_a_source_is_gated(sets: list[str], batch
     resumed = MixedDataset(sets, policy="ready", **kw)
     resumed.load_state_dict(state)
     assert Counter(_epoch(before) + _epoch(resumed)) == expected  # exactly once
+
+
+@pytest.mark.timeout(120)
+def test_ready_policy_moves_a_draw_less_than_max_defer_places(sets: list[str]) -> None:
+    # one-sample draws and windows, so the order handed out is the order of placement
+    kw: dict[str, Any] = dict(block=1, shuffle_buffer=0, batch_size=1, max_defer=20)
+    gate = threading.Event()
+    ds = MixedDataset([*sets[:3], Gated(sets[3], gate)], policy="ready", **kw)
+    plan = ds.plan()
+    planned = []  # the label of each planned draw
+    files = [RecordFile(p) for p in sets]
+    for s, v in zip(plan.source.tolist(), plan.stream.tolist()):
+        info = ds.infos[s]
+        block = order_block(info.count, 1, info.samples_per_record)
+        (index, _), = stream_runs(info.count, block, source_seed(0, s), v, v + 1)
+        planned.append(int(files[s][index][1]))
+    first_gated = int(np.flatnonzero(plan.source == 3)[0])
+    free = int((plan.source[: first_gated + 20] != 3).sum())
+    it = iter(ds)
+    got = [_labels(next(it))[0] for _ in range(free)]  # every free draw comes while the gate is shut
+    gate.set()
+    got += _epoch(it)
+    assert sorted(got) == sorted(planned)
+    where = {label: i for i, label in enumerate(planned)}
+    shifts = [k - where[label] for k, label in enumerate(got)]
+    assert max(abs(x) for x in shifts) < 20
+    assert max(shifts) >= 10  # the gated source's draws were moved back...
+    assert min(shifts) <= -1  # ...and others forward
 
 
 def test_ready_policy_without_stalls_gives_the_planned_samples(sets: list[str]) -> None:

@@ -47,6 +47,14 @@ Run = tuple[int, int]
 _OPEN_LOCK = threading.Lock()
 
 
+def _new_lock_after_fork() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     """A source as the plan sees it.

@@ -250,7 +250,7 @@ class MixedDataset(IterableDataset[Any]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world = self._distributed
         plan = self.plan()
-        base, placement = self._resume_point(rank, worker, num_workers)
+        base, placement, yielded = self._resume_point(rank, worker, num_workers)
         units = reader_units_of(plan, base, rank=rank, world_size=world, worker=worker, num_workers=num_workers,
                                 drop_last=self.drop_last, batch_size=self.batch_size)
         seed, epoch = self.seed, self.epoch
@@ -274,7 +274,7 @@ class MixedDataset(IterableDataset[Any]):
         )
         self._live = {"mixer": mixer, "started": time.perf_counter(), "first": None, "base": base,
                       "reader": (rank, worker, num_workers)}
-        self._iter_epoch, self._yielded, self._unyielded = epoch, 0, 0
+        self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
         return self._counted(items)
 
@@ -410,15 +410,17 @@ class MixedDataset(IterableDataset[Any]):
     def _where(self) -> str:
         return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"
 
-    def _resume_point(self, rank: int, worker: int, num_workers: int) -> tuple[dict[str, Any] | None, Placement]:
-        """(base position, placement) of this reader under the loaded resume point (used once)."""
+    def _resume_point(
+        self, rank: int, worker: int, num_workers: int
+    ) -> tuple[dict[str, Any] | None, Placement, int]:
+        """(base position, placement, items yielded) of this reader under the loaded resume point (used once)."""
         resume, self._resume = self._resume, None
         if resume is None or int(resume["epoch"]) != self.epoch:
-            return None, Placement()
+            return None, Placement(), 0
         same = all(resume.get(k) == v for k, v in self._settings(num_workers).items())
         if resume["kind"] == MIX_STATE_KIND:
             if same and (resume["rank"], resume["worker"]) == (rank, worker):
-                return resume.get("base"), Placement.from_state(resume["placement"])
+                return resume.get("base"), Placement.from_state(resume["placement"]), int(resume["yielded"])
             raise ValueError(
                 f"{self._where()}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
                 f"{resume['world_size']} ranks x {resume['num_workers']} workers with its settings, not to rank "
@@ -428,7 +430,7 @@ class MixedDataset(IterableDataset[Any]):
         if same and resume.get("base") is None:
             mine = [p for r, w, p in resume["readers"] if (r, w) == (rank, worker)]
             if mine:
-                return None, Placement.from_state(mine[0])
+                return None, Placement.from_state(mine[0]), 0
         assert resume["kind"] == MIX_POSITION_KIND
-        return resume, Placement()
+        return resume, Placement(), 0
 
