@@ -191,7 +191,7 @@ class Mixer:
         horizon: 1 for ``"exact"``, more for ``"ready"``.
         placement: where to start (a fresh epoch: ``Placement()``); updated as chunks are handed out.
         readahead: keyword arguments of :class:`~torchrecord._readahead.ReadAhead`
-            (``columns``, ``estimate``, ``max_bytes``, ``threads``).
+            (``columns``, ``estimate``, ``max_bytes``, ``first_bytes``, ``threads``).
     """
 
     def __init__(
@@ -245,6 +245,7 @@ class Mixer:
             current = _Window(parts, self.order(p.window, sum(c.n for _, c in parts)), self.sources)
         pending: list[Picked] = []
         held = 0
+        widened = False
         while True:
             if current is None or p.offset >= current.n:
                 if pending and not cross:
@@ -253,6 +254,9 @@ class Mixer:
                 current = self._next_window()
                 if current is None:
                     break
+                if not widened:  # the first window is built: read ahead the full budget from now on
+                    self.reader.widen()
+                    widened = True
             n = min(size - held, current.n - p.offset)
             piece = current.pick(p.offset, p.offset + n)
             p.offset += n

@@ -44,6 +44,8 @@ class ReadAhead:
         columns: read typed columns (fixed layout) rather than values.
         estimate: estimated bytes per sample of each source.
         max_bytes: budget of admitted, not yet taken units (one unit is always admitted).
+        first_bytes: the budget until :meth:`widen` is called (the first window: readers
+            that run far ahead would only slow down the mixer building it).
         threads: reading threads.
         per_read: units of one source joined into one read at most (a source's reads join 1, 2, 4, ... units).
     """
@@ -59,6 +61,7 @@ class ReadAhead:
         columns: bool,
         estimate: Sequence[int],
         max_bytes: int,
+        first_bytes: int | None = None,
         threads: int,
         per_read: int = 32,
     ) -> None:
@@ -67,6 +70,7 @@ class ReadAhead:
         self.sequence = list(sequence)
         self.cost = unit_length * np.asarray(estimate, np.int64)[unit_source] if len(unit_source) else unit_length
         self.max_bytes, self.per_read = max_bytes, per_read
+        self.budget = min(max_bytes, first_bytes) if first_bytes else max_bytes
         self._cv = threading.Condition()
         self._queue: list[deque[int]] = [deque() for _ in sources]
         self._busy = [False] * len(sources)
@@ -111,9 +115,10 @@ class ReadAhead:
         Admitting in bursts queues several units per source, so reads join them.
         """
         seq = self.sequence
-        if self._held > self.max_bytes - self.max_bytes // 4 and self._held > 0:
+        budget = self.budget
+        if self._held > budget - budget // 4 and self._held > 0:
             return
-        while self._scan < len(seq) and (self._held < self.max_bytes or self._held == 0):
+        while self._scan < len(seq) and (self._held < budget or self._held == 0):
             i = seq[self._scan]
             self._scan += 1
             s = int(self.unit_source[i])
@@ -195,6 +200,12 @@ class ReadAhead:
                 self.waits += 1
                 self.wait_seconds += time.perf_counter() - waited
             return found
+
+    def widen(self) -> None:
+        """Raise the budget to ``max_bytes``."""
+        with self._cv:
+            self.budget = self.max_bytes
+            self._admit()
 
     def take(self, i: int) -> Chunk:
         """The read unit ``i`` (picked before); frees its budget. Raises what reading it raised."""

@@ -84,8 +84,10 @@ class MixedDataset(IterableDataset[Any]):
         tag_source: yield ``(item, source)``: the source index of a sample (an
             int), or of each sample of a batch (an int64 tensor).
         max_defer: how far (in draws) ``policy="ready"`` may move a draw.
-        read_ahead_bytes: budget of draws read ahead and not yet mixed, per reader.
-        threads: reading threads per reader.
+        read_ahead_bytes: budget of draws read ahead and not yet mixed, per reader
+            (until the first window is built, two windows' worth).
+        threads: reading threads per reader; keep it above the number of sources
+            that may stall at once, so the others keep flowing.
         verify: check every record's CRC-32 as it is read.
 
     :meth:`stats` reports this process's time to the first batch, draws read per
@@ -270,7 +272,8 @@ class MixedDataset(IterableDataset[Any]):
             self.sources, units.source, units.length, runs_of, window=self._window(), order=order,
             horizon=self._horizon(), placement=placement,
             readahead={"columns": self.fixed, "estimate": [i.bytes_per_sample for i in self.infos],
-                       "max_bytes": self.read_ahead_bytes, "threads": self.threads},
+                       "max_bytes": self.read_ahead_bytes, "threads": self.threads,
+                       "first_bytes": 2 * self._window() * max(i.bytes_per_sample for i in self.infos)},
         )
         self._live = {"mixer": mixer, "started": time.perf_counter(), "first": None, "base": base,
                       "reader": (rank, worker, num_workers)}
