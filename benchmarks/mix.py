@@ -13,12 +13,14 @@ loader reads the same sets through the same source wrapper
 
 Profiles: ``all-fast`` (no delays: the reference), ``slow-first`` (the first
 read of 4 sources takes 300 ms), ``periodic-stall`` (one source stalls 100 ms
-on every 20th read), ``slow-source`` (one source delivers at a fifth of its
-share of the all-fast ``ready`` rate). Each (profile, loader) runs
+on every 20th read of a block of 16 samples: once per 320 samples it reads, so
+the stalls do not depend on how a loader cuts its reads), ``slow-source`` (one
+source delivers at a fifth of its share of the all-fast ``ready`` rate). Each (profile, loader) runs
 ``--repeats`` times, each run in a fresh process (its peak RSS is the memory
 figure), interleaved round by round; the table shows medians. Per batch the
-wait is the time ``next()`` took; ``first`` is the time from creating the
-iterator to the first batch; batches/s counts the batches after the first.
+wait is the time ``next()`` took; ``open`` is the time to build the dataset
+(every source's metadata read), ``first`` the time from creating the iterator
+to the first batch; batches/s counts the batches after the first.
 
 Quick check: ``python -m benchmarks.mix --scale 0.01 --repeats 1``. Full run:
 no arguments (the targets: slow-first ready's first batch within 50 ms;
@@ -54,7 +56,7 @@ LOADERS = ("exact", "ready", "torchdata")
 
 
 class Throttled(FileSource):
-    """A record set with delays: a slow first read, a stall every n-th read, or a rate limit (samples/s)."""
+    """A record set with delays: a slow first read, a stall every ``stall_every`` samples, or a rate (samples/s)."""
 
     def __init__(
         self, path: str, *, first: float = 0.0, stall_every: int = 0, stall: float = 0.0, rate: float | None = None
@@ -62,6 +64,7 @@ class Throttled(FileSource):
         super().__init__(path)
         self.first, self.stall_every, self.stall, self.rate = first, stall_every, stall, rate
         self.reads = 0
+        self.samples = 0
         self._free_at = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -75,8 +78,11 @@ class Throttled(FileSource):
         self.reads += 1
         if self.reads == 1 and self.first:
             time.sleep(self.first)
-        if self.stall_every and self.reads % self.stall_every == 0:
-            time.sleep(self.stall)
+        n = sum(b - a for a, b in runs)
+        if self.stall_every:  # one stall per stall_every samples read, however the reads are cut
+            crossed = (self.samples + n) // self.stall_every - self.samples // self.stall_every
+            time.sleep(self.stall * crossed)
+        self.samples += n
         chunk = super().read(runs, columns)
         if self.rate:
             now = time.perf_counter()
@@ -119,7 +125,7 @@ def _sources(paths: list[str], profile: str, slow_rate: float | None) -> list[Th
         for s in (3, 11, 19, 27):
             out[s] = Throttled(paths[s], first=0.3)
     elif profile == "periodic-stall":
-        out[5] = Throttled(paths[5], stall_every=20, stall=0.1)
+        out[5] = Throttled(paths[5], stall_every=20 * BLOCK, stall=0.1)
     elif profile == "slow-source":
         out[5] = Throttled(paths[5], rate=slow_rate)
     return out
@@ -161,13 +167,15 @@ def _one_run(args: tuple[list[str], str, str, float | None, int, int]) -> dict[s
     sources = _sources(paths, profile, slow_rate)
     before = _rss_mib()
     epoch_size = (batches + 1) * BATCH
+    opened = time.perf_counter()
+    if loader != "torchdata":  # reads every source's metadata (schema check, sizes for the plan)
+        ds = torchrecord.MixedDataset(sources, epoch_size=epoch_size, batch_size=BATCH, block=BLOCK, policy=loader,
+                                      seed=repeat, tag_source=True)
     start = time.perf_counter()
     if loader == "torchdata":
         it: Iterator[Any] = _torchdata_batches(sources, repeat)
     else:
-        ds = torchrecord.MixedDataset(sources, epoch_size=epoch_size, batch_size=BATCH, block=BLOCK, policy=loader,
-                                      seed=repeat, tag_source=True)
-        it = (((images, labels), tag) for (images, labels), tag in ds)
+        it = iter(ds)
     waits = []
     counts = np.zeros(len(paths), np.int64)
     first = None
@@ -190,7 +198,7 @@ def _one_run(args: tuple[list[str], str, str, float | None, int, int]) -> dict[s
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     w = np.array(waits)
     return {
-        "profile": profile, "loader": loader, "repeat": repeat, "first": first,
+        "profile": profile, "loader": loader, "repeat": repeat, "open": start - opened, "first": first,
         "p50": float(np.percentile(w, 50)), "p90": float(np.percentile(w, 90)), "p99": float(np.percentile(w, 99)),
         "max": float(w.max()), "batches_per_s": batches / seconds, "shares": (counts / counts.sum()).tolist(),
         "peak_mib": peak, "added_mib": peak - before, "waits": waits,
@@ -263,15 +271,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         base = results.get(("all-fast", loader))
         shares = np.array(runs[-1]["shares"])
+        ms = [f"{_median(runs, k) * 1000:.{2 if k in ('p50', 'p90', 'p99') else 1}f}"
+              for k in ("open", "first", "p50", "p90", "p99", "max")]
+        speed = _median(runs, "batches_per_s")
         rows.append([
-            profile, loader, f"{_median(runs, 'first') * 1000:.1f}", f"{_median(runs, 'p50') * 1000:.2f}",
-            f"{_median(runs, 'p90') * 1000:.2f}", f"{_median(runs, 'p99') * 1000:.2f}",
-            f"{_median(runs, 'max') * 1000:.1f}", f"{_median(runs, 'batches_per_s'):.1f}",
-            f"{_median(runs, 'batches_per_s') / _median(base, 'batches_per_s'):.2f}" if base else "-",
+            profile, loader, *ms, f"{speed:.1f}", f"{speed / _median(base, 'batches_per_s'):.2f}" if base else "-",
             f"{shares.min():.4f}-{shares.max():.4f}", f"{shares[5]:.4f}", f"{_median(runs, 'peak_mib'):.0f}",
         ])
-    headers = ["profile", "loader", "first ms", "p50 ms", "p90 ms", "p99 ms", "max ms", "batches/s", "x all-fast",
-               "shares min-max", "share s5", "peak MiB"]
+    headers = ["profile", "loader", "open ms", "first ms", "p50 ms", "p90 ms", "p99 ms", "max ms", "batches/s",
+               "x all-fast", "shares min-max", "share s5", "peak MiB"]
     print()
     print(f"planned share per source {1 / SETS:.4f}")
     print(format_table(headers, rows))

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import assert_exactly_once
-from torchrecord import MixedDataset, loader_position, write_record
+from torchrecord import MixedDataset, RecordFile, loader_position, write_record
+from torchrecord._mix_plan import order_block, source_seed, stream_runs
 from torchrecord._mix_source import Chunk, FileSource
 from torchrecord.errors import SchemaError
 
@@ -139,6 +140,52 @@ def test_transform_runs_after_the_mix_on_handed_out_samples_only(sets: list[str]
     assert calls == labels.tolist()
 
 
+def test_drop_last_gives_every_rank_the_same_full_batches(sets: list[str]) -> None:
+    per_rank = []
+    seen: list[int] = []
+    for rank in range(2):
+        ds = MixedDataset(sets, rank=rank, world_size=2, batch_size=8, block=4, drop_last=True)
+        batches = [_labels(b) for b in ds]
+        assert all(len(b) == 8 for b in batches) and len(batches) == len(ds)
+        per_rank.append(len(batches))
+        seen += [x for b in batches for x in b]
+    assert per_rank[0] == per_rank[1] == TOTAL // 2 // 8
+    assert len(set(seen)) == len(seen)
+
+
+def test_persistent_workers_follow_set_epoch(sets: list[str]) -> None:
+    ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=32)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
+    epochs = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        epochs.append(_epoch(loader))
+        assert_exactly_once(_as_index(epochs[-1]), TOTAL)
+    assert epochs[0] != epochs[1]
+
+
+class Broken(FileSource):
+    """A record set whose third read fails."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.reads = 0
+
+    def read(self, runs: Sequence[tuple[int, int]], columns: bool) -> Chunk:
+        self.reads += 1
+        if self.reads == 3:
+            raise OSError(f"{self.file.path}: the disk went away")
+        return super().read(runs, columns)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["exact", "ready"])
+def test_a_failing_source_raises_its_error(sets: list[str], policy: str) -> None:
+    ds = MixedDataset([*sets[:3], Broken(sets[3])], batch_size=8, block=4, policy=policy)
+    with pytest.raises(OSError, match="the disk went away"):
+        list(ds)
+
+
 # -- counts, weights, continuation -------------------------------------------------------------
 
 
@@ -244,9 +291,42 @@ def test_ready_policy_keeps_going_while_a_source_is_gated(sets: list[str], batch
     before = [next(it) for _ in range(items)]  # would block (and time out) if the mixer waited for source 3
     assert gated.reads == 0 and not any(x >= 30_000 for x in _epoch(before))
     assert ds.stats()["deferrals"] > 0
+    state = json.loads(json.dumps(ds.state_dict()))  # a resume point taken with draws deferred
+    assert len(json.dumps(state)) < 1024
     gate.set()
     after = list(it)
     assert Counter(_epoch(before) + _epoch(after)) == expected
+    resumed = MixedDataset(sets, policy="ready", **kw)
+    resumed.load_state_dict(state)
+    assert Counter(_epoch(before) + _epoch(resumed)) == expected  # exactly once
+
+
+@pytest.mark.timeout(120)
+def test_ready_policy_moves_a_draw_less_than_max_defer_places(sets: list[str]) -> None:
+    # one-sample draws and windows, so the order handed out is the order of placement
+    kw: dict[str, Any] = dict(block=1, shuffle_buffer=0, batch_size=1, max_defer=20)
+    gate = threading.Event()
+    ds = MixedDataset([*sets[:3], Gated(sets[3], gate)], policy="ready", **kw)
+    plan = ds.plan()
+    planned = []  # the label of each planned draw
+    files = [RecordFile(p) for p in sets]
+    for s, v in zip(plan.source.tolist(), plan.stream.tolist()):
+        info = ds.infos[s]
+        block = order_block(info.count, 1, info.samples_per_record)
+        (index, _), = stream_runs(info.count, block, source_seed(0, s), v, v + 1)
+        planned.append(int(files[s][index][1]))
+    first_gated = int(np.flatnonzero(plan.source == 3)[0])
+    free = int((plan.source[: first_gated + 20] != 3).sum())
+    it = iter(ds)
+    got = [_labels(next(it))[0] for _ in range(free)]  # every free draw comes while the gate is shut
+    gate.set()
+    got += _epoch(it)
+    assert sorted(got) == sorted(planned)
+    where = {label: i for i, label in enumerate(planned)}
+    shifts = [k - where[label] for k, label in enumerate(got)]
+    assert max(abs(x) for x in shifts) < 20
+    assert max(shifts) >= 10  # the gated source's draws were moved back...
+    assert min(shifts) <= -1  # ...and others forward
 
 
 def test_ready_policy_without_stalls_gives_the_planned_samples(sets: list[str]) -> None:

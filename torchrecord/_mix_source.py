@@ -35,15 +35,24 @@ import numpy as np
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
 from torchrecord._walk import Walk, record_runs
+from torchrecord.errors import SchemaError
 from torchrecord.record_file import RecordFile
-from torchrecord.schema import Schema
+from torchrecord.schema import Field, Schema
 
-__all__ = ["Chunk", "FileSource", "Source", "SourceInfo"]
+__all__ = ["Chunk", "FileSource", "Source", "SourceInfo", "shared_schema"]
 
 Run = tuple[int, int]
 
 #: LMDB refuses to open one file twice in a process: threads open environments one at a time.
 _OPEN_LOCK = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 @dataclass(frozen=True)
@@ -207,3 +216,29 @@ class FileSource(Source):
 
     def close(self) -> None:
         self.file.close()
+
+
+def shared_schema(infos: Sequence[SourceInfo]) -> tuple[Schema, bool]:
+    """The schema every source shares (sizes that differ become variable), and whether it is fixed.
+
+    Raises SchemaError naming both files and the field where two sources differ.
+    """
+    first = infos[0]
+    fields = list(first.schema.fields)
+    for info in infos[1:]:
+        if info.schema.tree != first.schema.tree or len(info.schema.fields) != len(fields):
+            raise SchemaError(
+                f"{info.name}: fields ({', '.join(info.schema.names)}) differ from {first.name}'s "
+                f"({', '.join(first.schema.names)}); every source of a mix must have the same fields"
+            )
+        for i, (a, b) in enumerate(zip(fields, info.schema.fields)):
+            if (a.kind, a.dtype, len(a.shape)) != (b.kind, b.dtype, len(b.shape)):
+                raise SchemaError(
+                    f"{info.name}, field {b.name!r}: {b.kind} of {b.dtype} with shape {list(b.shape)} differs from "
+                    f"{first.name}'s {a.kind} of {a.dtype} with shape {list(a.shape)}; convert one of them"
+                )
+            if a.shape != b.shape:
+                shape = tuple(x if x == y else None for x, y in zip(a.shape, b.shape))
+                fields[i] = Field(a.name, a.kind, a.dtype, shape)
+    schema = Schema(first.schema.tree, fields)
+    return schema, bool(fields) and schema.is_fixed and all(i.schema.is_fixed for i in infos)

@@ -19,8 +19,8 @@ Two policies decide which unit is placed next:
   units away from its planned place, after which the mixer waits for it.
 
 :class:`Placement` is the whole position (plain ints): which units are placed,
-the units of the current window in the order they were placed, and how many of
-its samples were handed out. Resuming rebuilds that window from those units
+the units of the current window (in planned order: a window's contents are a
+set), and how many of its samples were handed out. Resuming rebuilds that window from those units
 and continues; with ``"exact"`` the continuation is identical to an
 uninterrupted run, with ``"ready"`` every planned sample is still handed out
 exactly once.
@@ -64,7 +64,7 @@ class Placement:
 
     Attributes:
         window: index of the current window (-1 before the first).
-        members: its units, in the order they were placed.
+        members: its units, in planned order.
         offset: its samples handed out.
         prefix: units [0, prefix) are all placed.
         extra: units past ``prefix`` that are placed.
@@ -191,7 +191,7 @@ class Mixer:
         horizon: 1 for ``"exact"``, more for ``"ready"``.
         placement: where to start (a fresh epoch: ``Placement()``); updated as chunks are handed out.
         readahead: keyword arguments of :class:`~torchrecord._readahead.ReadAhead`
-            (``columns``, ``estimate``, ``max_bytes``, ``threads``).
+            (``columns``, ``estimate``, ``max_bytes``, ``first_bytes``, ``threads``).
     """
 
     def __init__(
@@ -245,6 +245,7 @@ class Mixer:
             current = _Window(parts, self.order(p.window, sum(c.n for _, c in parts)), self.sources)
         pending: list[Picked] = []
         held = 0
+        widened = False
         while True:
             if current is None or p.offset >= current.n:
                 if pending and not cross:
@@ -253,6 +254,9 @@ class Mixer:
                 current = self._next_window()
                 if current is None:
                     break
+                if not widened:  # the first window is built: read ahead the full budget from now on
+                    self.reader.widen()
+                    widened = True
             n = min(size - held, current.n - p.offset)
             piece = current.pick(p.offset, p.offset + n)
             p.offset += n
@@ -282,6 +286,10 @@ class Mixer:
             samples += chunk.n
         if not parts:
             return None
+        # a window holds its units in planned order (whatever order they were read in): its contents
+        # are then a set, which the state keeps as a few runs
+        by_plan = sorted(range(len(members)), key=members.__getitem__)
+        members, parts = [members[k] for k in by_plan], [parts[k] for k in by_plan]
         p.window += 1
         p.members, p.offset = members, 0
         window = _Window(parts, self.order(p.window, samples), self.sources, self._buffers)

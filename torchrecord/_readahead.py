@@ -4,7 +4,8 @@ The mixer knows every unit it will need and in which order (its *sequence*).
 A :class:`ReadAhead` admits units in that order while the estimated bytes of
 admitted, not yet taken units stay under a budget, and keeps one read in flight
 per source: a thread takes a source with admitted units, joins up to
-``per_read`` of them into one read, and files the pieces as done. Every source
+``per_read`` of them into one read (its first reads join fewer, so the first
+window comes soon), and files the pieces as done. Every source
 with units is opened (its first, possibly slow, read included) at once, each in
 its own task, so cold starts overlap instead of adding up.
 
@@ -43,8 +44,10 @@ class ReadAhead:
         columns: read typed columns (fixed layout) rather than values.
         estimate: estimated bytes per sample of each source.
         max_bytes: budget of admitted, not yet taken units (one unit is always admitted).
+        first_bytes: the budget until :meth:`widen` is called (the first window: readers
+            that run far ahead would only slow down the mixer building it).
         threads: reading threads.
-        per_read: units of one source joined into one read at most (the first read of a source reads one).
+        per_read: units of one source joined into one read at most (a source's reads join 1, 2, 4, ... units).
     """
 
     def __init__(
@@ -58,17 +61,20 @@ class ReadAhead:
         columns: bool,
         estimate: Sequence[int],
         max_bytes: int,
+        first_bytes: int | None = None,
         threads: int,
-        per_read: int = 8,
+        per_read: int = 32,
     ) -> None:
         self.sources, self.columns, self.runs_of = sources, columns, runs_of
         self.unit_source, self.unit_length = unit_source, unit_length
         self.sequence = list(sequence)
         self.cost = unit_length * np.asarray(estimate, np.int64)[unit_source] if len(unit_source) else unit_length
         self.max_bytes, self.per_read = max_bytes, per_read
+        self.budget = min(max_bytes, first_bytes) if first_bytes else max_bytes
         self._cv = threading.Condition()
         self._queue: list[deque[int]] = [deque() for _ in sources]
         self._busy = [False] * len(sources)
+        self._take = [1] * len(sources)  # units the next read of a source joins: 1, 2, 4, ... per_read
         self._opened = [False] * len(sources)
         self._waiting: deque[int] = deque()  # sources with admitted units and no read in flight
         self._done: dict[int, Chunk | BaseException] = {}
@@ -104,9 +110,15 @@ class ReadAhead:
             self._cv.notify_all()
 
     def _admit(self) -> None:
-        """Admit units in sequence order while the budget allows (lock held)."""
+        """Admit units in sequence order up to the budget, once a quarter of it is free (lock held).
+
+        Admitting in bursts queues several units per source, so reads join them.
+        """
         seq = self.sequence
-        while self._scan < len(seq) and (self._held < self.max_bytes or self._held == 0):
+        budget = self.budget
+        if self._held > budget - budget // 4 and self._held > 0:
+            return
+        while self._scan < len(seq) and (self._held < budget or self._held == 0):
             i = seq[self._scan]
             self._scan += 1
             s = int(self.unit_source[i])
@@ -125,8 +137,8 @@ class ReadAhead:
                     return
                 s = self._waiting.popleft()
                 queue = self._queue[s]
-                take = self.per_read if self._opened[s] else 1
-                batch = [queue.popleft() for _ in range(min(take, len(queue)))]
+                batch = [queue.popleft() for _ in range(min(self._take[s], len(queue)))]
+                self._take[s] = min(self.per_read, 2 * self._take[s])  # small first reads: the first window comes soon
                 self._busy[s] = True
             results = self._read(s, batch)
             with self._cv:
@@ -188,6 +200,12 @@ class ReadAhead:
                 self.waits += 1
                 self.wait_seconds += time.perf_counter() - waited
             return found
+
+    def widen(self) -> None:
+        """Raise the budget to ``max_bytes``."""
+        with self._cv:
+            self.budget = self.max_bytes
+            self._admit()
 
     def take(self, i: int) -> Chunk:
         """The read unit ``i`` (picked before); frees its budget. Raises what reading it raised."""

@@ -17,11 +17,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchrecord import _mix_plan, _order, _partition, _resume
 from torchrecord._kinds import collate_samples, split_columns, stack_columns
 from torchrecord._mix_resume import MIX_POSITION_KIND, MIX_STATE_KIND, reader_units_of
-from torchrecord._mix_source import FileSource, Source, SourceInfo
+from torchrecord._mix_source import FileSource, Source, SourceInfo, shared_schema
 from torchrecord._mixer import Mixer, Picked, Placement
-from torchrecord.errors import SchemaError
 from torchrecord.record_file import RecordFile
-from torchrecord.schema import Field, Schema
 
 __all__ = ["MixedDataset"]
 
@@ -86,8 +84,10 @@ class MixedDataset(IterableDataset[Any]):
         tag_source: yield ``(item, source)``: the source index of a sample (an
             int), or of each sample of a batch (an int64 tensor).
         max_defer: how far (in draws) ``policy="ready"`` may move a draw.
-        read_ahead_bytes: budget of draws read ahead and not yet mixed, per reader.
-        threads: reading threads per reader.
+        read_ahead_bytes: budget of draws read ahead and not yet mixed, per reader
+            (until the first window is built, two windows' worth).
+        threads: reading threads per reader; keep it above the number of sources
+            that may stall at once, so the others keep flowing.
         verify: check every record's CRC-32 as it is read.
 
     :meth:`stats` reports this process's time to the first batch, draws read per
@@ -152,7 +152,7 @@ class MixedDataset(IterableDataset[Any]):
         with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
             self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
         self.names = names or [info.name for info in self.infos]
-        self.schema, self.fixed = _shared_schema(self.infos)
+        self.schema, self.fixed = shared_schema(self.infos)
         sizes = [info.count for info in self.infos]
         fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
         self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
@@ -252,7 +252,7 @@ class MixedDataset(IterableDataset[Any]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world = self._distributed
         plan = self.plan()
-        base, placement = self._resume_point(rank, worker, num_workers)
+        base, placement, yielded = self._resume_point(rank, worker, num_workers)
         units = reader_units_of(plan, base, rank=rank, world_size=world, worker=worker, num_workers=num_workers,
                                 drop_last=self.drop_last, batch_size=self.batch_size)
         seed, epoch = self.seed, self.epoch
@@ -272,11 +272,12 @@ class MixedDataset(IterableDataset[Any]):
             self.sources, units.source, units.length, runs_of, window=self._window(), order=order,
             horizon=self._horizon(), placement=placement,
             readahead={"columns": self.fixed, "estimate": [i.bytes_per_sample for i in self.infos],
-                       "max_bytes": self.read_ahead_bytes, "threads": self.threads},
+                       "max_bytes": self.read_ahead_bytes, "threads": self.threads,
+                       "first_bytes": 2 * self._window() * max(i.bytes_per_sample for i in self.infos)},
         )
         self._live = {"mixer": mixer, "started": time.perf_counter(), "first": None, "base": base,
                       "reader": (rank, worker, num_workers)}
-        self._iter_epoch, self._yielded, self._unyielded = epoch, 0, 0
+        self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
         return self._counted(items)
 
@@ -361,7 +362,7 @@ class MixedDataset(IterableDataset[Any]):
         It holds ``kind``, ``version``, ``set_id`` (a digest of the sources'
         set ids), ``epoch``, the settings that decide the plan, who this reader is,
         the items it yielded and where its mix stands (which draws are placed, the
-        draws of the current window in placed order, and how many of its samples
+        draws of the current window, and how many of its samples
         were handed out).
         """
         info = get_worker_info()
@@ -412,15 +413,17 @@ class MixedDataset(IterableDataset[Any]):
     def _where(self) -> str:
         return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"
 
-    def _resume_point(self, rank: int, worker: int, num_workers: int) -> tuple[dict[str, Any] | None, Placement]:
-        """(base position, placement) of this reader under the loaded resume point (used once)."""
+    def _resume_point(
+        self, rank: int, worker: int, num_workers: int
+    ) -> tuple[dict[str, Any] | None, Placement, int]:
+        """(base position, placement, items yielded) of this reader under the loaded resume point (used once)."""
         resume, self._resume = self._resume, None
         if resume is None or int(resume["epoch"]) != self.epoch:
-            return None, Placement()
+            return None, Placement(), 0
         same = all(resume.get(k) == v for k, v in self._settings(num_workers).items())
         if resume["kind"] == MIX_STATE_KIND:
             if same and (resume["rank"], resume["worker"]) == (rank, worker):
-                return resume.get("base"), Placement.from_state(resume["placement"])
+                return resume.get("base"), Placement.from_state(resume["placement"]), int(resume["yielded"])
             raise ValueError(
                 f"{self._where()}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
                 f"{resume['world_size']} ranks x {resume['num_workers']} workers with its settings, not to rank "
@@ -430,32 +433,7 @@ class MixedDataset(IterableDataset[Any]):
         if same and resume.get("base") is None:
             mine = [p for r, w, p in resume["readers"] if (r, w) == (rank, worker)]
             if mine:
-                return None, Placement.from_state(mine[0])
+                return None, Placement.from_state(mine[0]), 0
         assert resume["kind"] == MIX_POSITION_KIND
-        return resume, Placement()
+        return resume, Placement(), 0
 
-
-def _shared_schema(infos: Sequence[SourceInfo]) -> tuple[Schema, bool]:
-    """The schema every source shares (sizes that differ become variable), and whether it is fixed.
-
-    Raises SchemaError naming both files and the field where two sources differ.
-    """
-    first = infos[0]
-    fields = list(first.schema.fields)
-    for info in infos[1:]:
-        if info.schema.tree != first.schema.tree or len(info.schema.fields) != len(fields):
-            raise SchemaError(
-                f"{info.name}: fields ({', '.join(info.schema.names)}) differ from {first.name}'s "
-                f"({', '.join(first.schema.names)}); every source of a mix must have the same fields"
-            )
-        for i, (a, b) in enumerate(zip(fields, info.schema.fields)):
-            if (a.kind, a.dtype, len(a.shape)) != (b.kind, b.dtype, len(b.shape)):
-                raise SchemaError(
-                    f"{info.name}, field {b.name!r}: {b.kind} of {b.dtype} with shape {list(b.shape)} differs from "
-                    f"{first.name}'s {a.kind} of {a.dtype} with shape {list(a.shape)}; convert one of them"
-                )
-            if a.shape != b.shape:
-                shape = tuple(x if x == y else None for x, y in zip(a.shape, b.shape))
-                fields[i] = Field(a.name, a.kind, a.dtype, shape)
-    schema = Schema(first.schema.tree, fields)
-    return schema, bool(fields) and schema.is_fixed and all(i.schema.is_fixed for i in infos)
