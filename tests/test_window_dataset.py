@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,50 @@ def test_pickles_as_configuration(demo_set: str, tmp_path: Path) -> None:
     assert copy.core.store.cache_bytes == 0
     a, b = next(iter(ds)), next(iter(copy))
     assert torch.equal(a["obs"]["cam"], b["obs"]["cam"]) and torch.equal(a["actions"], b["actions"])
+
+
+def _fingerprints(batches: Any) -> list[list[tuple[int, int]]]:
+    return [window_ids(b, 1) for b in batches]
+
+
+def test_resume_in_process_continues_exactly(demo_set: str) -> None:
+    def make() -> WindowDataset:
+        ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=3, batch_size=8, shuffle_buffer=30, seed=3)
+        ds.set_epoch(2)
+        return ds
+
+    reference = _fingerprints(make())
+    first = make()
+    it = iter(first)
+    head = [window_ids(next(it), 1) for _ in range(7)]
+    state = first.state_dict()
+    assert state["yielded"] == 7 and state["epoch"] == 2
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert head + _fingerprints(resumed) == reference
+    assert _fingerprints(resumed) == reference  # the resume point is used once
+    other = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=4, batch_size=8, shuffle_buffer=30, seed=3)
+    other.set_epoch(2)
+    with pytest.raises(ValueError, match="windows"):
+        other.load_state_dict(state)
+    later = make()
+    later.set_epoch(1)
+    with pytest.raises(ValueError, match="set_epoch"):
+        later.load_state_dict(state)
+
+
+def test_resume_with_stateful_dataloader_workers(demo_set: str) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make() -> WindowDataset:
+        return WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=2, batch_size=8, shuffle_buffer=30)
+
+    reference = _fingerprints(stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2))
+    loader = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    it = iter(loader)
+    head = [window_ids(next(it), 1) for _ in range(5)]
+    saved = loader.state_dict()
+    del it
+    resumed = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    resumed.load_state_dict(saved)
+    assert head + _fingerprints(resumed) == reference

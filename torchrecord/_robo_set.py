@@ -18,7 +18,6 @@ describes it all; :class:`RoboSet` reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -58,6 +57,7 @@ class RoboSet:
         obs_keys: observation keys, in stored order.
         next_obs: per obs key, ``SHIFT`` or ``STORED``; empty when the source had no next_obs.
         dataset_keys: dataset keys stored (``actions``...).
+        missing_dataset_keys: keys asked for at conversion that no demo had.
         masks: filter key -> demo names.
         fields: schema field name -> Field.
     """
@@ -70,6 +70,7 @@ class RoboSet:
     obs_keys: tuple[str, ...]
     next_obs: dict[str, str]
     dataset_keys: tuple[str, ...]
+    missing_dataset_keys: tuple[str, ...]
     masks: dict[str, list[str]]
     fields: dict[str, Field]
 
@@ -106,6 +107,7 @@ class RoboSet:
             obs_keys=tuple(meta["obs_keys"]),
             next_obs={str(k): str(v) for k, v in (meta.get("next_obs") or {}).items()},
             dataset_keys=tuple(meta["dataset_keys"]),
+            missing_dataset_keys=tuple(meta.get("missing_dataset_keys") or ()),
             masks={str(k): [str(d) for d in v] for k, v in (meta.get("masks") or {}).items()},
             fields={f.name: f for f in file.schema.fields},
         )
@@ -129,7 +131,3 @@ class RoboSet:
     def frame_shape(self, key: str) -> tuple[int, ...]:
         """The shape of one frame of obs key ``key``."""
         return tuple(int(d or 0) for d in self.fields[field_name("obs", key)].shape)
-
-    def describe(self) -> dict[str, Any]:
-        """A short summary (for ``repr`` and errors)."""
-        return {"demos": len(self.demos), "frames": int(self.lengths.sum()), "obs_keys": list(self.obs_keys)}

@@ -81,12 +81,11 @@ class RoboWindows:
         for k in self.obs_keys:
             if k not in robo.obs_keys:
                 raise ValueError(f"{self.path}: no obs key {k!r} (its obs keys: {', '.join(robo.obs_keys)})")
-        missing = file.user_metadata["robomimic"].get("missing_dataset_keys") or []
-        self.zero_keys = set()
+        self.zero_keys: set[str] = set()  # keys no demo had: robomimic reads zeros under a cache mode
         for k in self.dataset_keys:
             if k in robo.dataset_keys:
                 continue
-            if k not in missing:
+            if k not in robo.missing_dataset_keys:
                 raise ValueError(
                     f"{self.path}: dataset key {k!r} was not converted (converted: {', '.join(robo.dataset_keys)}); "
                     "convert again with it in dataset_keys"

@@ -15,14 +15,20 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from torchrecord import _order, _partition
+from torchrecord import _order, _partition, _resume
 from torchrecord._robo_windows import RoboWindows
 from torchrecord._structure import flatten, unflatten
 from torchrecord._window_plan import WindowSpec
+from torchrecord.record_file import RecordFile
 
 __all__ = ["SequenceDataset", "WindowDataset"]
 
 _UNSET: Any = object()
+#: The ``kind`` of a WindowDataset state.
+STATE_KIND = "torchrecord.WindowDataset"
+#: What must match for a state to resume: the plan of the epoch and the windows.
+_PLAN_KEYS = ("windows", "window_spec", "seed", "shuffle", "batch_size", "drop_last", "block_size", "buffer",
+              "world_size")
 #: A WindowDataset reads at most about this many bytes of frames from the file per shuffle buffer.
 BUFFER_BYTES = 64 << 20
 
@@ -173,6 +179,11 @@ class WindowDataset(IterableDataset[Any]):
         verify: check each record's CRC-32 as it is read.
 
     ``len()`` is the number of items (batches, or windows) each rank yields per epoch.
+
+    Resume: :meth:`state_dict` / :meth:`load_state_dict` (torchdata's
+    ``StatefulDataLoader`` calls them on each worker's copy) continue the epoch
+    with the same ranks, workers and settings exactly where it stopped, reading
+    only the buffers not yet finished.
     """
 
     def __init__(
@@ -230,6 +241,8 @@ class WindowDataset(IterableDataset[Any]):
         self.transform, self.shuffle_buffer, self.block_size = transform, shuffle_buffer, block_size
         self._explicit = (rank, world_size) if rank is not None else None
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._resume: dict[tuple[int, int], int] | None = None  # (worker, num_workers) -> items yielded
+        self._yielded = 0
         self.core.store.fill()  # in this process: fork workers share it
 
     # -- configuration ------------------------------------------------------
@@ -303,10 +316,17 @@ class WindowDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        resume, self._resume = self._resume, None
+        self._yielded = (resume or {}).get((worker, workers), 0)
+        skip = self._yielded * (self.batch_size or 1)  # windows already handed out this epoch
         step = self.batch_size or 256
         pending: list[dict[str, Any]] = []
         held = 0
         for index in self.reader_windows(worker, workers):
+            if skip >= len(index):
+                skip -= len(index)
+                continue
+            index, skip = index[skip:], 0
             leaves = self.core.leaves(index)
             block = self.core.block(leaves)
             at = 0
@@ -330,7 +350,61 @@ class WindowDataset(IterableDataset[Any]):
         else:
             items = (unflatten(tree, [t[i] for t in tensors]) for i in range(len(tensors[0]) if tensors else 0))
         for item in items:
+            self._yielded += 1
             yield self.transform(item) if self.transform is not None else item
+
+    # -- resume -------------------------------------------------------------------------
+    def _plan_state(self) -> dict[str, Any]:
+        spec = self.core.spec
+        return {
+            "windows": len(self.core),
+            "window_spec": [spec.frame_stack, spec.seq_length, spec.pad_frame_stack, spec.pad_seq_length],
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "block_size": self.block_size,
+            "buffer": self.buffer_windows(),
+            "world_size": self._world()[1],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's position: items yielded this epoch, who it is, and the plan (small, plain values)."""
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        state: dict[str, Any] = {"kind": STATE_KIND, "version": _resume.STATE_VERSION}
+        state.update(set_id=RecordFile(self.core.path).set_id, epoch=self.epoch, rank=self._world()[0])
+        state.update(worker=worker, num_workers=workers, yielded=self._yielded)
+        state.update(self._plan_state())
+        return state
+
+    def load_state_dict(self, state: Any) -> None:
+        """Resume the epoch from a state (or any nesting of the states of several workers).
+
+        The next iteration of each worker continues after the items its state
+        says it yielded. Call :meth:`set_epoch` with the saved epoch first.
+        Raises ValueError for another set, a later epoch, a newer state version,
+        or other settings, ranks or windows (the order would differ).
+        """
+        found = list(_resume.find_states(state, (STATE_KIND,)))
+        if not found:
+            raise ValueError(f"{self.core.path}: no WindowDataset state found in what was given")
+        set_id = RecordFile(self.core.path).set_id
+        mine = self._plan_state()
+        resume: dict[tuple[int, int], int] = {}
+        for s in found:
+            kept = _resume.accept(s, set_id=set_id, epoch=self.epoch, path=self.core.path, kinds=(STATE_KIND,))
+            if kept is None:
+                continue
+            for key in _PLAN_KEYS:
+                if kept.get(key) != mine[key]:
+                    raise ValueError(
+                        f"{self.core.path}: the state was saved with {key}={kept.get(key)!r}, this dataset has "
+                        f"{mine[key]!r}; resume with the same windows, settings and world size"
+                    )
+            if kept.get("rank") == self._world()[0]:
+                resume[(int(kept["worker"]), int(kept["num_workers"]))] = int(kept["yielded"])
+        self._resume = resume or None
 
     @property
     def records_read(self) -> int:
