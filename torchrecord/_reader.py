@@ -89,6 +89,14 @@ class ShareReader:
 
         Only the windows at or after ``start``'s are read.
         """
+        for chunk, _ in self.indexed_chunks(size, start):
+            yield chunk
+
+    def indexed_chunks(self, size: int, start: int = 0) -> Iterator[tuple[list[Any], np.ndarray]]:
+        """Like :meth:`chunks`, each chunk with the set's sample index of each of its samples (int64).
+
+        The indices let an error raised while transforming a sample name it.
+        """
         share = self.share
         total = share.total
         if start >= total:
@@ -100,13 +108,18 @@ class ShareReader:
         with Walk(env, db, self.file.path, crc_db=crc_db, buffers=buffers) as walk:
             try:
                 windows = self._fixed_windows(walk) if self.layout is not None else self._generic_windows(walk)
-                pending: list[_Taken] = []
+                pending: list[tuple[Any, np.ndarray]] = []
                 held = 0
                 first_window = start // share.window
                 skip = start - first_window * share.window
                 for j in range(first_window, -(-total // share.window)):
                     lo, hi = j * share.window, min(total, (j + 1) * share.window)
-                    taker = windows(j, _order.slice_runs(share.runs, lo, hi))
+                    runs = _order.slice_runs(share.runs, lo, hi)
+                    indices = _indices(runs)
+                    order = share.order(j, len(indices))
+                    if order is not None:
+                        indices = indices[order]
+                    taker = windows(runs, order, indices)
                     if skip:
                         taker.offset, skip = skip, 0
                     while taker.remaining:
@@ -129,9 +142,8 @@ class ShareReader:
         shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in layout.fields]
         path = self.file.path
 
-        def window(j: int, runs: Sequence[Run]) -> _Taken:
+        def window(runs: Sequence[Run], order: np.ndarray | None, indices: np.ndarray) -> _Taken:
             win, rec, row = reader.read(runs)
-            order = self.share.order(j, len(rec))
             if order is not None:
                 rec, row = rec[order], row[order]
 
@@ -141,7 +153,7 @@ class ShareReader:
                 check_bools(typed, layout.fields, path)
                 return typed
 
-            return _Taken(len(rec), gather)
+            return _Taken(len(rec), gather, indices)
 
         return window
 
@@ -149,7 +161,7 @@ class ShareReader:
         file = self.file
         k = file.samples_per_record
 
-        def window(j: int, runs: Sequence[Run]) -> _Taken:
+        def window(runs: Sequence[Run], order: np.ndarray | None, indices: np.ndarray) -> _Taken:
             if k == 1:
                 items: list[tuple[int, Any]] = []
                 for first, values in walk.pieces(record_runs(runs, 1)):
@@ -162,7 +174,6 @@ class ShareReader:
                             for i, sample in enumerate(file.decode_record(value, record)):
                                 if start <= record * k + i < stop:
                                     items.append((-1, sample))
-            order = self.share.order(j, len(items))
             if order is not None:
                 items = [items[i] for i in order.tolist()]
 
@@ -171,29 +182,37 @@ class ShareReader:
                     return [file.decode(value, index) for index, value in items[sel]]
                 return [sample for _, sample in items[sel]]
 
-            return _Taken(len(items), decode)
+            return _Taken(len(items), decode, indices)
 
         return window
 
-    def _join(self, parts: list[Any]) -> list[Any]:
+    def _join(self, parts: list[tuple[Any, np.ndarray]]) -> tuple[list[Any], np.ndarray]:
         if len(parts) == 1:
-            return parts[0]  # type: ignore[no-any-return]
+            return parts[0]
+        indices = np.concatenate([i for _, i in parts])
         if self.layout is not None:
-            return [np.concatenate(column) for column in zip(*parts)]
-        return [sample for part in parts for sample in part]
+            return [np.concatenate(column) for column in zip(*(c for c, _ in parts))], indices
+        return [sample for part, _ in parts for sample in part], indices
+
+
+def _indices(runs: Sequence[Run]) -> np.ndarray:
+    """The sample indices of runs, in run order."""
+    if not runs:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
 
 
 class _Taken:
-    """A permuted window handed out front to back: ``take(n)`` gives the next n samples."""
+    """A permuted window handed out front to back: ``take(n)`` gives the next n samples and their indices."""
 
-    def __init__(self, n: int, get: Any) -> None:
-        self.n, self.get, self.offset = n, get, 0
+    def __init__(self, n: int, get: Any, indices: np.ndarray) -> None:
+        self.n, self.get, self.indices, self.offset = n, get, indices, 0
 
     @property
     def remaining(self) -> int:
         return self.n - self.offset
 
-    def take(self, n: int) -> Any:
+    def take(self, n: int) -> tuple[Any, np.ndarray]:
         sel = slice(self.offset, self.offset + n)
         self.offset += n
-        return self.get(sel)
+        return self.get(sel), self.indices[sel]

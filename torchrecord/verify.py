@@ -39,6 +39,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """True when no record was bad."""
         return self.bad == 0
 
     def _fail(self, index: int, message: str, max_errors: int) -> None:
@@ -58,6 +59,14 @@ def verify(
         path: the record set.
         progress: show a tqdm bar (None: only on a terminal).
         max_errors: how many (index, message) pairs the report keeps.
+
+    Returns:
+        A :class:`VerifyReport`: ``ok``, the records checked and bad, the first
+        bad record and its message.
+
+    Raises:
+        RecordNotFoundError, NotARecordSetError, VersionError, CorruptRecordError:
+            the set cannot be opened at all (see below).
 
     Opening problems (missing file, not a record set, newer version, truncated file)
     raise; per-record problems are counted in the report, which names the first bad
