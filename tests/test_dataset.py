@@ -305,9 +305,9 @@ def test_explicit_block_size(images: str, block_size: int) -> None:
     assert sorted(labels) == list(range(COUNT))
 
 
-def test_missing_file_fails_when_used(tmp_path: Path) -> None:
+def test_missing_file_fails_at_construction(tmp_path: Path) -> None:
     with pytest.raises(torchrecord.errors.RecordNotFoundError):
-        list(RecordDataset(tmp_path / "nope.tr"))
+        RecordDataset(tmp_path / "nope.tr")
 
 
 def test_all_combinations_small(tmp_path: Path) -> None:

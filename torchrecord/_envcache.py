@@ -18,14 +18,18 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import lmdb
 
 from torchrecord._format import open_identified
 from torchrecord.errors import RecordNotFoundError
 
-__all__ = ["Handle", "acquire"]
+__all__ = ["Handle", "acquire", "read_closed"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -64,6 +68,26 @@ def acquire(path: str) -> Handle:
     handle = Handle(env, os.getpid(), inode)
     _OPEN[real] = handle
     return handle
+
+
+def read_closed(path: str, read: Callable[[lmdb.Environment], T]) -> T:
+    """``read(env)`` on the file at ``path``, leaving nothing open that was not open before.
+
+    The environment this process already has for the file is used as is;
+    otherwise the file is opened for the call and closed after it (no
+    descriptor, no mapping left), e.g. to check a path where the reading
+    happens later in other processes.
+    """
+    _forget_inherited()
+    real = os.path.realpath(path)
+    env = _LIVE.get(_identity(path, real))
+    if env is not None:
+        return read(env)
+    env, _ = open_identified(path)
+    try:
+        return read(env)
+    finally:
+        env.close()
 
 
 def _identity(path: str, real: str) -> tuple[int, int]:

@@ -155,12 +155,74 @@ def _stat(path: str) -> os.stat_result:
             f"{path}: no record set here (write one with torchrecord.write_record)"
         ) from None
     if stat.S_ISDIR(st.st_mode):
-        raise NotARecordSetError(
-            f"{path}: is a directory; a torchrecord record set is a single file written by write_record"
-        )
+        raise NotARecordSetError(f"{path}: is a directory{_describe_directory(path)}")
     if st.st_size == 0:
         raise NotARecordSetError(f"{path}: empty file, not a record set; {_REWRITE}")
     return st
+
+
+#: How to make a record set out of images or arrays.
+_CONVERT = "to make a record set of it, run: torchrecord convert {path} OUT.tr (see torchrecord convert --help)"
+
+#: File signatures of what people point a reader at by mistake, and what to call them.
+_SIGNATURES = (
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"GIF8", "a GIF image"),
+    (b"BM", "a BMP image"),
+    (b"\x93NUMPY", "a NumPy .npy file"),
+    (b"PK\x03\x04", "a zip archive (a NumPy .npz file?)"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+)
+
+#: Image file name extensions, to recognise a folder of images.
+_IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+
+
+def _sniff(path: str) -> str | None:
+    """What the file at ``path`` is, by its first bytes, when it is a common non-record-set format."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "a WebP image"
+    for signature, kind in _SIGNATURES:
+        if head.startswith(signature):
+            return kind
+    return None
+
+
+def _describe_directory(path: str, limit: int = 2000) -> str:
+    """The end of the message for a directory given as a record set: what it holds, what to do."""
+    single = "; a torchrecord record set is a single file written by write_record"
+    if os.path.exists(os.path.join(path, "data.mdb")):
+        return f" holding an LMDB environment (data.mdb), not a torchrecord record set{single}"
+    images = 0
+    seen = 0
+    try:  # a bounded look at the folder and its subfolders (class-per-folder layout)
+        with os.scandir(path) as top:
+            for entry in top:
+                seen += 1
+                if seen > limit:
+                    break
+                if entry.is_dir(follow_symlinks=False):
+                    with os.scandir(entry.path) as inner:
+                        for sub in inner:
+                            seen += 1
+                            images += os.path.splitext(sub.name)[1].lower() in _IMAGE_SUFFIXES
+                            if seen > limit or images:
+                                break
+                else:
+                    images += os.path.splitext(entry.name)[1].lower() in _IMAGE_SUFFIXES
+                if images:
+                    break
+    except OSError:
+        pass
+    if images:
+        return f" of images, not a record set; {_CONVERT.format(path=path)}"
+    return single
 
 
 def _open_lmdb(path: str) -> lmdb.Environment:
@@ -174,6 +236,11 @@ def _open_lmdb(path: str) -> lmdb.Environment:
             max_spare_txns=2,
         )
     except lmdb.InvalidError:
+        kind = _sniff(path)
+        if kind is not None:
+            raise NotARecordSetError(
+                f"{path}: is {kind}, not a torchrecord record set; {_CONVERT.format(path=path)}"
+            ) from None
         raise NotARecordSetError(
             f"{path}: not an LMDB file, so not a torchrecord record set; check the path, or {_REWRITE}"
         ) from None

@@ -18,13 +18,14 @@ import numpy as np
 import torch
 
 from torchrecord._structure import Tree, flatten, unflatten
-from torchrecord.errors import CorruptRecordError
+from torchrecord.errors import CorruptRecordError, SchemaError
 from torchrecord.schema import Field, Schema
 
 __all__ = [
     "as_tensor",
     "check_bools",
     "collate_samples",
+    "collate_transformed",
     "column_leaves",
     "materialize",
     "sample_builder",
@@ -109,15 +110,75 @@ def sample_builder(tree: Tree) -> Callable[[list[Any]], Any]:
 def collate_samples(batch: list[Any], schema: Schema) -> Any:
     """Collate samples by the schema: fixed numeric fields stack into tensors, the rest become lists."""
     flat = [flatten(sample)[1] for sample in batch]
-    leaves: list[Any] = []
-    for i, fld in enumerate(schema.fields):
-        column = [leaves_of[i] for leaves_of in flat]
-        if fld.is_fixed:
-            if fld.kind == "tensor":
-                leaves.append(torch.stack(column))
-            else:
-                arr = np.stack([np.asarray(x) for x in column])
-                leaves.append(as_tensor(arr, fld.dtype))
-        else:
-            leaves.append(column)
+    leaves = [_collate_field([leaves_of[i] for leaves_of in flat], fld) for i, fld in enumerate(schema.fields)]
     return unflatten(schema.tree, leaves)
+
+
+def _collate_field(column: list[Any], fld: Field) -> Any:
+    """One field's leaves by the schema: stacked when the field is fixed, else a list."""
+    if not fld.is_fixed:
+        return column
+    if fld.kind == "tensor":
+        return torch.stack(column)
+    return as_tensor(np.stack([np.asarray(x) for x in column]), fld.dtype)
+
+
+def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, where: str) -> Any:
+    """Collate what a transform returned, the same way as untransformed samples wherever it can.
+
+    ``sources[i]`` is the decoded sample the transform turned into ``batch[i]``.
+    A leaf the transform passed through unchanged (the very object it was given)
+    is collated by its field, exactly as without a transform: fixed numeric
+    fields stacked, variable-shape and string fields as lists. A leaf the
+    transform made is collated by what it holds: tensors or arrays of one shape
+    and dtype are stacked into a tensor, Python numbers become a tensor (int64,
+    float64 or bool), anything else (strings, bytes, tensors of different
+    shapes, other objects) stays a list. The samples must share one structure.
+
+    Raises:
+        SchemaError: the transformed samples have different structures.
+    """
+    if not batch:
+        return []
+    flat = [flatten(sample) for sample in batch]
+    tree = flat[0][0]
+    for i, (other, _) in enumerate(flat):
+        if other != tree:
+            raise SchemaError(
+                f"{where}: the transform returned samples of different structures in one batch (sample 0 and "
+                f"sample {i} of the batch differ); return one structure, or pass collate_fn= to collate them"
+            )
+    origins = [{id(leaf): f for leaf, f in zip(flatten(src)[1], schema.fields)} for src in sources]
+    leaves: list[Any] = []
+    for j in range(len(flat[0][1])):
+        column = [leaves_of[j] for _, leaves_of in flat]
+        found = [origins[s].get(id(leaf)) for s, leaf in enumerate(column)]
+        fld = found[0]
+        if fld is not None and all(f is fld for f in found):
+            leaves.append(_collate_field(column, fld))
+        else:
+            leaves.append(_collate_any(column))
+    return unflatten(tree, leaves)
+
+
+def _collate_any(column: list[Any]) -> Any:
+    """Leaves of no known field: stack what has one shape and dtype, keep the rest a list."""
+    first = column[0]
+    if isinstance(first, torch.Tensor):
+        if all(isinstance(x, torch.Tensor) and x.shape == first.shape and x.dtype == first.dtype for x in column):
+            return torch.stack(column)
+        return column
+    if isinstance(first, (np.ndarray, np.generic)) and first.dtype.kind in "biufc":
+        if all(
+            isinstance(x, (np.ndarray, np.generic)) and x.shape == first.shape and x.dtype == first.dtype
+            for x in column
+        ):
+            return torch.from_numpy(np.stack(column))
+        return column
+    if all(type(x) is bool for x in column):
+        return torch.tensor(column, dtype=torch.bool)
+    if all(type(x) is int for x in column):
+        return torch.tensor(column, dtype=torch.int64)
+    if all(type(x) in (int, float) for x in column):
+        return torch.tensor(column, dtype=torch.float64)
+    return column

@@ -95,26 +95,35 @@ class ShareReader:
         they need are opened (a sharded set's shard is closed after the last
         window that needs it).
         """
+        for chunk, _ in self.indexed_chunks(size, start):
+            yield chunk
+
+    def indexed_chunks(self, size: int, start: int = 0) -> Iterator[tuple[list[Any], np.ndarray]]:
+        """Like :meth:`chunks`, each chunk with the set's sample index of each of its samples (int64).
+
+        The indices let an error raised while transforming a sample name it.
+        """
         share = self.share
         total = share.total
         if start >= total:
             return
         first_window = start // share.window
         window = share.window
-        plan = [
-            split_runs(_order.slice_runs(share.runs, j * window, min(total, (j + 1) * window)), self.offsets)
+        window_runs = [
+            _order.slice_runs(share.runs, j * window, min(total, (j + 1) * window))
             for j in range(first_window, -(-total // window))
         ]
+        plan = [split_runs(runs, self.offsets) for runs in window_runs]
         # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make
         buffers = self.layout is not None and self.layout.length >= JOIN_LIMIT
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
             windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
-            pending: list[_Taken] = []
+            pending: list[tuple[Any, np.ndarray]] = []
             held = 0
             skip = start - first_window * share.window
             for i, pieces in enumerate(plan):
-                taker = windows(first_window + i, pieces)
+                taker = windows(first_window + i, pieces, _indices(window_runs[i]))
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
@@ -138,11 +147,11 @@ class ShareReader:
         shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in layout.fields]
         path = self.file.path
 
-        def window(j: int, pieces: Sequence[LocalRun]) -> _Taken:
+        def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
             win, rec, row = reader.read([(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces])
             order = self.share.order(j, len(rec))
             if order is not None:
-                rec, row = rec[order], row[order]
+                rec, row, indices = rec[order], row[order], indices[order]
 
             def gather(sel: slice) -> list[np.ndarray]:
                 arrays = win.gather(rec[sel], row[sel])
@@ -150,14 +159,14 @@ class ShareReader:
                 check_bools(typed, layout.fields, path)
                 return typed
 
-            return _Taken(len(rec), gather)
+            return _Taken(len(rec), gather, indices)
 
         return window
 
     def _generic_windows(self, walks: _ShardWalks) -> Any:
         k = self.file.samples_per_record
 
-        def window(j: int, pieces: Sequence[LocalRun]) -> _Taken:
+        def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
             items: list[tuple[RecordFile, int, Any]] = []
             for s, start, stop in pieces:
                 walk, file = walks.walk(s), walks.file(s)
@@ -173,22 +182,31 @@ class ShareReader:
             order = self.share.order(j, len(items))
             if order is not None:
                 items = [items[i] for i in order.tolist()]
+                indices = indices[order]
 
             def decode(sel: slice) -> list[Any]:
                 if k == 1:
                     return [file.decode(value, index) for file, index, value in items[sel]]
                 return [sample for _, _, sample in items[sel]]
 
-            return _Taken(len(items), decode)
+            return _Taken(len(items), decode, indices)
 
         return window
 
-    def _join(self, parts: list[Any]) -> list[Any]:
+    def _join(self, parts: list[tuple[Any, np.ndarray]]) -> tuple[list[Any], np.ndarray]:
         if len(parts) == 1:
-            return parts[0]  # type: ignore[no-any-return]
+            return parts[0]
+        indices = np.concatenate([i for _, i in parts])
         if self.layout is not None:
-            return [np.concatenate(column) for column in zip(*parts)]
-        return [sample for part in parts for sample in part]
+            return [np.concatenate(column) for column in zip(*(c for c, _ in parts))], indices
+        return [sample for part, _ in parts for sample in part], indices
+
+
+def _indices(runs: Sequence[Run]) -> np.ndarray:
+    """The sample indices of runs, in run order."""
+    if not runs:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
 
 
 def split_runs(runs: Sequence[Run], offsets: np.ndarray) -> list[LocalRun]:
@@ -275,16 +293,16 @@ class _ShardWalks:
 
 
 class _Taken:
-    """A permuted window handed out front to back: ``take(n)`` gives the next n samples."""
+    """A permuted window handed out front to back: ``take(n)`` gives the next n samples and their indices."""
 
-    def __init__(self, n: int, get: Any) -> None:
-        self.n, self.get, self.offset = n, get, 0
+    def __init__(self, n: int, get: Any, indices: np.ndarray) -> None:
+        self.n, self.get, self.indices, self.offset = n, get, indices, 0
 
     @property
     def remaining(self) -> int:
         return self.n - self.offset
 
-    def take(self, n: int) -> Any:
+    def take(self, n: int) -> tuple[Any, np.ndarray]:
         sel = slice(self.offset, self.offset + n)
         self.offset += n
-        return self.get(sel)
+        return self.get(sel), self.indices[sel]

@@ -55,6 +55,7 @@ PLAN_KEYS = (
     "worker_unit",
     "world_size",
     "num_workers",
+    "subset",
 )
 
 Run = tuple[int, int]
@@ -71,13 +72,20 @@ def worker_unit(plan: Mapping[str, Any]) -> int:
 
 
 def accept(
-    state: Any, *, set_id: str, epoch: int, path: str, kinds: tuple[str, ...] = (STATE_KIND, POSITION_KIND)
+    state: Any,
+    *,
+    set_id: str,
+    epoch: int,
+    path: str,
+    subset: str | None = None,
+    kinds: tuple[str, ...] = (STATE_KIND, POSITION_KIND),
 ) -> dict[str, Any] | None:
     """Check a state or position against this dataset; the resume point to use, or None.
 
-    Raises ValueError (saying what to do) for another set, a newer state
-    version, a later epoch or something that is not a torchrecord state. A
-    state from an earlier epoch is ignored with a warning.
+    Raises ValueError (saying what to do) for another set or subset (``subset``
+    is the digest of the dataset's subset, None for the whole set), a newer
+    state version, a later epoch or something that is not a torchrecord state.
+    A state from an earlier epoch is ignored with a warning.
     """
     if not isinstance(state, Mapping) or state.get("kind") not in kinds:
         raise ValueError(
@@ -94,6 +102,15 @@ def accept(
         raise ValueError(
             f"{path}: the state was saved while reading another record set (set_id {state.get('set_id')!r}, "
             f"this one is {set_id!r}); resume on the set the state came from, or start the epoch afresh"
+        )
+    if state.get("subset") != subset:
+        def name(digest: Any) -> str:
+            return f"the subset {digest}" if digest else "the whole set"
+
+        raise ValueError(
+            f"{path}: the state was saved while reading {name(state.get('subset'))}, this dataset reads "
+            f"{name(subset)}; make the dataset with the subset= it was saved with to resume, or start the "
+            "epoch afresh"
         )
     saved = int(state["epoch"])
     if saved > epoch:

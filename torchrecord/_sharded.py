@@ -21,6 +21,7 @@ import numpy as np
 
 from torchrecord import _manifest
 from torchrecord._remote import ShardCache, fetch_manifest, is_url
+from torchrecord._subset import position as subset_position
 from torchrecord.errors import FormatError, NotARecordSetError, RecordNotFoundError, TorchRecordError
 from torchrecord.record_file import RecordFile
 from torchrecord.schema import Schema
@@ -51,9 +52,20 @@ class ShardedSet(RecordFile):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, cache_dir: str | None = None, cache_limit: int | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        subset: Any = None,
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        if subset is not None:
+            raise ValueError(
+                f"{self.path}: subset= is not supported on a sharded set's RecordFile; "
+                "use RecordDataset(path, subset=...), or index the set (rf[indices])"
+            )
+        self._subset = None
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self._manifest: dict[str, Any] | None = None
@@ -211,14 +223,22 @@ class ShardedSet(RecordFile):
         return s, index - int(self.shard_offsets[s])
 
     # -- access ---------------------------------------------------------------------
-    def __getitem__(self, index: int) -> Any:
-        index = int(index)
-        n = len(self)
-        position = index + n if index < 0 else index
-        if not 0 <= position < n:
-            raise IndexError(f"sample index {index} out of range for {self.path} with {n} samples")
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.__getitems__(range(*index.indices(len(self))))
+        if isinstance(index, (list, tuple)) or getattr(index, "ndim", 0) > 0:
+            return self.__getitems__(index)
+        position = subset_position(index, len(self), self.path)
         s, local = self.locate(position)
         return self.shard(s)[local]
+
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        """The samples at ``indices``, each read from its shard."""
+        return [self[i] for i in self._sample_indices(indices).tolist()]
+
+    def check(self) -> dict[str, Any]:
+        """Read and check the manifest; returns the set's metadata."""
+        return self.metadata
 
     def raw(self, record: int) -> bytes:
         """Stored bytes of global record ``record`` (the shards' records, concatenated)."""

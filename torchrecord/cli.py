@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -77,18 +78,23 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+def _integer(text: str, least: int, kind: str) -> int:
+    """``text`` as an integer >= ``least``; argparse shows the message as is (no internal names)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {value}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _integer(text, 1, "a positive integer (1 or more)")
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _integer(text, 0, "a non-negative integer (0 or more)")
 
 
 def _command(commands: Any, name: str, func: Callable[[argparse.Namespace], int], help: str, description: str) -> Any:
@@ -240,19 +246,31 @@ def _add_info(commands: Any) -> None:
         _info,
         "describe a record set: count, fields, size, versions, seed, metadata",
         "Describe the record set at PATH: sample count, fields (dtype and shape, fixed or "
-        "variable), size on disk, format and writer versions, shuffle seed, creation time and "
-        "user metadata.",
+        "variable), size on disk and its ratio to the sample data, format and writer versions, "
+        "shuffle seed, creation time and user metadata.",
     )
     p.add_argument("path", metavar="PATH", help=_PATH_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object (the count is under 'count')")
+    p.add_argument(
+        "--scan",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode every record to measure the sample data when the schema has variable-size fields "
+        "(default: only for files up to 64 MiB)",
+    )
     _add_cache(p)
 
 
-def _describe_set(path: str, cache_dir: str | None = None) -> dict[str, Any]:
+def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = None) -> dict[str, Any]:
+    from torchrecord._size import SCAN_LIMIT, payload_bytes
     from torchrecord.record_file import RecordFile
 
     rf = RecordFile(path, cache_dir=cache_dir)
     meta = rf.metadata
+    size = rf.size_bytes
+    if scan is None:  # a sharded (perhaps remote) set is never scanned unless asked
+        scan = size <= SCAN_LIMIT and rf.num_shards == 1
+    payload = payload_bytes(rf, scan=scan)
     fields = [
         {"name": f.name, "kind": f.kind, "dtype": f.dtype, "shape": list(f.shape), "fixed": f.is_fixed}
         for f in rf.schema.fields
@@ -263,7 +281,9 @@ def _describe_set(path: str, cache_dir: str | None = None) -> dict[str, Any]:
         "records": int(meta.get("records", len(rf))),
         "samples_per_record": int(meta.get("samples_per_record", 1)),
         "fields": fields,
-        "size_bytes": rf.size_bytes,
+        "size_bytes": size,
+        "payload_bytes": payload,
+        "size_ratio": round(size / payload, 3) if payload else None,
         "shards": rf.num_shards,
         "set_id": rf.set_id,
         "format_version": meta.get("format_version"),
@@ -290,8 +310,26 @@ def _field_shape(f: dict[str, Any]) -> str:
     return f"[{dims}] " + ("fixed" if f["fixed"] else "variable")
 
 
+def _size_line(d: dict[str, Any]) -> str:
+    """Size on disk and its ratio to the sample data, with the remedy when the overhead is large."""
+    line = f"{_size(d['size_bytes'])} ({d['size_bytes']} bytes)"
+    payload = d["payload_bytes"]
+    if payload is None:
+        return line + "; sample data not known without a scan (torchrecord info --scan)"
+    if not payload:
+        return line
+    line += f", {d['size_ratio']:.2f}x the {_size(payload)} of sample data"
+    per_record = payload / max(1, d["records"])
+    packable = all(f["fixed"] or f["kind"] in ("bytes", "str") for f in d["fields"])  # K > 1 needs fixed shapes
+    if d["size_ratio"] >= 1.15 and per_record < 64 << 10 and packable:
+        k = d["samples_per_record"] * max(2, math.ceil((64 << 10) / per_record))
+        k = 1 << (k - 1).bit_length()  # a power of two
+        line += f" (records of 64 KiB or more come near 1.0x: write with samples_per_record={k})"
+    return line
+
+
 def _info(args: argparse.Namespace) -> int:
-    d = _describe_set(args.path, args.cache_dir)
+    d = _describe_set(args.path, args.cache_dir, args.scan)
     if args.json:
         print(json.dumps(d, default=_jsonable, sort_keys=True))
         return 0
@@ -300,7 +338,7 @@ def _info(args: argparse.Namespace) -> int:
         ("path", d["path"]),
         ("samples", f"{d['count']}{per_record}" + (f" ({d['skipped']} skipped at write)" if d["skipped"] else "")),
         ("shards", f"{d['shards']} (a sharded set: one manifest, one record-set file per shard)"),
-        ("size on disk", f"{_size(d['size_bytes'])} ({d['size_bytes']} bytes)"),
+        ("size on disk", _size_line(d)),
         ("format", f"version {d['format_version']}, written by torchrecord {d['library_version']}"),
         ("order", f"shuffled with seed {d['seed']}" if d["shuffled"] else f"source order (seed {d['seed']})"),
         ("created", d["created"]),
@@ -360,6 +398,9 @@ def _head(args: argparse.Namespace) -> int:
 
     rf = RecordFile(args.path, cache_dir=args.cache_dir)
     n = len(rf)
+    if n == 0:  # an empty listing, like head of an empty file
+        print(f"{rf.path}: no samples", file=sys.stderr)
+        return 0
     start = args.index + n if args.index < 0 else args.index
     if not 0 <= start < n:
         raise ValueError(f"{rf.path}: index {args.index} is out of range; the set holds {n} samples")

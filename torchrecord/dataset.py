@@ -7,14 +7,18 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _glue, _order, _partition, _resume
-from torchrecord._kinds import collate_samples, split_columns, stack_columns
+from torchrecord._items import SAMPLE_CHUNK, Items
+from torchrecord._kinds import collate_samples
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
+from torchrecord._subset import Subset
+from torchrecord._subset import resolve as resolve_subset
 from torchrecord.record_file import RecordFile
 
 __all__ = ["RecordDataset", "collate_samples"]
@@ -55,16 +59,28 @@ class RecordDataset(IterableDataset[Any]):
 
     Args:
         path: a record set written by :func:`torchrecord.write_record`, a sharded
-            set, or a :class:`RecordFile` of either.
+            set, or a :class:`RecordFile` of either. It is opened, checked and
+            closed when the dataset is made, so a wrong path fails here with a
+            message saying what the path holds; the dataset keeps no open handle
+            (it pickles as configuration).
         shuffle: visit blocks in a seeded order and mix through the buffer;
             ``False`` reads each reader's share in stored order.
         shuffle_buffer: samples per window, mixed at a time by each reader (capped
             at 64 MiB of records for fixed-size samples, never below one batch).
         block_size: samples per block of the coarse, per-epoch block shuffle;
             default: about count/256, within [16, 4096].
-        seed: the base seed of all orders.
-        transform: called on each decoded sample (after shuffling). In batch mode
-            the transformed samples are collated with ``default_collate``.
+        seed: the base seed of all orders (an integer >= 0).
+        transform: called on each decoded sample (after shuffling). An exception
+            it raises (also in a DataLoader worker) keeps its type and gets a note
+            naming the sample's index and the file (Python 3.11+). In batch mode
+            the transformed samples are collated like untransformed ones: a leaf
+            the transform passes through unchanged by its field (fixed numeric
+            stacked, variable-shape and strings as lists); a leaf it makes by what
+            it holds (tensors or arrays of one shape and dtype stacked, Python
+            numbers into a tensor, anything else a list). The structure may change.
+        collate_fn: batch mode: turns the list of (transformed) samples of a batch
+            into the batch, replacing the default collation (e.g.
+            ``torch.utils.data.default_collate``, or a padding collate).
         batch_transform: called on each batch (batch mode only), e.g. to convert
             uint8 images to float in one vectorized step.
         drop_last: distributed ranks cut the remainder (``True``) or pad by
@@ -79,6 +95,12 @@ class RecordDataset(IterableDataset[Any]):
         loader_batch_size: per-sample mode: the ``batch_size`` of the DataLoader,
             so each worker's share is cut on whole batches and the loader yields
             exactly ``len(loader)`` batches for any batch size (see below).
+        subset: read only these samples of the set: a ``range``, a ``slice``, a
+            sequence or array of sample indices, or a boolean mask (e.g. a
+            train/validation split of one file, or ``slice(0, n // 100)`` for a
+            quick run). Sharding, shuffling, ``len()`` and resume all work over
+            the selected samples; a resume state records which subset it was
+            saved on and is refused by another.
         rank, world_size: override what ``torch.distributed`` reports.
         verify: check each record's CRC-32 as it is read (ChecksumError on mismatch).
         cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
@@ -127,6 +149,8 @@ class RecordDataset(IterableDataset[Any]):
         cache_dir: str | None = None,
         cache_limit: int | None = None,
         loader_batch_size: int | None = None,
+        subset: Any = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
@@ -141,19 +165,32 @@ class RecordDataset(IterableDataset[Any]):
                 "loader_batch_size is for per-sample mode (the DataLoader batches); with batch_size= the "
                 "dataset yields whole batches: use DataLoader(ds, batch_size=None) and leave loader_batch_size out"
             )
+        if collate_fn is not None and batch_size is None:
+            raise ValueError(
+                "collate_fn is for batch mode (batch_size=...); in per-sample mode the DataLoader collates: "
+                "pass it to DataLoader(ds, batch_size=..., collate_fn=...)"
+            )
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0 (it seeds NumPy's SeedSequence), got {seed!r}")
         self.file = path if isinstance(path, RecordFile) else RecordFile(
             path, cache_dir=cache_dir, cache_limit=cache_limit
         )
+        # a bad path fails here, in the main process, not at len() or in a worker; nothing stays open
+        count = int(self.file.check()["count"])
+        self._subset: Subset | None = None
+        if subset is not None:
+            self._subset = resolve_subset(subset, count, self.file.path)
         self.shuffle = shuffle
         self.shuffle_buffer = shuffle_buffer
         self.block_size = block_size
-        self.seed = seed
+        self.seed = int(seed)
         self.transform = transform
         self.batch_transform = batch_transform
+        self.collate_fn = collate_fn
         self.verify = verify
         self._layout_cache: tuple[tuple[str, int], FixedLayout | None] | None = None
         self._force_generic = False  # tests: read a fixed-layout set the generic way
@@ -168,6 +205,25 @@ class RecordDataset(IterableDataset[Any]):
         self._yielded = 0  # items this reader yielded in the current iteration
         self._iter_epoch: int | None = None
 
+    def __repr__(self) -> str:
+        parts = [repr(self.file.path), f"{self._count()} samples"]
+        if self._subset is not None:
+            parts.append(f"subset={self._subset.describe()}")
+        parts.append(f"batch_size={self.batch_size}" if self.batch_size is not None else "per-sample")
+        if self.loader_batch_size is not None:
+            parts.append(f"loader_batch_size={self.loader_batch_size}")
+        parts += [f"shuffle={self.shuffle}", f"seed={self.seed}", f"epoch={self.epoch}"]
+        if self.drop_last:
+            parts.append("drop_last=True")
+        rank, world = self._distributed
+        if world > 1:
+            parts.append(f"rank {rank} of {world}")
+        for name in ("transform", "batch_transform", "collate_fn"):
+            fn = getattr(self, name, None)
+            if fn is not None:
+                parts.append(f"{name}={getattr(fn, '__qualname__', None) or type(fn).__name__}")
+        return f"RecordDataset({', '.join(parts)})"
+
     # -- configuration ------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration produces."""
@@ -176,6 +232,7 @@ class RecordDataset(IterableDataset[Any]):
 
     @property
     def epoch(self) -> int:
+        """The epoch whose order the next iteration produces (set by :meth:`set_epoch`)."""
         return int(self._epoch.item())
 
     def _detect_distributed(self) -> tuple[int, int]:
@@ -204,7 +261,16 @@ class RecordDataset(IterableDataset[Any]):
         return -(-per_rank // self.batch_size)
 
     def _per_rank(self) -> int:
-        return _partition.samples_per_rank(len(self.file), self._distributed[1], self.drop_last)
+        return _partition.samples_per_rank(self._count(), self._distributed[1], self.drop_last)
+
+    def _count(self) -> int:
+        """Samples this dataset reads per epoch over all ranks: the subset's, or the whole set's."""
+        return len(self._subset) if self._subset is not None else len(self.file)
+
+    @property
+    def subset(self) -> range | np.ndarray | None:
+        """The selected sample indices in order (a range or a read-only int64 array), or None for all."""
+        return self._subset.indices if self._subset is not None else None
 
     def _unit(self, num_workers: int) -> int:
         """What this rank's span is cut on among ``num_workers`` readers."""
@@ -233,34 +299,13 @@ class RecordDataset(IterableDataset[Any]):
 
     def _loader_problem(self, loader: Any) -> str | None:
         """Why ``loader`` yields another number of batches than ``len(loader)``, or None."""
-        size = getattr(loader, "batch_size", None)
-        if self.batch_size is not None:
-            if size is not None:
-                return (
-                    f"{self.file.path}: the dataset yields whole batches (batch_size={self.batch_size}) and the "
-                    f"DataLoader batches them again (batch_size={size}): use DataLoader(ds, batch_size=None)"
-                )
-            return None
-        if size is None:
-            return None
-        workers = int(getattr(loader, "num_workers", 0))
-        drop = bool(getattr(loader, "drop_last", False))
-        per_rank = self._per_rank()
-        unit = self._unit(max(1, workers))
-        actual = _partition.loader_batches(per_rank, workers, unit, size, drop)
-        promised = per_rank // size if drop else -(-per_rank // size)
-        if actual == promised:
-            return None
-        return (
-            f"{self.file.path}: len(loader) is {promised}, but DataLoader(batch_size={size}, num_workers={workers}) "
-            f"yields {actual} batches per epoch from this dataset: each worker batches its own share and ends on "
-            f"its own short batch, and {size} does not divide the {unit} samples the shares are cut on. Fix: "
-            f"RecordDataset(..., loader_batch_size={size}), or a DataLoader batch size that divides {unit}"
+        return _glue.loader_problem(
+            loader, path=self.file.path, batch_size=self.batch_size, per_rank=self._per_rank(), unit_of=self._unit
         )
 
     # -- resume -------------------------------------------------------------------
     def _plan(self, num_workers: int) -> dict[str, Any]:
-        count = len(self.file)
+        count = self._count()
         k = self.file.samples_per_record
         block = self.block_size or _partition.auto_block_size(count)
         return {
@@ -274,6 +319,7 @@ class RecordDataset(IterableDataset[Any]):
             "worker_unit": self._unit(num_workers),
             "world_size": self._distributed[1],
             "num_workers": num_workers,
+            "subset": self._subset.digest if self._subset is not None else None,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -311,7 +357,13 @@ class RecordDataset(IterableDataset[Any]):
                 A state of an earlier epoch is ignored with a warning.
         """
         self._refresh_distributed()
-        self._resume = _resume.accept(state, set_id=self.file.set_id, epoch=self.epoch, path=self.file.path)
+        self._resume = _resume.accept(
+            state,
+            set_id=self.file.set_id,
+            epoch=self.epoch,
+            path=self.file.path,
+            subset=self._subset.digest if self._subset is not None else None,
+        )
 
     def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
         """The position of this rank after a plain DataLoader handed out ``batches`` batches this epoch.
@@ -384,16 +436,21 @@ class RecordDataset(IterableDataset[Any]):
             drop_last=self.drop_last,
             bounds=self._bounds(),
         )
+        runs = self._subset.runs(runs) if self._subset is not None else runs
         return Share(tuple(runs), share.seed, share.epoch, share.rank, share.worker, share.shuffle, share.window), 0
 
     # -- iteration ------------------------------------------------------------
     def reader_runs(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int]]:
-        """The sample runs one reader visits this epoch (for inspection and tests)."""
-        count = len(self.file)
+        """The sample runs of reader ``worker`` of ``num_workers`` on this rank this epoch (for inspection and tests).
+
+        With a subset, the runs are of the selected sample indices (the order is
+        decided over subset positions, then mapped).
+        """
+        count = self._count()
         k = self.file.samples_per_record
         block = self.block_size or _partition.auto_block_size(count)
         rank, world_size = self._distributed
-        return _partition.reader_runs(
+        runs = _partition.reader_runs(
             count,
             block_size=-(-block // k) * k,  # whole records per block
             seed=self.seed,
@@ -407,13 +464,20 @@ class RecordDataset(IterableDataset[Any]):
             unit=self._unit(num_workers),
             bounds=self._bounds(),
         )
+        return self._subset.runs(runs) if self._subset is not None else runs
 
     def _bounds(self) -> Any:
-        """The shard offsets of a sharded set (its blocks restart at each shard), None for one file."""
-        return self.file.shard_offsets if self.file.num_shards > 1 else None
+        """The shard offsets of a sharded set (its blocks restart at each shard), None for one file.
+
+        A subset's positions are not set indices, so its blocks ignore shard bounds (a
+        block that straddles two shards is read from both).
+        """
+        if self._subset is not None or self.file.num_shards == 1:
+            return None
+        return self.file.shard_offsets
 
     def share(self, worker: int = 0, num_workers: int = 1) -> Share:
-        """What one reader reads this epoch and the identity its order is seeded from."""
+        """What reader ``worker`` of ``num_workers`` reads this epoch and the identity its order is seeded from."""
         window = self._window_size()
         return Share(
             runs=tuple(self.reader_runs(worker, num_workers)),
@@ -435,8 +499,16 @@ class RecordDataset(IterableDataset[Any]):
         reader = ShareReader(self.file, share, layout=layout, verify=self.verify)
         self._iter_epoch = self.epoch
         self._yielded = start
-        items = self._batches(reader, start) if self.batch_size is not None else self._samples(reader, start)
-        return self._counted(items)
+        items = Items(
+            self.file.path,
+            self.file.schema,
+            transform=self.transform,
+            collate_fn=self.collate_fn,
+            batch_transform=self.batch_transform,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
+        return self._counted(items.of(reader, start))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
         """Count each item before it is yielded, so state_dict() always says what was handed out."""
@@ -447,7 +519,7 @@ class RecordDataset(IterableDataset[Any]):
     def _window_size(self) -> int:
         layout = self._fixed_layout()
         per_sample = layout.length // layout.rows if layout is not None else None
-        step = self.batch_size or _SAMPLE_MODE_BATCH
+        step = self.batch_size or SAMPLE_CHUNK
         return _order.window_size(self.shuffle_buffer, step, per_sample, shuffle=self.shuffle)
 
     def _fixed_layout(self) -> FixedLayout | None:
@@ -455,36 +527,3 @@ class RecordDataset(IterableDataset[Any]):
         if self._layout_cache is None or self._layout_cache[0] != key:
             self._layout_cache = (key, FixedLayout.build(self.file.schema, self.file.samples_per_record))
         return self._layout_cache[1]
-
-    def _samples(self, reader: ShareReader, start: int) -> Iterator[Any]:
-        """Per-sample mode: each sample of the kind it was written as, transformed."""
-        schema, transform = self.file.schema, self.transform
-        for chunk in reader.chunks(_SAMPLE_MODE_BATCH, start):
-            samples = split_columns(chunk, schema) if reader.fixed else chunk
-            if transform is None:
-                yield from samples
-            else:
-                for sample in samples:
-                    yield transform(sample)
-
-    def _batches(self, reader: ShareReader, start: int) -> Iterator[Any]:
-        """Batch mode: batches built here, fixed numeric leaves stacked, the rest lists."""
-        size = self.batch_size
-        assert size is not None
-        schema, transform = self.file.schema, self.transform
-        for chunk in reader.chunks(size, start * size):
-            n = len(chunk[0]) if reader.fixed and chunk else len(chunk)
-            if n < size and self.drop_last:
-                return
-            if transform is not None:
-                samples = split_columns(chunk, schema) if reader.fixed else chunk
-                batch = torch.utils.data.default_collate([transform(s) for s in samples])
-            elif reader.fixed:
-                batch = stack_columns(chunk, schema)
-            else:
-                batch = collate_samples(chunk, schema)
-            yield self.batch_transform(batch) if self.batch_transform is not None else batch
-
-
-#: Internal chunk of the read path when the dataset yields single samples.
-_SAMPLE_MODE_BATCH = 256

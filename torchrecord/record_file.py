@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lmdb
@@ -15,7 +15,10 @@ from torchrecord._groups import read_offsets
 from torchrecord._identity import set_id_of
 from torchrecord._kinds import materialize
 from torchrecord._structure import unflatten
-from torchrecord._walk import Walk, record_runs
+from torchrecord._subset import Subset
+from torchrecord._subset import position as subset_position
+from torchrecord._subset import resolve as resolve_subset
+from torchrecord._walk import PIECE, Walk, record_runs
 from torchrecord.errors import CorruptRecordError, NotARecordSetError
 from torchrecord.schema import Schema
 
@@ -26,12 +29,16 @@ class RecordFile:
     """Map-style, read-only access to the records of a record set.
 
     ``rf[i]`` is the i-th stored sample (negative indices count from the end),
-    with the structure, kinds, dtypes and shapes it was written with. Iteration
-    walks the records in stored order with one cursor.
+    with the structure, kinds, dtypes and shapes it was written with; ``rf[2:10]``
+    and ``rf[[1, 5, 9]]`` (or an integer array) give lists of samples, read in
+    one transaction, and so does ``__getitems__``, which a map-style DataLoader
+    calls once per batch. Iteration walks the records in stored order with one
+    cursor.
 
     The LMDB environment is opened on first use, read-only and without a lock
-    file, and re-opened after a fork; a RecordFile pickles as its path alone, so it
-    can be handed to DataLoader workers under fork, spawn or forkserver.
+    file, and re-opened after a fork; a RecordFile pickles as its path (and
+    subset) alone, so it can be handed to DataLoader workers under fork, spawn or
+    forkserver.
 
     ``RecordFile(path)`` of a sharded set (a directory, a ``manifest.json`` or a
     URL; see :func:`torchrecord.write_shard`) returns a
@@ -39,12 +46,20 @@ class RecordFile:
 
     Args:
         path: a record set written by :func:`torchrecord.write_record`, or a sharded set.
+        subset: read only these samples: a ``range``, a ``slice``, a sequence or
+            array of sample indices, or a boolean mask with one entry per sample.
+            ``len()``, indexing and iteration then see the selected samples in
+            the order given (``rf[0]`` is the first selected sample). A subset
+            is checked against the set when the RecordFile is made (which opens
+            the file); without one, the file opens on first use. Not for a
+            sharded set's RecordFile (``RecordDataset(subset=)`` reads a subset of one).
         cache_dir, cache_limit: for a remote sharded set: where its shards are
             fetched to and how many bytes of them to keep (see ``ShardedSet``).
 
     Example:
         >>> rf = RecordFile("train.tr")                      # doctest: +SKIP
         >>> len(rf), rf.schema, rf[0]                        # doctest: +SKIP
+        >>> val = RecordFile("train.tr", subset=range(9000, 10000))  # doctest: +SKIP
     """
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> RecordFile:
@@ -56,7 +71,12 @@ class RecordFile:
         return object.__new__(cls)
 
     def __init__(
-        self, path: str | os.PathLike[str], *, cache_dir: str | None = None, cache_limit: int | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        subset: Any = None,
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self._handle: _envcache.Handle | None = None
@@ -64,6 +84,9 @@ class RecordFile:
         self._schema: Schema | None = None
         self._records_db: Any = None
         self._crc_db: Any = None
+        self._subset: Subset | None = None
+        if subset is not None:
+            self._subset = resolve_subset(subset, self._set_count(), self.path)
 
     # -- lazy opening -------------------------------------------------------
     def _open(self) -> lmdb.Environment:
@@ -83,15 +106,36 @@ class RecordFile:
         self._schema = Schema.from_dict(schema) if schema is not None else Schema({"t": "leaf"}, [])
         return env
 
+    def check(self) -> dict[str, Any]:
+        """Open the file, read and check its metadata and databases, and close it again; returns the metadata.
+
+        Raises the same errors as the first real use would (missing path, a
+        directory, an image, not a record set, newer version, truncated...),
+        but leaves no descriptor or mapping behind unless this process already
+        had the file open: for checking a path in a process that will not read.
+        """
+        return _envcache.read_closed(self.path, self._read_description)
+
+    def _read_description(self, env: lmdb.Environment) -> dict[str, Any]:
+        meta = _format.read_metadata(env, self.path)
+        try:
+            env.open_db(_format.RECORDS_DB, create=False)
+            if meta.get("checksum"):
+                env.open_db(_format.CRC_DB, create=False)
+        except lmdb.Error as exc:
+            raise NotARecordSetError(f"{self.path}: missing database ({exc})") from None
+        return meta
+
     def close(self) -> None:
         """Forget the environment (it re-opens on next use; the process shares one per file)."""
         self._handle = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
+        return {"path": self.path, "subset": self._subset}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])  # type: ignore[misc]
+        self._subset = state.get("subset")  # already resolved: no need to open here
 
     def __enter__(self) -> RecordFile:
         self._open()
@@ -121,9 +165,22 @@ class RecordFile:
         return dict(self.metadata.get("user") or {})
 
     def __len__(self) -> int:
+        if self._subset is not None:
+            return len(self._subset)
+        return self._set_count()
+
+    def _set_count(self) -> int:
+        """Samples in the whole set (``len()`` counts the subset's)."""
         return int(self.metadata["count"])
 
+    @property
+    def subset(self) -> range | np.ndarray | None:
+        """The selected sample indices in order (a range or a read-only int64 array), or None for all."""
+        return self._subset.indices if self._subset is not None else None
+
     def __repr__(self) -> str:
+        if self._subset is not None:
+            return f"RecordFile({self.path!r}, subset={self._subset.describe()})"
         return f"RecordFile({self.path!r})"
 
     # -- access ---------------------------------------------------------------
@@ -139,8 +196,8 @@ class RecordFile:
 
     @property
     def num_records(self) -> int:
-        """LMDB values in the set (``len(self)`` divided by ``samples_per_record``, rounded up)."""
-        return int(self.metadata.get("records", len(self)))
+        """LMDB values in the whole set (its samples divided by ``samples_per_record``, rounded up)."""
+        return int(self.metadata.get("records", self._set_count()))
 
     @property
     def crc_db(self) -> Any:
@@ -149,7 +206,7 @@ class RecordFile:
         return self._crc_db
 
     def decode(self, value: bytes | memoryview, index: int) -> Any:
-        """Decode one stored value of a set with one sample per record."""
+        """Decode one stored ``value`` of a set with one sample per record (``index`` names it in errors)."""
         fields = self.schema.fields
         where = f"{self.path}: record {index}"
         payloads = decode_leaves(value, fields, where)
@@ -157,12 +214,12 @@ class RecordFile:
         return unflatten(self.schema.tree, leaves)
 
     def decode_record(self, value: bytes | memoryview, record: int) -> list[Any]:
-        """Decode one stored value into the list of samples it holds."""
+        """Decode the stored ``value`` of record ``record`` into the list of samples it holds."""
         k = self.samples_per_record
         if k == 1:
             return [self.decode(value, record)]
         fields = self.schema.fields
-        rows = min(k, len(self) - record * k)
+        rows = min(k, self._set_count() - record * k)
         where = f"{self.path}: record {record}"
         columns = decode_leaves(value, fields, where, rows)
         return [
@@ -184,20 +241,82 @@ class RecordFile:
             raise CorruptRecordError(f"{self.path}: record {record} is missing")
         return bytes(value)
 
-    def __getitem__(self, index: int) -> Any:
-        if not isinstance(index, int):
-            index = int(index)  # numpy / torch integers
-        n = len(self)
-        position = index + n if index < 0 else index
-        if not 0 <= position < n:
-            raise IndexError(f"sample index {index} out of range for {self.path} with {n} samples")
+    def __getitem__(self, index: Any) -> Any:
+        """``rf[i]``: one sample; ``rf[a:b:c]``, ``rf[[i, j]]``, ``rf[int_array]``: a list of samples.
+
+        Raises TypeError for indices that are not integers (``rf[1.9]``,
+        ``rf["3"]``, ``rf[True]``) and IndexError outside the set (or subset).
+        """
+        if isinstance(index, slice):
+            return self.__getitems__(range(*index.indices(len(self))))
+        if isinstance(index, (list, tuple)) or getattr(index, "ndim", 0) > 0:
+            return self.__getitems__(index)
+        position = subset_position(index, len(self), self.path)
+        if self._subset is not None:
+            position = int(self._subset.take(np.array([position]))[0])
         k = self.samples_per_record
         if k == 1:
             return self.decode(self.raw(position), position)
         record = position // k
         return self.decode_record(self.raw(record), record)[position % k]
 
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        """The samples at ``indices`` (positions in the subset, if any), read in one transaction.
+
+        Records are read once each, in key order, whatever the order asked;
+        a sample asked twice is decoded twice (no shared tensors).
+        """
+        samples = self._sample_indices(indices)
+        if len(samples) == 0:
+            return []
+        k = self.samples_per_record
+        records = np.unique(samples // k)
+        breaks = np.flatnonzero(np.diff(records) != 1) + 1
+        runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(records, breaks)]
+        values: dict[int, bytes] = {}
+        env, db = self.environment()
+        with Walk(env, db, self.path) as walk:
+            for first, piece in walk.pieces(runs):
+                values.update(zip(range(first, first + len(piece)), piece))
+        if k == 1:
+            return [self.decode(values[i], i) for i in samples.tolist()]
+        decoded: dict[int, list[Any]] = {}
+        out = []
+        for i in samples.tolist():
+            record, row = divmod(i, k)
+            rows = decoded.get(record)
+            if rows is None or rows[row] is None:  # first use, or asked again: decode afresh
+                rows = decoded[record] = self.decode_record(values[record], record)
+            out.append(rows[row])
+            rows[row] = None
+        return out
+
+    def _sample_indices(self, indices: Any) -> np.ndarray:
+        """Positions given by the user (ints, negative from the end) as set sample indices, checked."""
+        if isinstance(indices, range):
+            positions = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+        else:
+            if hasattr(indices, "detach"):
+                indices = indices.detach().cpu().numpy()
+            arr = np.asarray(indices)
+            if arr.dtype == np.bool_ or (len(arr) and not np.issubdtype(arr.dtype, np.integer)) or arr.ndim != 1:
+                raise TypeError(
+                    f"{self.path}: sample indices must be a list or 1-d array of ints, got {arr.dtype} values of shape "
+                    f"{arr.shape}; for a mask use numpy.flatnonzero(mask)"
+                )
+            positions = arr.astype(np.int64)
+        n = len(self)
+        positions = np.where(positions < 0, positions + n, positions)
+        bad = np.flatnonzero((positions < 0) | (positions >= n))
+        if len(bad):
+            wrong = int(np.asarray(indices)[bad[0]])
+            raise IndexError(f"sample index {wrong} out of range for {self.path} with {n} samples")
+        return self._subset.take(positions) if self._subset is not None else positions
+
     def __iter__(self) -> Iterator[Any]:
+        if self._subset is not None:  # the selected samples, in their order, a piece at a time
+            yield from (s for lo in range(0, len(self), PIECE) for s in self[lo : lo + PIECE])
+            return
         env, db = self.environment()
         with Walk(env, db, self.path) as walk:
             for first, values in walk.pieces([(0, self.num_records)]):

@@ -51,6 +51,7 @@ class Field:
 
     @property
     def is_numeric(self) -> bool:
+        """True for numbers (tensor, ndarray, int, float, bool); False for bytes and str."""
         return self.kind in NUMERIC_KINDS
 
     @property
@@ -59,10 +60,12 @@ class Field:
         return self.is_numeric and all(d is not None for d in self.shape)
 
     def to_dict(self) -> dict[str, Any]:
+        """The field as stored in the metadata (a msgpack-able map)."""
         return {"name": self.name, "kind": self.kind, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Field:
+        """The field from its metadata map ``d`` (the inverse of :meth:`to_dict`)."""
         return cls(str(d["name"]), str(d["kind"]), str(d["dtype"]), tuple(d["shape"]))
 
 
@@ -75,13 +78,13 @@ class Schema:
 
     @classmethod
     def from_first(cls, tree: Tree, leaves: Sequence[LeafSignature]) -> Schema:
-        """The schema defined by the first sample."""
+        """The schema defined by the first sample: its structure ``tree`` and its ``leaves``' signatures."""
         names = field_names(tree)
         fields = [Field(n, s.kind, s.dtype, tuple(s.shape)) for n, s in zip(names, leaves)]
         return cls(tree, fields)
 
     def merge(self, tree: Tree, leaves: Sequence[LeafSignature], where: str) -> None:
-        """Check one more sample against the schema, widening shapes that vary.
+        """Check one more sample (its ``tree`` and ``leaves``) against the schema, widening shapes that vary.
 
         ``where`` names the sample in error messages (``"sample 17"``).
         """
@@ -107,6 +110,7 @@ class Schema:
 
     @property
     def names(self) -> list[str]:
+        """The dotted field names, in leaf order (``["0", "1"]``, ``["image", "meta.id"]``)."""
         return [f.name for f in self.fields]
 
     @property
@@ -115,10 +119,12 @@ class Schema:
         return all(f.is_fixed for f in self.fields)
 
     def to_dict(self) -> dict[str, Any]:
+        """The schema as stored in the metadata: ``{"tree": ..., "fields": [...]}``."""
         return {"tree": self.tree, "fields": [f.to_dict() for f in self.fields]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Schema:
+        """The schema from its metadata map ``d`` (the inverse of :meth:`to_dict`)."""
         return cls(d["tree"], [Field.from_dict(f) for f in d["fields"]])
 
     def __str__(self) -> str:

@@ -41,6 +41,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """True when no record was bad."""
         return self.bad == 0
 
     def _fail(self, index: int, message: str, max_errors: int) -> None:
@@ -69,6 +70,14 @@ def verify(
     A sharded set is verified shard by shard (record indices run on over the
     shards, messages name the shard's file), and each shard file's SHA-256 is
     checked against the manifest.
+
+    Returns:
+        A :class:`VerifyReport`: ``ok``, the records checked and bad, the first
+        bad record and its message.
+
+    Raises:
+        RecordNotFoundError, NotARecordSetError, VersionError, CorruptRecordError:
+            the set cannot be opened at all (see below).
 
     Opening problems (missing file, not a record set, newer version, truncated file)
     raise; per-record problems are counted in the report, which names the first bad
