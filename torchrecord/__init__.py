@@ -7,6 +7,7 @@ and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
 
 from torchrecord._resume import loader_position
+from torchrecord._summary import SkippedSample, WriteSummary
 from torchrecord._version import __version__
 from torchrecord.dataset import RecordDataset
 from torchrecord.errors import TorchRecordError
@@ -26,9 +27,11 @@ __all__ = [
     "RecordWriter",
     "SampleList",
     "Schema",
+    "SkippedSample",
     "StreamDataset",
     "TorchRecordError",
     "VerifyReport",
+    "WriteSummary",
     "__version__",
     "load",
     "loader_position",

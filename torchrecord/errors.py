@@ -17,6 +17,10 @@ or ``except ValueError`` keeps working::
     ├── SourceError                                        the source failed at sample i, or is unusable
     └── WriteError               (also OSError)            the write failed (disk full, ...)
 
+    TorchRecordWarning           (a UserWarning)
+    ├── VariableShapeWarning                               a field's shape changed during a write
+    └── IgnoredOptionWarning                               an option has no effect on this source
+
 Messages name the file, the record (or sample) index and the field where they
 are known, and say what to do about it.
 """
@@ -27,6 +31,7 @@ __all__ = [
     "ChecksumError",
     "CorruptRecordError",
     "FormatError",
+    "IgnoredOptionWarning",
     "IncompleteRecordSetError",
     "NotARecordSetError",
     "RecordExistsError",
@@ -34,6 +39,8 @@ __all__ = [
     "SchemaError",
     "SourceError",
     "TorchRecordError",
+    "TorchRecordWarning",
+    "VariableShapeWarning",
     "VersionError",
     "WriteError",
 ]
@@ -86,3 +93,21 @@ class SourceError(TorchRecordError):
 
 class WriteError(TorchRecordError, OSError):
     """Writing the record set failed (for example the disk is full)."""
+
+
+class TorchRecordWarning(UserWarning):
+    """Base class of every warning torchrecord gives."""
+
+
+class VariableShapeWarning(TorchRecordWarning):
+    """A field's shape changed during a write that did not state it (``schema=``).
+
+    The set is written with that dimension variable (``None``): batch mode then
+    gives lists for the field instead of one stacked tensor, and the fast path
+    is off. State the shape with ``schema=`` to accept it silently, or fix the
+    source.
+    """
+
+
+class IgnoredOptionWarning(TorchRecordWarning):
+    """An option was given that has no effect on this source (e.g. ``num_workers`` with an iterator)."""

@@ -53,6 +53,7 @@ def write_stream(
 ) -> RecordFile:
     """:func:`write` for a :class:`RowStream`: any read error is fatal (``on_error`` is ignored)."""
     kwargs = {**kwargs, "on_error": "raise"}
+    kwargs.pop("max_skipped", None)  # nothing is skipped
     kwargs.pop("num_workers", None)  # an iterable is read in this process
     return write(stream, path, source_meta, kwargs)
 
