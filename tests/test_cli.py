@@ -93,7 +93,7 @@ def test_info_text_and_json(run: Run, make_record: Callable[..., str]) -> None:
 
 def test_info_variable_shapes(run: Run, make_record: Callable[..., str]) -> None:
     samples = [{"x": np.zeros((2, i + 1), np.float32), "s": "é" * i} for i in range(3)]
-    code, out, _ = run("info", make_record(samples))
+    code, out, _ = run("info", make_record(samples, schema={"x": (2, None)}))
     assert code == 0
     assert "  x     ndarray float32   [2, ?] variable" in out
     assert "  s     str     str       variable length" in out
@@ -189,7 +189,7 @@ def test_convert_folder_then_inspect(run: Run, tmp_path: Path) -> None:
     info = json.loads(out)
     assert info["count"] == 7 and info["seed"] == 3
     assert info["user_metadata"] == {"source_format": "folder", "classes": ["cat", "dog"]}
-    assert [f["name"] for f in info["fields"]] == ["image", "label"]
+    assert [f["name"] for f in info["fields"]] == ["image", "label", "path"]
     code, out, _ = run("head", out_path, "-n", "1")
     assert code == 0 and "  image  bytes   " in out and "b'\\x89PNG" in out
     assert run("verify", out_path)[0] == 0
@@ -206,10 +206,28 @@ def test_convert_bad_image_and_skip_bad(run: Run, tmp_path: Path) -> None:
     code, out, err = run("convert", tmp_path / "src", tmp_path / "out.tr", "--skip-bad", "--no-shuffle")
     assert (code, err) == (0, "")
     assert "in source order, 1 skipped" in out
+    assert f"skipped sample 3: SourceError: {bad}: not a decodable image" in out  # each skipped file named
     assert_same_images(tmp_path / "out.tr", expected)
     # only the signature is checked with --no-check-images: this file passes
     code, out, _ = run("convert", tmp_path / "src", tmp_path / "o2.tr", "--no-check-images")
     assert code == 0 and "0 skipped" in out
+
+
+def test_convert_extensions_and_paths(run: Run, tmp_path: Path) -> None:
+    expected = make_image_folder(tmp_path / "src", {"a": 2})
+    (tmp_path / "src" / "a" / "README.txt").write_text("not an image")
+    code, out, err = run("convert", tmp_path / "src", tmp_path / "out.tr")
+    assert (code, err) == (0, "") and "2 samples" in out
+    assert_same_images(tmp_path / "out.tr", expected)
+    assert sorted(s["path"] for s in RecordFile(tmp_path / "out.tr")) == ["a/000.png", "a/001.png"]
+    code, out, err = run("convert", tmp_path / "src", tmp_path / "np.tr", "--no-paths")
+    assert code == 0 and RecordFile(tmp_path / "np.tr").schema.names == ["image", "label"]
+    code, out, err = run("convert", tmp_path / "src", tmp_path / "all.tr", "--extensions", "*")
+    assert code == 1 and "README.txt: not a decodable image" in err
+    code, out, err = run("convert", tmp_path / "src", tmp_path / "all.tr", "--extensions", "*", "--skip-bad")
+    assert code == 0 and "1 skipped" in out and "README.txt" in out
+    code, out, err = run("convert", tmp_path / "src", tmp_path / "j.tr", "--extensions", ".jpg,.jpeg")
+    assert code == 1 and "none with an image extension (.jpg, .jpeg)" in err
 
 
 def test_convert_existing_target(run: Run, tmp_path: Path) -> None:

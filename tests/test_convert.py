@@ -108,7 +108,7 @@ def test_folder_round_trip_with_classes(tmp_path: Path) -> None:
 
 def test_folder_workers_and_skip_bad_files(tmp_path: Path) -> None:
     expected = make_image_folder(tmp_path / "src", {"a": 10, "b": 10})
-    (tmp_path / "src" / "a" / "notes.txt").write_text("not an image")
+    (tmp_path / "src" / "a" / "notes.jpg").write_text("not an image")
     truncated = png_bytes(image_pixels(1, 99, (20, 20)))[:-30]
     (tmp_path / "src" / "b" / "broken.png").write_bytes(truncated)
     (tmp_path / "src" / "b" / "empty.png").write_bytes(b"")
@@ -120,7 +120,7 @@ def test_folder_workers_and_skip_bad_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "reason"),
     [
-        ("notes.txt", b"hello, not an image", "not a decodable image"),
+        ("notes.png", b"hello, not an image", "not a decodable image"),
         ("cut.png", None, "not a decodable image"),
         ("empty.png", b"", "empty file"),
     ],
@@ -145,8 +145,8 @@ def test_folder_without_image_check_only_checks_signatures(tmp_path: Path) -> No
     expected[truncated] = 0
     rf = from_image_folder(tmp_path / "src", tmp_path / "out.tr", check_images=False, progress=False)
     assert_same_images(rf.path, expected)
-    (tmp_path / "src" / "a" / "x.txt").write_text("text")
-    with pytest.raises(SourceError, match=r"x\.txt: not a PNG, JPEG"):
+    (tmp_path / "src" / "a" / "x.gif").write_text("text")
+    with pytest.raises(SourceError, match=r"x\.gif: not a PNG, JPEG"):
         from_image_folder(tmp_path / "src", tmp_path / "o2.tr", check_images=False, progress=False)
 
 
@@ -190,6 +190,58 @@ def test_folder_metadata_and_existing_target(tmp_path: Path) -> None:
         from_image_folder(tmp_path / "src", tmp_path / "out.tr", progress=False)
     rf = from_image_folder(tmp_path / "src", tmp_path / "out.tr", overwrite=True, seed=5, progress=False)
     assert rf.metadata["seed"] == 5
+
+
+def test_folder_takes_only_image_extensions(tmp_path: Path) -> None:
+    """Like torchvision's ImageFolder: README.txt or Thumbs.db in a class folder are left alone."""
+    expected = make_image_folder(tmp_path / "src", {"cat": 2, "dog": 2})
+    (tmp_path / "src" / "cat" / "README.txt").write_text("about these cats")
+    (tmp_path / "src" / "dog" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0 thumbnails")
+    upper = png_bytes(image_pixels(1, 50))
+    (tmp_path / "src" / "dog" / "BIG.PNG").write_bytes(upper)  # case-insensitive
+    expected[upper] = 1
+    rf = from_image_folder(tmp_path / "src", tmp_path / "out.tr", progress=False)
+    assert_same_images(rf.path, expected)
+    only = from_image_folder(tmp_path / "src", tmp_path / "o2.tr", extensions=["PNG"], progress=False)
+    assert len(only) == 5
+    with pytest.raises(SourceError, match=r"README\.txt: not a decodable image"):
+        from_image_folder(tmp_path / "src", tmp_path / "o3.tr", extensions=None, progress=False)
+    with pytest.raises(SourceError, match=r"none with an image extension \(\.webp\).*extensions=None"):
+        from_image_folder(tmp_path / "src", tmp_path / "o4.tr", extensions=[".webp"], progress=False)
+    with pytest.raises(ValueError, match="extensions"):
+        from_image_folder(tmp_path / "src", tmp_path / "o5.tr", extensions=[], progress=False)
+
+
+def test_folder_and_list_samples_keep_their_file_path(tmp_path: Path) -> None:
+    make_image_folder(tmp_path / "src", {"cat": 2, "dog": 1})
+    (tmp_path / "src" / "dog" / "deeper").mkdir()
+    nested = png_bytes(image_pixels(1, 9))
+    (tmp_path / "src" / "dog" / "deeper" / "n.png").write_bytes(nested)
+    rf = from_image_folder(tmp_path / "src", tmp_path / "out.tr", progress=False)
+    assert rf.schema.names == ["image", "label", "path"]
+    paths = {s["path"]: s for s in rf}
+    assert sorted(paths) == ["cat/000.png", "cat/001.png", "dog/000.png", "dog/deeper/n.png"]
+    for name, sample in paths.items():
+        assert (tmp_path / "src" / name).read_bytes() == sample["image"]
+    assert paths["dog/deeper/n.png"]["label"] == 1
+    bare = from_image_folder(tmp_path / "src", tmp_path / "bare.tr", keep_paths=False, progress=False)
+    assert bare.schema.names == ["image", "label"]
+    (tmp_path / "list.txt").write_text("src/cat/000.png 0\nsrc/dog/deeper/n.png 1\n")
+    listed = from_list_file(tmp_path / "list.txt", tmp_path / "l.tr", shuffle=False, progress=False)
+    assert [s["path"] for s in listed] == ["src/cat/000.png", "src/dog/deeper/n.png"]
+
+
+def test_skipped_files_are_each_named(tmp_path: Path) -> None:
+    make_image_folder(tmp_path / "src", {"a": 3})
+    bad = [tmp_path / "src" / "a" / f"bad{i}.jpg" for i in range(3)]
+    for path in bad:
+        path.write_bytes(b"\xff\xd8\xff garbage")
+    rf = from_image_folder(tmp_path / "src", tmp_path / "out.tr", on_error="skip", progress=False)
+    assert len(rf) == 3
+    errors = [s.error for s in rf.write_summary.skipped_samples]
+    assert len(errors) == 3 and all(str(p) in e for p, e in zip(bad, errors))
+    stored = RecordFile(rf.path).metadata["skipped_samples"]
+    assert [str(p) in s["error"] for p, s in zip(bad, stored)] == [True] * 3
 
 
 # -- list files ------------------------------------------------------------------

@@ -334,7 +334,7 @@ def _tagged(i: int) -> tuple[str, torch.Tensor, int]:
 def test_generic_schema_samples_and_batches(tmp_path: Path) -> None:
     """A schema with strings and a variable dimension takes the general decoding path."""
     path = tmp_path / "tagged.tr"
-    torchrecord.write_record([_tagged(i) for i in range(50)], path, progress=False)
+    torchrecord.write_record([_tagged(i) for i in range(50)], path, progress=False, schema={"1": [None]})
     samples = list(RecordDataset(path, shuffle_buffer=8))
     assert sorted(s[2] for s in samples) == list(range(50))
     for name, values, label in samples:

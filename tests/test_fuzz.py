@@ -384,7 +384,7 @@ class _Mixed(torch.utils.data.Dataset[Any]):
 @pytest.fixture(scope="module")
 def mixed_record(tmp_path_factory: pytest.TempPathFactory) -> torchrecord.RecordFile:
     path = tmp_path_factory.mktemp("fuzz") / "mixed.tr"
-    torchrecord.write_record(_Mixed(), path, shuffle=False, progress=False)
+    torchrecord.write_record(_Mixed(), path, shuffle=False, progress=False, schema={"image": [3, 4, None]})
     return torchrecord.RecordFile(path)
 
 

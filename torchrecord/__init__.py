@@ -10,6 +10,7 @@ and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 
 from torchrecord._resume import loader_position
 from torchrecord._sharded import ShardedSet
+from torchrecord._summary import SkippedSample, WriteSummary
 from torchrecord._version import __version__
 from torchrecord.dataset import RecordDataset
 from torchrecord.errors import TorchRecordError
@@ -35,10 +36,12 @@ __all__ = [
     "Schema",
     "SequenceDataset",
     "ShardedSet",
+    "SkippedSample",
     "StreamDataset",
     "TorchRecordError",
     "VerifyReport",
     "WindowDataset",
+    "WriteSummary",
     "__version__",
     "finalize_shards",
     "load",

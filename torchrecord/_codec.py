@@ -14,11 +14,13 @@ import torch
 from google.protobuf.message import DecodeError
 
 from torchrecord import _dtypes
+from torchrecord._format import MAX_RANK
 from torchrecord._proto import torchrecord_pb2 as pb
+from torchrecord._structure import number_list_dtype
 from torchrecord.errors import CorruptRecordError
 from torchrecord.schema import Field, LeafSignature
 
-__all__ = ["decode_leaves", "encode_payloads", "leaf_payload"]
+__all__ = ["decode_leaves", "encode_payloads", "leaf_payload", "number_list_array"]
 
 _RAW = pb.TensorProto.StorageType.RAW
 _STRING = pb.TensorProto.DataType.STRING
@@ -29,8 +31,11 @@ Payload = np.ndarray | bytes
 def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
     """Normalize one leaf to its signature and its bytes-to-store.
 
-    Numeric leaves become little-endian, C-contiguous arrays; strings become bytes.
-    Raises TypeError for a leaf type torchrecord cannot store.
+    Numeric leaves become little-endian, C-contiguous arrays; strings become bytes;
+    a list of Python numbers (see ``_structure.number_list_dtype``) becomes a 1-d
+    array. Raises TypeError for a leaf type torchrecord cannot store, ValueError
+    for values every reader would refuse (bool bytes other than 0 and 1, rank
+    above 32, ints beyond int64).
     """
     if isinstance(leaf, torch.Tensor):
         info = _dtypes.from_torch(leaf.dtype)
@@ -40,18 +45,18 @@ def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
         t = t.contiguous()
         arr = t.view(torch.uint16).numpy() if info.name == "bfloat16" else t.numpy()
         arr = np.asarray(arr, dtype=info.numpy, order="C")  # keeps 0-d (ascontiguousarray makes it 1-d)
-        return LeafSignature("tensor", info.name, tuple(arr.shape)), arr
+        return LeafSignature("tensor", info.name, _checked(arr, info.name)), arr
     if isinstance(leaf, (np.ndarray, np.generic)):
         info = _dtypes.from_numpy(leaf.dtype)
         arr = np.asarray(leaf, dtype=info.numpy, order="C")
-        return LeafSignature("ndarray", info.name, tuple(arr.shape)), arr
+        return LeafSignature("ndarray", info.name, _checked(arr, info.name)), arr
     if isinstance(leaf, bool):
         return LeafSignature("bool", "bool", ()), np.array(leaf, dtype="?")
     if isinstance(leaf, int):
         try:
             arr = np.array(leaf, dtype="<i8")
         except OverflowError:
-            raise TypeError(f"int {leaf} does not fit in int64") from None
+            raise ValueError(f"int {leaf} does not fit in int64; store it as a str or a float") from None
         return LeafSignature("int", "int64", ()), arr
     if isinstance(leaf, float):
         return LeafSignature("float", "float64", ()), np.array(leaf, dtype="<f8")
@@ -59,10 +64,43 @@ def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
         return LeafSignature("bytes", "bytes", ()), bytes(leaf)
     if isinstance(leaf, str):
         return LeafSignature("str", "str", ()), leaf.encode("utf-8")
+    if isinstance(leaf, list):  # only lists of numbers of one kind are leaves
+        arr = number_list_array(leaf)
+        return LeafSignature("tensor", str(arr.dtype.name), arr.shape, from_list=True), arr
     raise TypeError(
         f"cannot store a leaf of type {type(leaf).__name__}; use a tensor, NumPy array, "
         "Python scalar, bytes or str (inside tuples, lists or dicts)"
     )
+
+
+_LIST_DTYPES = {"bool": np.dtype("?"), "int64": np.dtype("<i8"), "float64": np.dtype("<f8")}
+
+
+def number_list_array(items: list[Any]) -> np.ndarray:
+    """The 1-d array of a list of Python numbers (ValueError for ints beyond int64)."""
+    name = number_list_dtype(items)
+    assert name is not None, "not a list of numbers"
+    try:
+        return np.array(items, dtype=_LIST_DTYPES[name])
+    except OverflowError:
+        raise ValueError(
+            "a list item does not fit in int64; store such numbers as floats or strs"
+        ) from None
+
+
+def _checked(arr: np.ndarray, dtype: str) -> tuple[int, ...]:
+    """The shape of an array readers will accept: rank at most 32, bools only 0 or 1."""
+    if arr.ndim > MAX_RANK:
+        raise ValueError(
+            f"rank {arr.ndim} (shape {list(arr.shape)}) is above the {MAX_RANK} dimensions readers accept; "
+            "reshape it"
+        )
+    if dtype == "bool" and arr.size and arr.view(np.uint8).max() > 1:
+        raise ValueError(
+            "bool data holds bytes other than 0 and 1 (made by viewing other data as bool); "
+            "convert it with x != 0 (or x.astype(bool) on the original data)"
+        )
+    return tuple(arr.shape)
 
 
 def encode_payloads(payloads: Sequence[Payload | list[bytes]], signatures: Sequence[LeafSignature]) -> bytes:

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from torchrecord import _dtypes
+from torchrecord._codec import number_list_array
 from torchrecord._layout import FixedLayout
-from torchrecord._structure import Tree
+from torchrecord._structure import Tree, number_list_dtype
 from torchrecord.schema import LeafSignature, Schema
 
 __all__ = ["FastEncoder"]
@@ -73,6 +74,8 @@ class FastEncoder:
             return None
         if tree["t"] != "leaf" and any(c["t"] != "leaf" for c in tree["c"]):
             return None  # nested structures take the general path
+        if any(sig.from_list and 0 in sig.shape for sig in signatures):
+            return None  # an empty list takes its field's dtype later: only the general path knows it
         schema = Schema.from_first(tree, signatures)
         layout = FixedLayout.build(schema, 1)
         if layout is None:
@@ -118,6 +121,9 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
         return _encode_bool
     info = _dtypes.by_name(sig.dtype)
     shape = tuple(sig.shape)
+    if sig.from_list:
+        return _list_encoder(info.name, shape)
+    checks_bools = info.name == "bool"
     if kind == "tensor":
         if info.name == "bfloat16":
             return None
@@ -130,7 +136,7 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
                 arr = x.numpy()  # raises for tensors on other devices or needing grad
             except (RuntimeError, TypeError):
                 raise _Mismatch from None
-            if arr.shape != shape or not arr.flags.c_contiguous:
+            if arr.shape != shape or not arr.flags.c_contiguous or (checks_bools and _not_01(arr)):
                 raise _Mismatch
             return arr  # joined through the buffer protocol: no intermediate copy
 
@@ -140,13 +146,34 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
 
         def array(x: Any) -> np.ndarray:
             if type(x) is not np.ndarray or x.dtype != np_dtype or x.shape != shape or not x.flags.c_contiguous:
-                if isinstance(x, np.generic) and x.dtype == np_dtype and shape == ():
+                if isinstance(x, np.generic) and x.dtype == np_dtype and shape == () and not checks_bools:
                     return x  # type: ignore[return-value]  # a NumPy scalar: a 0-d leaf
                 raise _Mismatch
+            if checks_bools and _not_01(x):
+                raise _Mismatch  # the general path names the field
             return x
 
         return array
     return None
+
+
+def _not_01(arr: np.ndarray) -> bool:
+    """True when a bool array holds bytes other than 0 and 1 (readers refuse them)."""
+    return bool(arr.size) and int(arr.view(np.uint8).max()) > 1
+
+
+def _list_encoder(dtype: str, shape: tuple[int, ...]) -> _Leaf:
+    """A list of Python numbers of the first sample's length and dtype (see ``_structure``)."""
+
+    def encode(x: Any) -> np.ndarray:
+        if type(x) is not list or len(x) != shape[0] or number_list_dtype(x) != dtype:
+            raise _Mismatch
+        try:
+            return number_list_array(x)
+        except ValueError:
+            raise _Mismatch from None
+
+    return encode
 
 
 def _encode_int(x: Any) -> bytes:

@@ -35,6 +35,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MAX_DBS",
+    "MAX_RANK",
     "META_DB",
     "META_KEY",
     "RECORDS_DB",
@@ -59,6 +60,8 @@ CRC_DB = b"crc32"
 META_DB = b"meta"
 META_KEY = b"metadata"
 MAX_DBS = 4
+#: The highest rank of a field readers accept (below NumPy's limit on dimensions).
+MAX_RANK = 32
 
 _KEY = struct.Struct(">Q")
 
@@ -328,7 +331,7 @@ def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 _MAX_DEPTH = 64  # write_record refuses samples nested deeper than 32
-_MAX_RANK = 32  # below NumPy's limit on dimensions
+_MAX_RANK = MAX_RANK
 _STRING_KINDS = ("bytes", "str")
 _SCALAR_KINDS = ("int", "float", "bool")
 _ARRAY_KINDS = ("tensor", "ndarray")

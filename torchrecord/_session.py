@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from torchrecord import _format
-from torchrecord._admission import ON_ERROR, Admission
+from torchrecord._admission import Admission
+from torchrecord._declared import Declared
 from torchrecord._grouping import GroupTracker, describe, group_order, key_function
 from torchrecord._groups import GROUPS_KEY, pack_offsets
 from torchrecord._identity import new_set_id
@@ -34,41 +34,14 @@ from torchrecord._lmdb_writer import LmdbAppender
 from torchrecord._packing import Packer, restore
 from torchrecord._progress import progress_bar
 from torchrecord._publish import Publisher
+from torchrecord._settings import WriteSettings
 from torchrecord._sources import Encoded, Item, KeyFunction
 from torchrecord._spool import Spool
+from torchrecord._summary import WriteSummary
 from torchrecord._version import __version__
 from torchrecord.record_file import RecordFile
 
-__all__ = ["WriteSession", "WriteSettings"]
-
-GroupBy = str | Callable[[Any], Any] | None
-
-
-@dataclass(frozen=True)
-class WriteSettings:
-    """The options of one write that both entry points share (see ``write_record``)."""
-
-    shuffle: bool = True
-    seed: int = 0
-    samples_per_record: int = 1
-    progress: bool | None = None
-    metadata: dict[str, Any] | None = None
-    on_error: str = "raise"
-    checksums: bool = True
-    group_by: GroupBy = None
-    initial_map_size: int = 1 << 28
-    commit_bytes: int = 64 << 20
-
-    def check(self) -> None:
-        """ValueError / TypeError for an option that cannot work, before any file is touched."""
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
-        if self.samples_per_record < 1:
-            raise ValueError(f"samples_per_record must be >= 1, got {self.samples_per_record}")
-        if self.metadata is not None and not isinstance(self.metadata, dict):
-            raise TypeError("metadata must be a dict of msgpack-able values")
-        if self.group_by is not None:
-            key_function(self.group_by)  # raises for anything but a field name or a function
+__all__ = ["WriteSession"]
 
 
 class WriteSession:
@@ -116,7 +89,15 @@ class WriteSession:
         )
         try:
             self.tracker = GroupTracker(target) if self.key is not None else None
-            self.admission = Admission(target, settings.on_error, chunk, self.tracker, source)
+            self.admission = Admission(
+                target,
+                settings.on_error,
+                chunk,
+                self.tracker,
+                source,
+                max_skipped=settings.max_skipped,
+                declared=Declared.parse(settings.schema),
+            )
             self.packer = Packer(self.appender, chunk)
             if spool:
                 self.spool = Spool.create(
@@ -132,6 +113,7 @@ class WriteSession:
     # -- taking samples --------------------------------------------------------------
     def consume(self, stream: Iterator[Item | Encoded], total: int | None) -> None:
         """Take every sample of a source's stream (``total``: its length, for the bar)."""
+        self.admission.total = total
         bar = progress_bar(total, self.settings.progress, "spooling" if self.spool else "writing")
         sink = self.spool if self.spool is not None else self.packer
         put, put_encoded = sink.add, sink.add_encoded
@@ -173,6 +155,7 @@ class WriteSession:
         """
         if self._bar is not None:
             self._bar.close()
+        self.admission.finish()  # nothing kept, or too much skipped: an error, before any more work
         offsets = None
         if self.spool is not None:
             offsets = self._replay(self.spool)
@@ -180,12 +163,16 @@ class WriteSession:
             offsets = group_order(self.tracker.sizes, False, self.settings.seed)[1]
         self.packer.flush()
         extra = {GROUPS_KEY: pack_offsets(offsets)} if offsets is not None else None
-        self.appender.finish(_format.pack_metadata(self._metadata(offsets)), extra)
+        summary = self.admission.summary()
+        summary = WriteSummary(self.packer.count, summary.skipped, summary.skipped_samples, summary.variable_fields)
+        self.appender.finish(_format.pack_metadata(self._metadata(offsets, summary)), extra)
         self.appender.close()
         if before_publish is not None:
             before_publish(self.publisher.temp)
         self.publisher.publish()
-        return RecordFile(self.target)
+        written = RecordFile(self.target)
+        written.__dict__["_write_summary"] = summary  # the whole summary (the metadata keeps a bounded one)
+        return written
 
     def abort(self) -> None:
         """Remove every file of this write; the target keeps whatever it held before."""
@@ -221,7 +208,7 @@ class WriteSession:
         self.publisher.drop(spool.path)
         return offsets
 
-    def _metadata(self, offsets: np.ndarray | None) -> dict[str, Any]:
+    def _metadata(self, offsets: np.ndarray | None, summary: WriteSummary) -> dict[str, Any]:
         s = self.settings
         count = self.packer.count
         schema = self.admission.schema
@@ -235,7 +222,8 @@ class WriteSession:
             "schema": schema.to_dict() if schema is not None else None,
             "shuffled": bool(s.shuffle),
             "seed": int(s.seed),
-            "skipped": self.admission.skipped,
+            "skipped": summary.skipped,
+            **summary.metadata(),
             "checksum": "crc32" if s.checksums else None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "user": s.metadata or {},

@@ -21,7 +21,7 @@ import torch.utils.data
 
 from torchrecord._codec import Payload, leaf_payload
 from torchrecord._fastwrite import FastEncoder
-from torchrecord._structure import Tree, flatten
+from torchrecord._structure import Tree, field_names, flatten
 from torchrecord.schema import LeafSignature
 
 __all__ = [
@@ -59,10 +59,23 @@ class Failed:
 
 
 def normalize(sample: Any) -> Normalized:
-    """Flatten a sample and normalize each leaf (TypeError for unstorable leaves)."""
+    """Flatten a sample and normalize each leaf.
+
+    TypeError (a leaf of a type that cannot be stored) or ValueError (values
+    readers would refuse) name the field.
+    """
     tree, leaves = flatten(sample)
-    pairs = [leaf_payload(leaf) for leaf in leaves]
-    return Normalized(tree, [p[0] for p in pairs], [p[1] for p in pairs])
+    signatures: list[LeafSignature] = []
+    payloads: list[Payload] = []
+    for i, leaf in enumerate(leaves):
+        try:
+            signature, payload = leaf_payload(leaf)
+        except (TypeError, ValueError) as exc:
+            name = field_names(tree)[i]
+            raise (TypeError if isinstance(exc, TypeError) else ValueError)(f"field {name!r}: {exc}") from None
+        signatures.append(signature)
+        payloads.append(payload)
+    return Normalized(tree, signatures, payloads)
 
 
 Outcome = bytes | Normalized | Failed

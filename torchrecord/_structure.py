@@ -7,6 +7,11 @@ metadata, so each record holds only the leaves, in a fixed order:
     tuple: {"t": "tuple", "c": [child, ...]}
     list:  {"t": "list", "c": [child, ...]}
     dict:  {"t": "dict", "k": [key, ...], "c": [child, ...]}   (str keys, insertion order)
+
+A Python list whose items are all numbers of one kind (all ``bool``, all ``int``,
+or ``int`` and ``float`` mixed; the empty list too) is a leaf, not a structure:
+it is stored as one 1-d array (see :func:`number_list_dtype`). Tuples, and lists
+holding anything else, stay structures.
 """
 
 from __future__ import annotations
@@ -14,11 +19,33 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["field_names", "flatten", "unflatten"]
+__all__ = ["field_names", "first_difference", "flatten", "number_list_dtype", "unflatten"]
 
 Tree = dict[str, Any]
 
 _LEAF: Tree = {"t": "leaf"}
+
+_NUMBERS = frozenset({bool, int, float})
+
+
+def number_list_dtype(node: Any) -> str | None:
+    """The dtype a list of Python numbers is stored as, or None if ``node`` is not one.
+
+    All ``bool``: ``"bool"``; all ``int``: ``"int64"``; ``int`` and ``float``
+    (at least one float): ``"float64"``; the empty list: ``"int64"`` (the writer
+    gives it the dtype of its field). Lists mixing bool with other numbers, or
+    holding anything but exact ``bool``/``int``/``float`` objects, are not.
+    """
+    if type(node) is not list:
+        return None
+    kinds = {type(x) for x in node}
+    if not kinds <= _NUMBERS:
+        return None
+    if kinds == {bool}:
+        return "bool"
+    if bool in kinds:
+        return None
+    return "float64" if float in kinds else "int64"
 
 
 def flatten(sample: Any) -> tuple[Tree, list[Any]]:
@@ -33,6 +60,9 @@ def _flatten(node: Any, leaves: list[Any], depth: int) -> Tree:
     if isinstance(node, tuple) and not hasattr(node, "_fields"):
         return {"t": "tuple", "c": [_flatten(x, leaves, depth + 1) for x in node]}
     if isinstance(node, list):
+        if number_list_dtype(node) is not None:
+            leaves.append(node)
+            return _LEAF
         return {"t": "list", "c": [_flatten(x, leaves, depth + 1) for x in node]}
     if isinstance(node, Mapping):
         keys = list(node.keys())
@@ -80,3 +110,36 @@ def _names(tree: Tree, prefix: str, out: list[str]) -> None:
     keys = tree["k"] if kind == "dict" else [str(i) for i in range(len(tree["c"]))]
     for key, child in zip(keys, tree["c"]):
         _names(child, f"{prefix}.{key}" if prefix else str(key), out)
+
+
+def first_difference(a: Tree, b: Tree) -> tuple[str, Tree, Tree, int, int] | None:
+    """Where two structures first differ, or None if they are equal.
+
+    Returns the dotted name of the differing node (``""`` for the root), the
+    node in ``a`` and in ``b``, and the positions of their first leaves among
+    ``a``'s and ``b``'s leaves.
+    """
+    counters = [0, 0]
+    return _difference(a, b, "", counters)
+
+
+def _difference(a: Tree, b: Tree, prefix: str, counters: list[int]) -> tuple[str, Tree, Tree, int, int] | None:
+    if a == b:
+        counters[0] += _leaf_count(a)
+        counters[1] += _leaf_count(b)
+        return None
+    same_kind = a["t"] == b["t"] and a["t"] != "leaf" and len(a["c"]) == len(b["c"])
+    if not same_kind or (a["t"] == "dict" and a["k"] != b["k"]):
+        return prefix, a, b, counters[0], counters[1]
+    keys = a["k"] if a["t"] == "dict" else [str(i) for i in range(len(a["c"]))]
+    for key, ca, cb in zip(keys, a["c"], b["c"]):
+        found = _difference(ca, cb, f"{prefix}.{key}" if prefix else str(key), counters)
+        if found is not None:
+            return found
+    return None
+
+
+def _leaf_count(tree: Tree) -> int:
+    if tree["t"] == "leaf":
+        return 1
+    return sum(_leaf_count(c) for c in tree["c"])

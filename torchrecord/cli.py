@@ -147,8 +147,9 @@ def _add_convert(commands: Any) -> None:
         _convert,
         "convert an image folder, list file, .npy/.npz or HDF5 file into a record set",
         "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n"
-        "  folder  root/<class>/<image>: samples {'image': bytes, 'label': class index},\n"
-        "          class names in the user metadata ('classes')\n"
+        "  folder  root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
+        "          'path': file path relative to SOURCE}, class names in the user metadata\n"
+        "          ('classes'); only files with an image extension (see --extensions)\n"
         "  list    text file of '<path> <label>' lines, paths relative to the list file\n"
         "  npy     one array; a sample is a row (first axis), memory-mapped\n"
         "  npz     {name: row} over its arrays (compressed archives are streamed)\n"
@@ -171,7 +172,9 @@ def _add_convert(commands: Any) -> None:
         metavar="N",
         help="worker processes reading the source (default: 0: none)",
     )
-    p.add_argument("--skip-bad", action="store_true", help="leave unreadable or non-image files out, counted")
+    p.add_argument(
+        "--skip-bad", action="store_true", help="leave unreadable or non-image files out, each one named"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing record set at PATH")
     p.add_argument(
         "--keys",
@@ -193,11 +196,35 @@ def _add_convert(commands: Any) -> None:
         "writer to finish publishes the set's manifest",
     )
     p.add_argument("--shard", type=_non_negative, metavar="I", help="which shard to write, 0 .. N-1 (with --shards)")
+    p.add_argument(
+        "--extensions",
+        type=_extensions,
+        default=None,
+        metavar="LIST",
+        help="folder: comma-separated image file extensions to take, or '*' for every file "
+        "(default: .jpg,.jpeg,.png,.ppm,.bmp,.pgm,.tif,.tiff,.webp,.gif)",
+    )
+    p.add_argument(
+        "--no-paths",
+        dest="keep_paths",
+        action="store_false",
+        help="images: do not store each file's relative path as the 'path' field",
+    )
     _add_quiet(p)
+
+
+def _extensions(text: str) -> list[str] | str:
+    if text.strip() == "*":
+        return "*"
+    names = [e.strip() for e in text.split(",") if e.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected extensions such as .jpg,.png, or '*' for every file")
+    return names
 
 
 def _convert(args: argparse.Namespace) -> int:
     from torchrecord.convert import convert
+    from torchrecord.convert.images import IMG_EXTENSIONS
 
     if (args.shards is None) != (args.shard is None):
         raise ValueError("give both --shards N and --shard I, or neither")
@@ -205,6 +232,7 @@ def _convert(args: argparse.Namespace) -> int:
         raise ValueError(f"--shard {args.shard} is not in [0, {args.shards})")
     sharding = {"shard": args.shard, "num_shards": args.shards} if args.shards is not None else {}
     started = time.perf_counter()
+    extensions = IMG_EXTENSIONS if args.extensions is None else None if args.extensions == "*" else args.extensions
     try:
         rf = convert(
             args.source,
@@ -212,6 +240,8 @@ def _convert(args: argparse.Namespace) -> int:
             format=args.format,
             keys=args.keys,
             check_images=args.check_images,
+            extensions=extensions,
+            keep_paths=args.keep_paths,
             shuffle=args.shuffle,
             seed=args.seed,
             num_workers=args.workers,
@@ -231,6 +261,8 @@ def _convert(args: argparse.Namespace) -> int:
         f"{order}, {meta.get('skipped', 0)} skipped, {_size(os.path.getsize(rf.path))}, "
         f"{time.perf_counter() - started:.1f} s"
     )
+    for skipped in rf.write_summary.skipped_samples:  # every one (image errors start with the file)
+        print(f"skipped sample {skipped.index}: {skipped.error}")
     if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):
         print(f"{args.path}: every shard is written; the sharded set is finalized")
     return 0

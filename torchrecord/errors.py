@@ -19,6 +19,10 @@ or ``except ValueError`` keeps working::
     ├── WriteError               (also OSError)            the write failed (disk full, ...)
     └── FetchError               (also OSError)            a remote shard or manifest could not be fetched
 
+    TorchRecordWarning           (a UserWarning)
+    ├── VariableShapeWarning                               a field's shape changed during a write
+    └── IgnoredOptionWarning                               an option has no effect on this source
+
 Messages name the file, the record (or sample) index and the field where they
 are known, and say what to do about it.
 """
@@ -30,6 +34,7 @@ __all__ = [
     "CorruptRecordError",
     "FetchError",
     "FormatError",
+    "IgnoredOptionWarning",
     "IncompleteRecordSetError",
     "NotARecordSetError",
     "RecordExistsError",
@@ -38,6 +43,8 @@ __all__ = [
     "SourceError",
     "StructureError",
     "TorchRecordError",
+    "TorchRecordWarning",
+    "VariableShapeWarning",
     "VersionError",
     "WriteError",
 ]
@@ -101,3 +108,21 @@ class StructureError(CorruptRecordError):
     process reading the file with liblmdb died on it (signal, timeout)."""
 
     HINT = "the file is damaged: copy it again from its source or rewrite it with write_record"
+
+
+class TorchRecordWarning(UserWarning):
+    """Base class of every warning torchrecord gives."""
+
+
+class VariableShapeWarning(TorchRecordWarning):
+    """A field's shape changed during a write that did not state it (``schema=``).
+
+    The set is written with that dimension variable (``None``): batch mode then
+    gives lists for the field instead of one stacked tensor, and the fast path
+    is off. State the shape with ``schema=`` to accept it silently, or fix the
+    source.
+    """
+
+
+class IgnoredOptionWarning(TorchRecordWarning):
+    """An option was given that has no effect on this source (e.g. ``num_workers`` with an iterator)."""

@@ -18,6 +18,7 @@ from torchrecord._structure import unflatten
 from torchrecord._subset import Subset
 from torchrecord._subset import position as subset_position
 from torchrecord._subset import resolve as resolve_subset
+from torchrecord._summary import WriteSummary
 from torchrecord._walk import PIECE, Walk, record_runs
 from torchrecord.errors import CorruptRecordError, NotARecordSetError
 from torchrecord.schema import Schema
@@ -158,6 +159,16 @@ class RecordFile:
         self._open()
         assert self._schema is not None
         return self._schema
+
+    @property
+    def write_summary(self) -> WriteSummary:
+        """What the write stored, skipped and widened (see :class:`~torchrecord.WriteSummary`).
+
+        The RecordFile that ``write_record`` or ``RecordWriter`` returns holds every
+        skipped sample; one opened from the path reads the first 1,000 from the metadata.
+        """
+        summary = self.__dict__.get("_write_summary")  # set by the writer that returned this object
+        return summary if isinstance(summary, WriteSummary) else WriteSummary.from_metadata(self.metadata)
 
     @property
     def user_metadata(self) -> dict[str, Any]:

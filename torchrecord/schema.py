@@ -2,7 +2,8 @@
 
 The first sample written fixes the structure, each field's kind and dtype and
 its rank; later samples may differ only in the size of a dimension, which the
-schema then records as variable (``None``).
+schema then records as variable (``None``). A Python list whose items are all
+numbers of one kind is one leaf (a 1-d tensor field, see ``_structure``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchrecord._structure import Tree, field_names
+from torchrecord._structure import Tree, field_names, first_difference
 from torchrecord.errors import SchemaError
 
 __all__ = ["Field", "KINDS", "LeafSignature", "NUMERIC_KINDS", "Schema"]
@@ -31,6 +32,8 @@ class LeafSignature:
     kind: str
     dtype: str
     shape: tuple[int, ...]
+    #: written as a Python list of numbers (its length may vary by nature)
+    from_list: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -83,30 +86,35 @@ class Schema:
         fields = [Field(n, s.kind, s.dtype, tuple(s.shape)) for n, s in zip(names, leaves)]
         return cls(tree, fields)
 
-    def merge(self, tree: Tree, leaves: Sequence[LeafSignature], where: str) -> None:
-        """Check one more sample (its ``tree`` and ``leaves``) against the schema, widening shapes that vary.
+    def merge(
+        self, tree: Tree, leaves: Sequence[LeafSignature], where: str, first: str = "the first sample"
+    ) -> list[int]:
+        """Check one more sample against the schema, widening shapes that vary.
 
-        ``where`` names the sample in error messages (``"sample 17"``).
+        ``where`` names the sample in error messages (``"path: sample 17"``),
+        ``first`` the sample that fixed the schema. Returns the positions of the
+        fields whose shape was widened by this sample.
         """
         if tree != self.tree or len(leaves) != len(self.fields):
-            raise SchemaError(
-                f"{where}: structure {_describe(tree)} differs from the first sample's "
-                f"{_describe(self.tree)}; every sample must have the same fields"
-            )
+            raise SchemaError(structure_message(self, tree, leaves, where, first))
+        widened = []
         for i, (fld, sig) in enumerate(zip(self.fields, leaves)):
             if sig.kind != fld.kind or sig.dtype != fld.dtype:
                 raise SchemaError(
-                    f"{where}, field {fld.name!r}: {sig.kind} of {sig.dtype} differs from the "
-                    f"first sample's {fld.kind} of {fld.dtype}; convert it before writing"
+                    f"{where}, field {fld.name!r}: {sig.kind} of {sig.dtype} differs from "
+                    f"{first}'s {fld.kind} of {fld.dtype}; convert it before writing"
+                    + (_list_dtypes(fld.name, sig.dtype) if sig.from_list else "")
                 )
             if len(sig.shape) != len(fld.shape):
                 raise SchemaError(
                     f"{where}, field {fld.name!r}: rank {len(sig.shape)} (shape {list(sig.shape)}) "
-                    f"differs from the first sample's rank {len(fld.shape)}"
+                    f"differs from {first}'s rank {len(fld.shape)}"
                 )
             if any(a is not None and a != b for a, b in zip(fld.shape, sig.shape)):
-                widened = tuple(a if a == b else None for a, b in zip(fld.shape, sig.shape))
-                self.fields[i] = Field(fld.name, fld.kind, fld.dtype, widened)
+                widened_shape = tuple(a if a == b else None for a, b in zip(fld.shape, sig.shape))
+                self.fields[i] = Field(fld.name, fld.kind, fld.dtype, widened_shape)
+                widened.append(i)
+        return widened
 
     @property
     def names(self) -> list[str]:
@@ -135,5 +143,74 @@ class Schema:
         return "; ".join(parts)
 
 
-def _describe(tree: Tree) -> str:
-    return "(" + ", ".join(field_names(tree)) + ")"
+def _list_dtypes(name: str, dtype: str) -> str:
+    return (
+        " (a list of Python numbers is stored as bool when all items are bool, int64 when all are int, "
+        "else float64: write every sample's list with the same kind of items, e.g. [float(v) for v in x]; "
+        f"if the first sample's list was empty, state the dtype: schema={{{name!r}: {dtype!r}}})"
+    )
+
+_LIST_RULE = (
+    "A list whose items are all Python numbers of one kind (all bool, all int, or ints and floats) "
+    "is one field, a 1-d tensor whose length may vary; tuples and other lists are structures "
+    "whose length must not vary"
+)
+
+
+def structure_message(schema: Schema, tree: Tree, leaves: Sequence[LeafSignature], where: str, first: str) -> str:
+    """Why a sample's structure differs from the schema's: the first differing field and what to do."""
+    difference = first_difference(schema.tree, tree)
+    if difference is None:  # the same tree with another leaf count cannot happen; be safe
+        return f"{where}: its structure differs from {first}'s; every sample must have the same fields"
+    name, expected, got, at_expected, at_got = difference
+    subject = f"field {name!r} is" if name else "the sample is"
+    had = _node(expected, [LeafSignature(f.kind, f.dtype, ()) for f in schema.fields], at_expected)
+    message = f"{where}: the structure differs: {subject} {_node(got, leaves, at_got)} where {first} has {had}"
+    return f"{message}; {_hint(expected, got, leaves, at_got)}"
+
+
+def _node(node: Tree, leaves: Sequence[LeafSignature], at: int) -> str:
+    kind = node["t"]
+    if kind == "leaf":
+        sig = leaves[at] if at < len(leaves) else None
+        if sig is None:
+            return "a leaf"
+        if sig.kind in ("tensor", "ndarray"):
+            return f"a {'list of numbers' if sig.from_list else sig.kind} of {sig.dtype}"
+        return f"a {sig.kind}"
+    if kind == "dict":
+        keys = node["k"]
+        shown = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
+        return f"a dict with keys [{shown}]"
+    return f"a {kind} of {len(node['c'])} items"
+
+
+def _hint(expected: Tree, got: Tree, leaves: Sequence[LeafSignature], at: int) -> str:
+    if expected["t"] == "dict" and got["t"] == "dict":
+        missing = [k for k in expected["k"] if k not in got["k"]]
+        extra = [k for k in got["k"] if k not in expected["k"]]
+        if not missing and not extra:
+            return "the same keys in another order: every sample needs its keys in the same order"
+        parts = [f"missing {missing[:5]}" if missing else "", f"extra {extra[:5]}" if extra else ""]
+        return (
+            f"({', '.join(p for p in parts if p)}): every sample needs the same keys in the same order; "
+            "give missing ones a value (e.g. an empty list or '') or leave extra ones out"
+        )
+    if got["t"] in ("list", "tuple"):
+        children = got["c"]
+        if any(c["t"] != "leaf" for c in children):
+            fix = "convert the nested list to a NumPy array or tensor (np.asarray(...)), or flatten it"
+        else:
+            kinds = sorted({leaves[at + i].kind for i in range(len(children)) if at + i < len(leaves)})
+            if kinds and set(kinds) <= {"str", "bytes"}:
+                fix = (
+                    f"its items are {' and '.join(kinds)}: join them into one str (e.g. ' '.join(...)) or "
+                    "store them as one bytes value (e.g. json.dumps(...).encode())"
+                )
+            else:
+                fix = (
+                    f"its items are {', '.join(kinds) or 'mixed'}: make them numbers of one kind, "
+                    "or convert the list with np.asarray(...) or torch.tensor(...)"
+                )
+        return f"{_LIST_RULE}. This one is a structure: {fix}"
+    return "every sample must have the same structure (the same fields, nested the same way)"

@@ -22,7 +22,7 @@ import numpy as np
 import torch.distributed as dist
 
 from torchrecord import _manifest
-from torchrecord._session import WriteSettings
+from torchrecord._settings import WriteSettings
 from torchrecord._sharded import ShardedSet
 from torchrecord._sources import is_map_style
 from torchrecord._version import __version__

@@ -11,8 +11,9 @@ and error policy), ``_grouping`` (group keys), ``_packing`` (records),
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -20,19 +21,27 @@ import numpy as np
 
 from torchrecord._progress import progress_bar
 from torchrecord._publish import as_write_error
-from torchrecord._session import WriteSession, WriteSettings
+from torchrecord._session import WriteSession
+from torchrecord._settings import WriteSettings
 from torchrecord._sources import Preparer, is_map_style, iterate_source, read_in_order
+from torchrecord.errors import IgnoredOptionWarning
 from torchrecord.record_file import RecordFile
+from torchrecord.schema import Schema
 
 __all__ = ["RecordWriter", "write_record", "write_source"]
 
 #: cli.py and verify.py take their progress bar from here
 _progress_bar = progress_bar
 
+#: A path as ``RecordFile`` takes it: str, bytes or a path-like object.
+PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+#: ``schema=``: a Schema, or {field name: shape, dtype name or {"shape": ..., "dtype": ...}}.
+SchemaArg = Schema | Mapping[str, Any] | None
+
 
 def write_record(
     dataset: Any,
-    path: str | os.PathLike[str],
+    path: PathArg,
     *,
     shuffle: bool = True,
     seed: int = 0,
@@ -41,9 +50,11 @@ def write_record(
     progress: bool | None = None,
     metadata: dict[str, Any] | None = None,
     on_error: str = "raise",
+    max_skipped: int | float | None = None,
     checksums: bool = True,
     samples_per_record: int = 1,
     group_by: str | Callable[[Any], Any] | None = None,
+    schema: SchemaArg = None,
     initial_map_size: int = 1 << 28,
     commit_bytes: int = 64 << 20,
     multiprocessing_context: str | None = None,
@@ -53,20 +64,33 @@ def write_record(
     Args:
         dataset: a map-style dataset (``__len__`` and ``__getitem__``) or any
             iterable. Samples are tensors, NumPy arrays, Python scalars, bytes or
-            str, or tuples/lists/dicts (str keys) of these, nested.
-        path: the record set to create: a single file.
+            str, or tuples/lists/dicts (str keys) of these, nested. A list whose
+            items are all Python numbers of one kind (all bool, all int, or ints
+            and floats) is one field: a 1-d tensor (bool, int64 or float64) whose
+            length may vary from sample to sample (token ids).
+        path: the record set to create: a single file (str, bytes or path-like).
         shuffle: pre-shuffle with a permutation seeded by ``seed``; ``False``
             keeps the source order.
-        seed: the shuffle seed, recorded in the metadata.
+        seed: the shuffle seed (an int from 0 to 2**64-1), recorded in the metadata.
         num_workers: read a map-style source with this many DataLoader worker
             processes (useful when reading a sample is slow, e.g. image decoding).
+            An iterable is read in this process: ``num_workers`` then gives an
+            ``IgnoredOptionWarning`` (pass a ``DataLoader`` over it as the
+            source to read it in parallel).
         overwrite: replace an existing record set at ``path`` (atomically).
         progress: show a tqdm bar (if tqdm is installed); ``None`` shows it only
             on a terminal.
-        metadata: user metadata stored with the record set (msgpack-able values).
-        on_error: ``"raise"`` aborts on the first sample the source fails to give,
-            naming its index; ``"skip"`` leaves such samples out and counts them in
-            the metadata (``skipped``).
+        metadata: user metadata stored with the record set (None, bool, int,
+            float, str, bytes, lists and dicts with str keys; checked at once).
+        on_error: ``"raise"`` aborts on the first sample the source fails to give
+            (or that cannot be stored), naming its index; ``"skip"`` leaves such
+            samples out and records them (``RecordFile.write_summary``, and the
+            metadata: ``skipped`` and the first 1,000 ``skipped_samples``). A
+            write that keeps no sample at all is a ``SourceError``.
+        max_skipped: with ``on_error="skip"``, the most samples that may be left
+            out: a count (int) or a fraction of the source (float in (0, 1)).
+            More is a ``SourceError`` naming the first failures, and nothing is
+            written. None: no bound.
         checksums: store a CRC-32 per record (checked by ``verify``).
         samples_per_record: store this many consecutive samples per LMDB value
             (chunked records, stacked along a new first axis) to cut per-record
@@ -81,18 +105,29 @@ def write_record(
             ``num_workers``; a function must pickle for spawn workers) and, when
             shuffling, spooled to a temporary file. ``RecordFile.groups`` gives
             the group offsets.
+        schema: state fields up front: a :class:`Schema` (e.g. another set's
+            ``RecordFile.schema``: the set gets exactly that schema), or a dict
+            of field name -> shape (``(3, None, None)``: ``None`` where the size
+            may vary), dtype name, or ``{"shape": ..., "dtype": ...}``. A sample
+            that breaks it is a ``SchemaError``. Without it, a field whose shape
+            changes gives a ``VariableShapeWarning`` and is listed in
+            ``write_summary.variable_fields``.
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction (bounded memory for retries).
         multiprocessing_context: start method of the reader workers.
 
     Returns:
-        A :class:`RecordFile` for the new record set.
+        A :class:`RecordFile` for the new record set; its ``write_summary`` says
+        what was skipped and which fields turned variable.
 
     Raises:
         RecordExistsError: ``path`` exists and ``overwrite`` is false.
-        SourceError: the source raised at a sample (``on_error="raise"``), or a
-            group came back after another one.
-        SchemaError: a sample's structure or dtype differs from the first one's.
+        SourceError: the source raised at a sample (``on_error="raise"``), every
+            sample failed or more than ``max_skipped`` did, or a group came back
+            after another one.
+        SchemaError: a sample's structure or dtype differs from the first one's,
+            or breaks the stated ``schema``.
+        ValueError, TypeError: an option cannot work (checked before reading).
         WriteError: the write failed (disk full, ...); nothing is left at ``path``.
     """
     settings = WriteSettings(
@@ -102,13 +137,15 @@ def write_record(
         progress=progress,
         metadata=metadata,
         on_error=on_error,
+        max_skipped=max_skipped,
         checksums=checksums,
         group_by=group_by,
+        schema=schema,
         initial_map_size=initial_map_size,
         commit_bytes=commit_bytes,
     )
     settings.check()
-    return write_source(dataset, os.fspath(path), settings, overwrite, num_workers, multiprocessing_context)
+    return write_source(dataset, os.fsdecode(path), settings, overwrite, num_workers, multiprocessing_context)
 
 
 def write_source(
@@ -131,6 +168,15 @@ def write_source(
     """
     shuffle, seed = settings.shuffle, settings.seed
     map_style = is_map_style(dataset)
+    if num_workers > 0 and not map_style:
+        warnings.warn(
+            f"{target}: num_workers={num_workers} is ignored: the source is an iterable "
+            f"({type(dataset).__name__}), read in this process in its own order. To read it in parallel, "
+            "pass a torch DataLoader over it as the source (DataLoader(source, batch_size=None, "
+            "num_workers=N), each worker yielding its own share), or give a map-style dataset",
+            IgnoredOptionWarning,
+            stacklevel=3,
+        )
     grouped = settings.group_by is not None
     # a map-style set is read in permuted order; groups and iterables are known only at the end
     session = WriteSession(target, overwrite, settings, spool=shuffle and (grouped or not map_style), extra=extra)
@@ -178,18 +224,24 @@ class RecordWriter:
             with ``group_by``); ``False`` keeps the order of ``append``.
         samples_per_record: samples per LMDB value (chunked records; fixed shapes).
         progress: show a tqdm bar (if installed); ``None``: only on a terminal.
-        metadata: user metadata stored with the set (msgpack-able values).
+        metadata: user metadata stored with the set (checked at once, see :func:`write_record`).
         on_error: ``"raise"``: a sample that cannot be stored aborts the write and
-            raises; ``"skip"``: it is left out and counted in ``skipped``.
+            raises; ``"skip"``: it is left out and recorded (``write_summary``).
+            A write that keeps no sample is a ``SourceError`` at close.
+        max_skipped: with ``"skip"``: the most samples that may be left out, a
+            count (int) or a fraction (float in (0, 1), checked at close).
         checksums: store a CRC-32 per record.
         group_by: a field name or a function of the sample: write a grouped set
             (see :func:`write_record`); samples of one group must be appended one
             after another.
+        schema: fields stated up front, as for :func:`write_record`.
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction.
 
     Attributes:
-        result: the published :class:`RecordFile` after a successful close, else None.
+        result: the published :class:`RecordFile` after a successful close, else
+            None; ``result.write_summary`` says what was skipped and which fields
+            turned variable.
 
     Raises:
         RecordExistsError: at creation, when ``path`` exists and ``overwrite`` is false.
@@ -204,7 +256,7 @@ class RecordWriter:
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: PathArg,
         *,
         overwrite: bool = False,
         seed: int = 0,
@@ -213,12 +265,14 @@ class RecordWriter:
         progress: bool | None = None,
         metadata: dict[str, Any] | None = None,
         on_error: str = "raise",
+        max_skipped: int | float | None = None,
         checksums: bool = True,
         group_by: str | Callable[[Any], Any] | None = None,
+        schema: SchemaArg = None,
         initial_map_size: int = 1 << 28,
         commit_bytes: int = 64 << 20,
     ) -> None:
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)
         settings = WriteSettings(
             shuffle=shuffle,
             seed=seed,
@@ -226,8 +280,10 @@ class RecordWriter:
             progress=progress,
             metadata=metadata,
             on_error=on_error,
+            max_skipped=max_skipped,
             checksums=checksums,
             group_by=group_by,
+            schema=schema,
             initial_map_size=initial_map_size,
             commit_bytes=commit_bytes,
         )

@@ -3,9 +3,9 @@
 ========  ====================================  ==============================================
 format    source                                sample
 ========  ====================================  ==============================================
-folder    ``root/<class>/<image>`` tree          ``{"image": bytes, "label": int}``; the class
-                                                names are ``user_metadata["classes"]``
-list      text file of ``<path> <label>`` lines  ``{"image": bytes, "label": int}``
+folder    ``root/<class>/<image>`` tree          ``{"image": bytes, "label": int, "path": str}``;
+                                                the class names are ``user_metadata["classes"]``
+list      text file of ``<path> <label>`` lines  ``{"image": bytes, "label": int, "path": str}``
 npy       one ``.npy`` array                     its row ``array[i]``
 npz       ``.npz`` archive                       ``{name: array[i]}`` over its arrays
 hdf5      HDF5 file                              ``{name: dataset[i]}`` (groups nest dicts)
@@ -34,7 +34,7 @@ from typing import Any
 from torchrecord.convert._common import existing
 from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
-from torchrecord.convert.images import from_image_folder, from_list_file
+from torchrecord.convert.images import IMG_EXTENSIONS, from_image_folder, from_list_file
 from torchrecord.convert.robomimic import from_robomimic, is_robomimic
 from torchrecord.errors import SourceError
 from torchrecord.record_file import RecordFile
@@ -100,6 +100,8 @@ def convert(
     format: str = "auto",
     keys: Sequence[str] | None = None,
     check_images: bool = True,
+    extensions: Sequence[str] | None = IMG_EXTENSIONS,
+    keep_paths: bool = True,
     **kwargs: Any,
 ) -> RecordFile:
     """Convert ``source`` into a record set at ``path`` with the converter of its format.
@@ -111,6 +113,9 @@ def convert(
         keys: arrays to convert (``npz`` and ``hdf5``), obs keys (``robomimic``).
         check_images: decode each image while converting (``folder`` and ``list``
             only; see :func:`from_image_folder`).
+        extensions: the file extensions a ``folder`` is scanned for (None: every file).
+        keep_paths: store each image's file path as the ``"path"`` field
+            (``folder`` and ``list`` only).
         **kwargs: passed to :func:`torchrecord.write_record`.
     """
     fmt = detect_format(source) if format == "auto" else format
@@ -127,4 +132,7 @@ def convert(
         options["keys"] = keys
     if fmt in ("folder", "list"):
         options["check_images"] = check_images
+        options["keep_paths"] = keep_paths
+    if fmt == "folder":
+        options["extensions"] = extensions
     return CONVERTERS[fmt](source, path, **options, **kwargs)

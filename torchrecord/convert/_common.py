@@ -65,6 +65,7 @@ def write_stream(
 ) -> RecordFile:
     """:func:`write` for a :class:`RowStream`: any read error is fatal (``on_error`` is ignored)."""
     kwargs = {**kwargs, "on_error": "raise"}
+    kwargs.pop("max_skipped", None)  # nothing is skipped
     kwargs.pop("num_workers", None)  # an iterable is read in this process
     if kwargs.get("num_shards") is not None:  # a shard writes its own rows: an iterable is one writer's part
         n, i = int(kwargs["num_shards"]), int(kwargs["shard"])

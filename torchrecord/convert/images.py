@@ -1,23 +1,41 @@
 """Image sources: a class-per-folder tree, or a list file of ``path label`` lines.
 
 Both store each image file's encoded bytes as they are (no re-encoding, so no
-quality loss and the smallest records) with its integer label, as the sample
-``{"image": bytes, "label": int}``; :func:`torchrecord.transforms.decode_image`
-turns the bytes into a tensor when reading, after shuffling. Files are read in
-``num_workers`` DataLoader worker processes (write_record's ``num_workers``).
+quality loss and the smallest records) with its integer label and the file's
+path, as the sample ``{"image": bytes, "label": int, "path": str}`` (the path is
+relative to the folder or list file, ``/``-separated, so a prediction can be
+traced back to its file; ``keep_paths=False`` leaves it out);
+:func:`torchrecord.transforms.decode_image` turns the bytes into a tensor when
+reading, after shuffling. A folder is scanned for files with an image extension
+(:data:`IMG_EXTENSIONS`, like torchvision's ``ImageFolder``), so ``README.txt``
+or ``Thumbs.db`` are left alone. Files are read in ``num_workers`` DataLoader
+worker processes (write_record's ``num_workers``).
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from torchrecord.convert._common import existing, require, write
 from torchrecord.errors import SourceError
 from torchrecord.record_file import RecordFile
 
-__all__ = ["ImageFiles", "from_image_folder", "from_list_file", "scan_folder", "scan_list_file"]
+__all__ = [
+    "IMG_EXTENSIONS",
+    "ImageFiles",
+    "from_image_folder",
+    "from_list_file",
+    "image_extensions",
+    "scan_folder",
+    "scan_list_file",
+]
+
+#: The file extensions an image folder is scanned for (case-insensitive): torchvision's
+#: ``IMG_EXTENSIONS`` and ``.gif``.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 _FIX = "fix or remove the file, or skip bad files (--skip-bad, on_error='skip')"
 
@@ -57,20 +75,45 @@ def check_image(path: str, data: bytes, decode: bool) -> None:
         raise SourceError(f"{path}: not a decodable image ({type(exc).__name__}: {exc}); {_FIX}") from None
 
 
+def image_extensions(extensions: Sequence[str] | None) -> tuple[str, ...] | None:
+    """Normalized extensions (lower case, with the dot); None means every file."""
+    if extensions is None:
+        return None
+    if isinstance(extensions, str):
+        extensions = [extensions]
+    out = []
+    for ext in extensions:
+        if not isinstance(ext, str) or not ext.strip(". "):
+            raise ValueError(f"extensions: {ext!r} is not a file extension such as '.jpg'")
+        ext = ext.strip().lower()
+        out.append(ext if ext.startswith(".") else "." + ext)
+    if not out:
+        raise ValueError("extensions is empty; pass None to take every file")
+    return tuple(out)
+
+
 class ImageFiles:
     """Map-style dataset: sample ``i`` is ``{"image": <bytes of files[i]>, "label": labels[i]}``.
 
-    Picklable, so DataLoader workers (fork or spawn) read the files in parallel.
-    A file that cannot be read or is no image raises SourceError naming it, which
-    write_record reports, or skips with ``on_error="skip"``.
+    With ``names``, the sample also has ``"path": names[i]`` (the file as the
+    user knows it, e.g. relative to the image folder). Picklable, so DataLoader
+    workers (fork or spawn) read the files in parallel. A file that cannot be
+    read or is no image raises SourceError naming it, which write_record reports,
+    or skips with ``on_error="skip"`` (its error, naming the file, is kept in the
+    write summary).
     """
 
-    def __init__(self, files: list[str], labels: list[int], check_images: bool = True) -> None:
+    def __init__(
+        self, files: list[str], labels: list[int], check_images: bool = True, names: list[str] | None = None
+    ) -> None:
         if len(files) != len(labels):
             raise ValueError(f"{len(files)} files but {len(labels)} labels")
+        if names is not None and len(names) != len(files):
+            raise ValueError(f"{len(files)} files but {len(names)} names")
         self.files = files
         self.labels = labels
         self.check_images = check_images
+        self.names = names
 
     def __len__(self) -> int:
         return len(self.files)
@@ -83,17 +126,23 @@ class ImageFiles:
         except OSError as exc:
             raise SourceError(f"{path}: cannot read it ({exc.strerror or exc}); {_FIX}") from None
         check_image(path, data, self.check_images)
-        return {"image": data, "label": self.labels[index]}
+        if self.names is None:
+            return {"image": data, "label": self.labels[index]}
+        return {"image": data, "label": self.labels[index], "path": self.names[index]}
 
 
-def scan_folder(root: str) -> tuple[list[str], list[int], list[str]]:
+def scan_folder(
+    root: str, extensions: Sequence[str] | None = IMG_EXTENSIONS
+) -> tuple[list[str], list[int], list[str]]:
     """The files, labels and class names of a class-per-folder tree ``root/<class>/.../<file>``.
 
     Classes are the sorted names of root's sub-directories (label = position);
-    every file below a class folder, at any depth, is a sample of that class, in
-    sorted order. Hidden files and folders (``.name``) and files directly in root
-    are ignored.
+    every file below a class folder, at any depth, whose name ends with one of
+    ``extensions`` (case-insensitive; None: every file) is a sample of that
+    class, in sorted order. Hidden files and folders (``.name``) and files
+    directly in root are ignored.
     """
+    wanted = image_extensions(extensions)
     with os.scandir(root) as entries:
         classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
     if not classes:
@@ -103,15 +152,26 @@ def scan_folder(root: str) -> tuple[list[str], list[int], list[str]]:
         )
     files: list[str] = []
     labels: list[int] = []
+    ignored = 0
     for label, name in enumerate(classes):
         for directory, subdirs, names in os.walk(os.path.join(root, name), followlinks=True):
             subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
             for file in sorted(names):
-                if not file.startswith("."):
-                    files.append(os.path.join(directory, file))
-                    labels.append(label)
+                if file.startswith("."):
+                    continue
+                if wanted is not None and not file.lower().endswith(wanted):
+                    ignored += 1
+                    continue
+                files.append(os.path.join(directory, file))
+                labels.append(label)
     if not files:
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        if ignored:
+            raise SourceError(
+                f"{root}: the class folders ({shown}) hold {ignored} files but none with an image extension "
+                f"({', '.join(wanted or ())}); pass extensions=[...] (--extensions) to choose others, or "
+                "extensions=None (--extensions '*') to take every file"
+            )
         raise SourceError(f"{root}: the class folders ({shown}) hold no files; there is nothing to convert")
     return files, labels, classes
 
@@ -153,13 +213,20 @@ def _pillow_unless(check_images: bool) -> None:
 
 
 def from_image_folder(
-    root: str | os.PathLike[str], path: str | os.PathLike[str], *, check_images: bool = True, **kwargs: Any
+    root: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    check_images: bool = True,
+    extensions: Sequence[str] | None = IMG_EXTENSIONS,
+    keep_paths: bool = True,
+    **kwargs: Any,
 ) -> RecordFile:
     """Convert a class-per-folder image tree (``root/<class>/<image>``) into a record set.
 
-    Each sample is ``{"image": <encoded file bytes>, "label": <class index>}``;
-    the class names, in label order, are stored as ``user_metadata["classes"]``.
-    See :func:`scan_folder` for which files count.
+    Each sample is ``{"image": <encoded file bytes>, "label": <class index>,
+    "path": <file path relative to root, "/"-separated>}``; the class names, in
+    label order, are stored as ``user_metadata["classes"]``. See
+    :func:`scan_folder` for which files count.
 
     Args:
         root: the folder holding one sub-folder per class.
@@ -167,31 +234,54 @@ def from_image_folder(
         check_images: decode every image with Pillow while converting (needs the
             ``images`` extra), so damaged files are caught now and not in the middle
             of training; ``False`` only checks each file's signature.
+        extensions: the file extensions that count as images (default
+            :data:`IMG_EXTENSIONS`, case-insensitive); other files are left
+            alone. None takes every file.
+        keep_paths: store each file's relative path as the ``"path"`` field, to
+            trace a sample back to its file; ``False`` leaves it out.
         **kwargs: passed to :func:`torchrecord.write_record` (``shuffle``, ``seed``,
             ``num_workers`` to read files in parallel, ``on_error="skip"`` to leave
-            bad files out, ``overwrite``, ``progress``, ``metadata``...).
+            bad files out, each named in ``write_summary.skipped_samples``,
+            ``overwrite``, ``progress``, ``metadata``...).
 
     Raises:
-        SourceError: root is missing or holds no files, or a file is bad (naming it).
+        SourceError: root is missing or holds no image files, or a file is bad (naming it).
         ImportError: ``check_images`` is true and Pillow is not installed.
     """
     source = existing(root, directory=True)
     _pillow_unless(check_images)
-    files, labels, classes = scan_folder(source)
+    files, labels, classes = scan_folder(source, extensions)
+    names = [_relative(f, source) for f in files] if keep_paths else None
     meta = {"source_format": "folder", "classes": classes}
-    return write(ImageFiles(files, labels, check_images), path, meta, kwargs)
+    return write(ImageFiles(files, labels, check_images, names), path, meta, kwargs)
 
 
 def from_list_file(
-    list_file: str | os.PathLike[str], path: str | os.PathLike[str], *, check_images: bool = True, **kwargs: Any
+    list_file: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    check_images: bool = True,
+    keep_paths: bool = True,
+    **kwargs: Any,
 ) -> RecordFile:
     """Convert the images named by a list file of ``<path> <label>`` lines into a record set.
 
-    Each sample is ``{"image": <encoded file bytes>, "label": <label>}``. Paths are
-    relative to the list file's directory; see :func:`scan_list_file`. Arguments as
-    for :func:`from_image_folder`.
+    Each sample is ``{"image": <encoded file bytes>, "label": <label>, "path":
+    <the file's path relative to the list file's directory>}`` (absolute paths
+    stay absolute). Every listed file is converted, whatever its extension; see
+    :func:`scan_list_file`. Other arguments as for :func:`from_image_folder`.
     """
     source = existing(list_file)
     _pillow_unless(check_images)
     files, labels = scan_list_file(source)
-    return write(ImageFiles(files, labels, check_images), path, {"source_format": "list"}, kwargs)
+    base = os.path.dirname(os.path.abspath(source))
+    names = [_relative(f, base) for f in files] if keep_paths else None
+    return write(ImageFiles(files, labels, check_images, names), path, {"source_format": "list"}, kwargs)
+
+
+def _relative(file: str, base: str) -> str:
+    """``file`` relative to ``base`` with ``/`` separators; files outside ``base`` stay as they are."""
+    full = os.path.abspath(file)
+    if not full.startswith(os.path.abspath(base) + os.sep):
+        return file
+    return os.path.relpath(full, os.path.abspath(base)).replace(os.sep, "/")
