@@ -49,12 +49,10 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     ``t % n == w``, so batches are built in parallel across time steps; the
     DataLoader hands them out in order, so the result is identical for any number
     of workers. :meth:`check_loader` refuses a DataLoader that would break that.
-    A reader reads the frames of up to 64 of its batches at once, sorted into
-    runs (one cursor seek per run); with workers and frames small enough that
-    ``(n - 1) * steps`` frames take at most 64 KiB, it reads through the other
-    workers' frames between its own instead of seeking to each run (a single
-    reader reads every frame once). A worker's small batches cross to the main
-    process as one shared-memory block (``_ipc.one_storage``).
+    Each frame is read once, by the worker whose batch holds it: a reader reads
+    the frames of up to 64 of its batches at once, sorted into runs (one cursor
+    seek per run). A worker's small batches cross to the main process as one
+    shared-memory block (``_ipc.one_storage``).
 
     Args:
         path: a grouped record set.
@@ -213,7 +211,6 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self._next_step = first
         mine = range(first, len(self), num_workers)
         per_read = self._batches_per_read(layout)
-        gap = self._coalesce_gap(layout, num_workers)
         in_worker = get_worker_info() is not None
         i = 0
         while i < len(mine):
@@ -221,7 +218,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             i += len(group)
             cells = [plan.cells(streams, t * self.steps, min(t * self.steps + self.steps, total)) for t in group]
             grids = [_Grid.of(c, self.steps) for c in cells]
-            chunks = self._read_many([g.samples for g in grids], layout, gap)
+            chunks = self._read_many([g.samples for g in grids], layout)
             for t, c, grid, chunk in zip(group, cells, grids, chunks):
                 batch = self._build(c, grid, chunk, layout)
                 self._next_step = t + num_workers
@@ -268,17 +265,6 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             "sequence": torch.from_numpy(sequence),
         }
 
-    def _coalesce_gap(self, layout: FixedLayout | None, num_workers: int) -> int:
-        """Records between two of a worker's runs that it reads through rather than seek over.
-
-        With several workers, a worker's frames of one stream are ``steps`` in
-        every ``num_workers * steps``: for small frames, reading (and dropping)
-        the others' frames in between costs far less than one seek per run.
-        """
-        gap = (num_workers - 1) * self.steps
-        frame_bytes = layout.length // max(1, layout.rows) if layout is not None else 16 << 10
-        return gap if 0 < gap * frame_bytes <= 64 << 10 else 0
-
     def _frame_template(self) -> Any:
         """A transformed frame: the last one built, or else the set's first frame transformed."""
         if self._template is None:
@@ -286,14 +272,11 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             self._template = self.transform(frame) if self.transform is not None else frame
         return self._template
 
-    def _read_many(self, wanted: list[np.ndarray], layout: FixedLayout | None, gap: int = 0) -> list[Any]:
-        """The stored samples of several batches (each array in its order), read together in index order.
-
-        Runs less than ``gap`` records apart are read as one (the records between are dropped).
-        """
+    def _read_many(self, wanted: list[np.ndarray], layout: FixedLayout | None) -> list[Any]:
+        """The stored samples of several batches (each array in its order), read together in index order."""
         every = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
         order = np.argsort(every, kind="stable")
-        chunk = self._read(every[order], layout, gap)
+        chunk = self._read(every[order], layout)
         position = np.empty(len(every), np.int64)
         position[order] = np.arange(len(every), dtype=np.int64)
         out: list[Any] = []
@@ -307,32 +290,21 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 out.append([chunk[j] for j in rows.tolist()])
         return out
 
-    def _read(self, samples: np.ndarray, layout: FixedLayout | None, gap: int = 0) -> list[Any]:
-        """The stored samples ``samples`` (sorted) through the read layer: one cursor seek per run.
-
-        Runs at most ``gap`` records apart are read as one run, and only the
-        samples asked for are kept.
-        """
+    def _read(self, samples: np.ndarray, layout: FixedLayout | None) -> list[Any]:
+        """The stored samples ``samples`` (sorted) through the read layer: one cursor seek per run."""
         if not len(samples):  # every cell is padding (this rank's streams have ended)
             if layout is None:
                 return []
             return [
                 np.zeros((0, *(int(d or 0) for d in f.shape)), _dtypes.by_name(f.dtype).numpy) for f in layout.fields
             ]
-        breaks = np.flatnonzero((np.diff(samples) != 1) & (np.diff(samples) > gap + 1)) + 1
+        breaks = np.flatnonzero(np.diff(samples) != 1) + 1
         bounds = np.concatenate(([0], breaks, [len(samples)]))
         runs = tuple((int(samples[a]), int(samples[e - 1]) + 1) for a, e in itertools.pairwise(bounds))
-        total = sum(b - a for a, b in runs)
-        share = Share(runs, self.seed, self.epoch, 0, 0, shuffle=False, window=total)
+        share = Share(runs, self.seed, self.epoch, 0, 0, shuffle=False, window=len(samples))
         reader = ShareReader(self.file, share, layout=layout, verify=self.verify)
-        chunk = next(reader.chunks(total))
+        chunk = next(reader.chunks(len(samples)))
         self.records_read += reader.records_read
-        if total != len(samples):  # coalesced: keep the samples asked for
-            starts = np.array([a for a, _ in runs], np.int64)
-            before = np.concatenate(([0], np.cumsum([b - a for a, b in runs])))
-            run = np.searchsorted(starts, samples, side="right") - 1
-            keep = before[run] + samples - starts[run]
-            return [column[keep] for column in chunk] if layout is not None else [chunk[j] for j in keep.tolist()]
         return chunk if layout is not None else list(chunk)
 
     def _scatter_columns(self, typed: list[np.ndarray], flat: np.ndarray, cells: int, lead: tuple[int, int]) -> Any:
