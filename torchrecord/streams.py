@@ -122,6 +122,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (shared with persistent workers)."""
         return int(self._epoch.item())
 
     def _world(self) -> tuple[int, int]:
