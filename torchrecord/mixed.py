@@ -269,11 +269,10 @@ class MixedDataset(IterableDataset[Any]):
             return _mix_plan.stream_runs(sizes[s], blocks[s], seeds[s], lo, lo + int(units.length[u]))
 
         mixer = Mixer(
-            self.sources, units.source, units.length, runs_of, window=self._window(), order=order,
-            horizon=self._horizon(), placement=placement,
+            self.sources, units.source, units.length, runs_of, window=self._window(),
+            step=self.batch_size or _SAMPLE_MODE_BATCH, order=order, horizon=self._horizon(), placement=placement,
             readahead={"columns": self.fixed, "estimate": [i.bytes_per_sample for i in self.infos],
-                       "max_bytes": self.read_ahead_bytes, "threads": self.threads,
-                       "first_bytes": 2 * self._window() * max(i.bytes_per_sample for i in self.infos)},
+                       "max_bytes": self.read_ahead_bytes, "threads": self.threads},
         )
         self._live = {"mixer": mixer, "started": time.perf_counter(), "first": None, "base": base,
                       "reader": (rank, worker, num_workers)}
