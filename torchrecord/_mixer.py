@@ -271,8 +271,7 @@ class Mixer:
         horizon: 1 for ``"exact"``, more for ``"ready"``.
         placement: where to start (a fresh epoch: ``Placement()``); updated as chunks are handed out.
         readahead: keyword arguments of :class:`~torchrecord._readahead.ReadAhead`
-            (``columns``, ``estimate``, ``max_bytes``, ``threads``); while the windows
-            ramp up, the read-ahead budget follows them (a few windows' worth).
+            (``columns``, ``estimate``, ``max_bytes``, ``threads``).
     """
 
     def __init__(
@@ -305,24 +304,14 @@ class Mixer:
         self._longest = int(unit_length.max()) if len(unit_length) else 1
         self._spare: list[np.ndarray] | None = None
         self._next: _Window | None = None
-        self._max_bytes = int(readahead["max_bytes"])
-        estimate = readahead.get("estimate") or [1]
-        self._per_sample = max(1, max(int(e) for e in estimate))
         sequence = self._rebuild + p.unplaced(len(unit_source))
-        self.reader = ReadAhead(sources, unit_source, unit_length, sequence, runs_of,
-                                **{**readahead, "max_bytes": self._budget(max(0, p.window))})
+        self.reader = ReadAhead(sources, unit_source, unit_length, sequence, runs_of, **readahead)
 
     def _samples(self, units: Sequence[int]) -> int:
         return int(self.unit_length[list(units)].sum()) if len(units) else 0
 
     def _target(self, j: int) -> int:
         return window_target(j, self.window, self.step)
-
-    def _budget(self, j: int) -> int:
-        """Read-ahead bytes while window ``j`` is handed out: a few windows' worth while ramping, then all."""
-        if self._target(j + 1) >= self.window:
-            return self._max_bytes
-        return min(self._max_bytes, 4 * (self._target(j + 1) + self._longest) * self._per_sample)
 
     def chunks(self, size: int, *, cross: bool = True) -> Iterator[Picked]:
         """Consecutive chunks of ``size`` samples until the reader's units run out.
@@ -407,5 +396,4 @@ class Mixer:
             p.place(i)
         p.window += 1
         p.members, p.offset = members, 0
-        self.reader.set_budget(self._budget(p.window))
         return window

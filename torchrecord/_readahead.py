@@ -2,12 +2,12 @@
 
 The mixer knows every unit it will need and in which order (its *sequence*).
 A :class:`ReadAhead` admits units in that order while the estimated bytes of
-admitted, not yet taken units stay under a budget (which the mixer raises as
-its windows ramp up), and keeps one read in flight per source: a free thread
-takes the source whose next admitted unit comes first in the sequence (so the
-first planned draws are read first), joins up to ``per_read`` of its units
-into one read (its first reads join fewer, so the first window comes soon), and
-files the pieces as done. Sources are opened in their first read, each in its
+admitted, not yet taken units stay under a budget, and keeps one read in flight
+per source: a free thread takes the source whose next admitted unit comes first
+in the sequence (so the first planned draws are read first, and a deep budget
+does not delay them), joins up to ``per_read`` of its units into one read (its
+first reads join fewer, so the first window comes soon), and files the pieces
+as done. Sources are opened in their first read, each in its
 own task, so cold starts overlap instead of adding up.
 
 Reading a fast source is Python work under the GIL: threads that read at once
@@ -53,8 +53,7 @@ class ReadAhead:
         runs_of: a unit's sample runs in its source.
         columns: read typed columns (fixed layout) rather than values.
         estimate: estimated bytes per sample of each source.
-        max_bytes: budget of admitted, not yet taken units (one unit is always admitted);
-            :meth:`set_budget` changes it.
+        max_bytes: budget of admitted, not yet taken units (one unit is always admitted).
         threads: reading threads (at most one per source in use).
         per_read: units of one source joined into one read at most (a source's reads join 1, 2, 4, ...
             units; reads of about 8 draws of 16 samples cost least per sample, longer ones more).
@@ -245,12 +244,6 @@ class ReadAhead:
                 self.waits += 1
                 self.wait_seconds += time.perf_counter() - waited
             return found
-
-    def set_budget(self, max_bytes: int) -> None:
-        """Change the budget of admitted, not yet taken units (raising it admits more now)."""
-        with self._cv:
-            self.budget = max(1, int(max_bytes))
-            self._admit()
 
     def take(self, i: int) -> Chunk:
         """The read unit ``i`` (picked before); frees its budget. Raises what reading it raised."""
