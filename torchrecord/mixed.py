@@ -43,8 +43,8 @@ class MixedDataset(IterableDataset[Any]):
     function of (seed, epoch, world size): call :meth:`set_epoch` each epoch.
 
     Each reader reads its draws ahead on a few threads (``threads``, bounded by
-    ``read_ahead_bytes``), the first planned draws first; sources open in their
-    first reads, which run at once, so cold starts overlap.
+    ``read_ahead_bytes``), the first planned draws first; a slow read (a cold
+    start) stops holding up the others after 10 ms, so cold starts overlap.
     Draws are mixed in windows of ``shuffle_buffer`` samples holding the *stored*
     bytes (typed columns of a fixed-layout set, or the stored records), and only
     the samples handed out are decoded and transformed. The first windows ramp up
