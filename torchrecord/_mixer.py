@@ -139,7 +139,9 @@ class Placement:
         """The units not placed yet, in planned order."""
         rest = np.arange(self.prefix, count, dtype=np.int64)
         if self.extra:
-            rest = rest[~np.isin(rest, np.fromiter(self.extra, np.int64, len(self.extra)))]
+            keep = np.ones(len(rest), bool)
+            keep[[i - self.prefix for i in self.extra if i < count]] = False
+            rest = rest[keep]
         out: list[int] = rest.tolist()
         return out
 
