@@ -67,7 +67,7 @@ class RecordFile:
         if cls is RecordFile and path is not None:
             from torchrecord._sharded import ShardedSet, is_sharded
 
-            if is_sharded(os.fspath(path)):
+            if is_sharded(os.fsdecode(path)):
                 return object.__new__(ShardedSet)
         return object.__new__(cls)
 
@@ -79,7 +79,7 @@ class RecordFile:
         cache_dir: str | None = None,
         cache_limit: int | None = None,
     ) -> None:
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)
         self._handle: _envcache.Handle | None = None
         self._meta: dict[str, Any] | None = None
         self._schema: Schema | None = None
