@@ -254,6 +254,7 @@ class MixedDataset(IterableDataset[Any]):
 
     # -- iteration ------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        started = time.perf_counter()  # first_batch_seconds counts the plan and the mixer's start too
         info = get_worker_info()
         if info is None:
             self._refresh_distributed()
@@ -282,7 +283,7 @@ class MixedDataset(IterableDataset[Any]):
             readahead={"columns": self.fixed, "estimate": [i.bytes_per_sample for i in self.infos],
                        "max_bytes": self.read_ahead_bytes, "threads": self.threads},
         )
-        self._live = {"mixer": mixer, "started": time.perf_counter(), "first": None, "base": base,
+        self._live = {"mixer": mixer, "started": started, "first": None, "base": base,
                       "reader": (rank, worker, num_workers)}
         self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
