@@ -20,7 +20,9 @@ source delivers at a fifth of its share of the all-fast ``ready`` rate). Each (p
 figure), interleaved round by round; the table shows medians. Per batch the
 wait is the time ``next()`` took; ``open`` is the time to build the dataset
 (every source's metadata read), ``first`` the time from creating the iterator
-to the first batch; batches/s counts the batches after the first.
+to the first batch (for torchdata too: its sampler is built in ``open``, with
+every source's metadata read, as ``MixedDataset`` reads it); batches/s counts
+the batches after the first.
 
 Quick check: ``python -m benchmarks.mix --scale 0.01 --repeats 1``. Full run:
 no arguments (the targets: slow-first ready's first batch within 50 ms;
@@ -131,12 +133,18 @@ def _sources(paths: list[str], profile: str, slow_rate: float | None) -> list[Th
     return out
 
 
-def _torchdata_batches(sources: list[Throttled], seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _torchdata_batches(sources: list[Throttled], seed: int) -> Iterator[Batch]:
+    """torchdata's weighted sampler over the sets, built now (its setup counts in ``open``, as for MixedDataset)."""
     from torchdata.nodes import Batcher, IterableWrapper, MultiNodeWeightedSampler
+
+    counts = [src.describe().count for src in sources]
 
     def stream(s: int) -> Iterator[tuple[np.ndarray, int, int]]:
         src = sources[s]
-        n = src.describe().count
+        n = counts[s]
         pos = 0
         while True:  # a node reads blocks of 16 in stored order, round and round
             lo = pos % n
@@ -148,11 +156,16 @@ def _torchdata_batches(sources: list[Throttled], seed: int) -> Iterator[tuple[to
             pos += chunk.n
 
     nodes = {str(s): IterableWrapper(stream(s)) for s in range(len(sources))}
-    weights = {str(s): float(src.describe().count) for s, src in enumerate(sources)}
+    weights = {str(s): float(c) for s, c in enumerate(counts)}
     sampler = MultiNodeWeightedSampler(nodes, weights, stop_criteria="CYCLE_FOREVER", seed=seed)
-    for batch in Batcher(sampler, batch_size=BATCH):
-        images = torch.from_numpy(np.stack([b[0] for b in batch]))
-        yield images, torch.tensor([b[1] for b in batch]), torch.tensor([b[2] for b in batch])
+    batcher = Batcher(sampler, batch_size=BATCH)
+
+    def batches() -> Iterator[Batch]:
+        for batch in batcher:
+            images = torch.from_numpy(np.stack([b[0] for b in batch]))
+            yield images, torch.tensor([b[1] for b in batch]), torch.tensor([b[2] for b in batch])
+
+    return batches()
 
 
 def _rss_mib() -> float:
@@ -164,6 +177,8 @@ def _one_run(args: tuple[list[str], str, str, float | None, int, int]) -> dict[s
     """One (profile, loader) run in a fresh process: per-batch waits, shares, memory."""
     paths, profile, loader, slow_rate, batches, repeat = args
     torch.set_num_threads(1)
+    if loader == "torchdata":
+        import torchdata.nodes  # noqa: F401  (imported before the clock starts, as torchrecord is)
     sources = _sources(paths, profile, slow_rate)
     before = _rss_mib()
     epoch_size = (batches + 1) * BATCH
@@ -171,11 +186,10 @@ def _one_run(args: tuple[list[str], str, str, float | None, int, int]) -> dict[s
     if loader != "torchdata":  # reads every source's metadata (schema check, sizes for the plan)
         ds = torchrecord.MixedDataset(sources, epoch_size=epoch_size, batch_size=BATCH, block=BLOCK, policy=loader,
                                       seed=repeat, tag_source=True)
+    else:  # the same: every source's metadata, then the sampler's nodes
+        sampled = _torchdata_batches(sources, repeat)
     start = time.perf_counter()
-    if loader == "torchdata":
-        it: Iterator[Any] = _torchdata_batches(sources, repeat)
-    else:
-        it = iter(ds)
+    it: Iterator[Any] = sampled if loader == "torchdata" else iter(ds)
     waits = []
     counts = np.zeros(len(paths), np.int64)
     first = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import Counter
@@ -17,8 +18,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import assert_exactly_once
 from torchrecord import MixedDataset, RecordFile, loader_position, write_record
-from torchrecord._mix_plan import order_block, source_seed, stream_runs
+from torchrecord._mix_plan import order_block, reader_units, source_seed, stream_runs
 from torchrecord._mix_source import Chunk, FileSource
+from torchrecord._mixer import window_target
 from torchrecord.errors import SchemaError
 
 SIZES = [37, 100, 64, 150]
@@ -511,3 +513,116 @@ def test_forty_sources_open_at_once(tmp_path: Path) -> None:
     assert stats["first_batch_seconds"] is not None
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
     assert sorted(_epoch(loader)) == sorted(labels)
+
+
+# -- latency: ramp-up, windows filled in step, read slots ---------------------------------------------
+
+
+def test_window_targets_ramp_up_from_one_step_to_the_window() -> None:
+    targets = [window_target(j, 2048, 128) for j in range(10)]
+    assert targets == [128, 256, 384, 512, 768, 1152, 1664, 2048, 2048, 2048]
+    assert [window_target(j, 2048, 128) for j in range(10)] == targets  # a pure function
+    assert [window_target(j, 100, 8) for j in range(8)] == [8, 16, 24, 32, 48, 72, 100, 100]
+    assert all(window_target(j, 32, 256) == 32 for j in range(4))  # a step of a window or more: no ramp
+    assert all(window_target(j, 1, 1) == 1 for j in range(4))
+    for window, step in [(2048, 128), (1000, 7), (64, 64), (5, 2)]:
+        sizes = [window_target(j, window, step) for j in range(40)]
+        assert sizes[0] == min(step, window) and sizes[-1] == window
+        assert all(a <= b <= 2 * a for a, b in itertools.pairwise(sizes))
+    with pytest.raises(ValueError, match="window index"):
+        window_target(-1, 16, 4)
+
+
+def test_windows_follow_the_ramp_up(sets: list[str]) -> None:
+    ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=64)
+    plan_units = reader_units(ds.plan())
+    sizes: dict[int, int] = {}
+    for _ in ds:
+        placement = ds.state_dict()["placement"]
+        members = [u for a, b in placement["members"] for u in range(a, b)]
+        sizes[placement["window"]] = int(plan_units.length[members].sum())
+    assert len(sizes) > 6
+    for j, n in sizes.items():
+        target = window_target(j, 64, 8)
+        last = j == max(sizes)
+        assert (target <= n or last) and n < target + 4, (j, n, target)  # whole draws of at most 4 samples
+    assert sizes[0] < 12 and sizes[1] < 20  # the first windows are about a batch
+
+
+@pytest.mark.timeout(120)
+def test_the_first_batch_needs_only_the_first_window(sets: list[str]) -> None:
+    # every source's second read waits for a gate: the first batch must come from first reads alone
+    gate = threading.Event()
+
+    class SecondReadGated(FileSource):
+        def __init__(self, path: str) -> None:
+            super().__init__(path)
+            self.reads = 0
+
+        def read(self, runs: Sequence[tuple[int, int]], columns: bool) -> Chunk:
+            self.reads += 1
+            if self.reads > 1:
+                gate.wait()
+            return super().read(runs, columns)
+
+    ds = MixedDataset([SecondReadGated(p) for p in sets], batch_size=8, block=4, shuffle_buffer=64, seed=3)
+    first_units = ds.plan().source[:2].tolist()
+    assert len(set(first_units)) == 2, "the test needs the first two draws from two sources"
+    it = iter(ds)
+    try:
+        _, labels = next(it)  # would wait for the gate if the first window were the whole buffer
+        assert len(labels) == 8 and {x // 10_000 for x in labels.tolist()} == set(first_units)
+    finally:
+        gate.set()
+    rest = [x for _, b in it for x in b.tolist()]
+    assert_exactly_once(_as_index(labels.tolist() + rest), TOTAL)
+
+
+def test_each_batch_waits_for_about_one_batch_of_draws(sets: list[str]) -> None:
+    # the next window is filled while the current one is handed out, so between two batches the mixer takes
+    # about a batch of samples from the read-ahead (a whole window at once before)
+    ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=64)
+    it = iter(ds)
+    taken = []
+    for _ in it:
+        taken.append(ds._live["mixer"].taken)  # type: ignore[index]
+    steps = [b - a for a, b in itertools.pairwise([0, *taken])]
+    assert sum(steps) == TOTAL
+    assert max(steps) <= 2 * 8 + 2 * 3, steps  # the ramp grows at most 2x; whole draws of 4 samples at most
+
+
+@pytest.mark.parametrize("policy", ["exact", "ready"])
+@pytest.mark.parametrize("stop", [1, 2, 3, 6, 11])
+def test_resume_in_the_middle_of_the_ramp_up(sets: list[str], policy: str, stop: int) -> None:
+    kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=128, policy=policy, seed=2)
+    full = [_labels(b) for b in MixedDataset(sets, **kw)]
+    ds = MixedDataset(sets, **kw)
+    it = iter(ds)
+    before = [_labels(next(it)) for _ in range(stop)]
+    state = json.loads(json.dumps(ds.state_dict()))
+    assert window_target(state["placement"]["window"] + 1, 128, 8) < 128  # still ramping up
+    del it
+    resumed = MixedDataset(sets, **kw)
+    resumed.load_state_dict(state)
+    after = [_labels(b) for b in resumed]
+    if policy == "exact":
+        assert before + after == full
+    done = [x for b in before + after for x in b]
+    assert_exactly_once(_as_index(done), TOTAL)
+
+
+@pytest.mark.timeout(120)
+def test_more_stalled_sources_than_read_slots_do_not_stop_the_others(sets: list[str]) -> None:
+    # three sources stalled at once (the read-ahead runs two reads at a time): a stalled read stops counting
+    # after its lease, so the fourth source is still read
+    gate = threading.Event()
+    kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=16, max_defer=1000)
+    ds = MixedDataset([*(Gated(p, gate) for p in sets[:3]), sets[3]], policy="ready", **kw)
+    it = iter(ds)
+    try:
+        before = [_labels(next(it)) for _ in range(4)]
+        assert all(x >= 30_000 for b in before for x in b)
+    finally:
+        gate.set()
+    after = [_labels(b) for b in it]
+    assert_exactly_once(_as_index([x for b in before + after for x in b]), TOTAL)

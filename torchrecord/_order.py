@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.random  # (numpy 2 loads it on first use: 20+ ms inside the first batch)
 
 __all__ = ["WINDOW_BYTES", "slice_runs", "window_order", "window_size"]
 

@@ -43,10 +43,15 @@ class MixedDataset(IterableDataset[Any]):
     function of (seed, epoch, world size): call :meth:`set_epoch` each epoch.
 
     Each reader reads its draws ahead on a few threads (``threads``, bounded by
-    ``read_ahead_bytes``); every source is opened at once, so cold starts overlap.
+    ``read_ahead_bytes``), the first planned draws first; a slow read (a cold
+    start) stops holding up the others after 10 ms, so cold starts overlap.
     Draws are mixed in windows of ``shuffle_buffer`` samples holding the *stored*
     bytes (typed columns of a fixed-layout set, or the stored records), and only
-    the samples handed out are decoded and transformed.
+    the samples handed out are decoded and transformed. The first windows ramp up
+    from one batch (about half more per window), so the first batch waits for
+    about a batch of draws; the next window is filled while the current one is
+    handed out, so each batch waits for about one batch of reading, never for a
+    whole window (a reader holds two windows: the one handed out and the next).
 
     ``policy="exact"`` places the planned draw next, waiting for it: the order is
     bit-for-bit reproducible. ``policy="ready"`` places the first draw that is
@@ -73,8 +78,8 @@ class MixedDataset(IterableDataset[Any]):
         block: samples per draw: consecutive samples of one source read together.
         batch_size: yield batches of this many samples built in the reader (use
             ``DataLoader(batch_size=None)``); None yields samples.
-        shuffle_buffer: samples per mixing window (capped at 64 MiB of stored
-            records, never below one batch).
+        shuffle_buffer: samples per mixing window once ramped up (capped at 64 MiB
+            of stored records, never below one batch).
         transform: called on each decoded sample after the mix.
         batch_transform: called on each batch (batch mode).
         seed: the base seed of the plan and of every order.
@@ -84,10 +89,12 @@ class MixedDataset(IterableDataset[Any]):
         tag_source: yield ``(item, source)``: the source index of a sample (an
             int), or of each sample of a batch (an int64 tensor).
         max_defer: how far (in draws) ``policy="ready"`` may move a draw.
-        read_ahead_bytes: budget of draws read ahead and not yet mixed, per reader
-            (until the first window is built, two windows' worth).
+        read_ahead_bytes: budget of draws read ahead and not yet mixed, per reader.
         threads: reading threads per reader; keep it above the number of sources
-            that may stall at once, so the others keep flowing.
+            that may stall at once, so the others keep flowing. Two reads run at
+            once (reading a fast source is Python work under the GIL, and busy
+            readers delay the mixer); a read still running after 10 ms (a stalled
+            source) stops counting, and the next one starts.
         verify: check every record's CRC-32 as it is read.
 
     :meth:`stats` reports this process's time to the first batch, draws read per
@@ -247,6 +254,7 @@ class MixedDataset(IterableDataset[Any]):
 
     # -- iteration ------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        started = time.perf_counter()  # first_batch_seconds counts the plan and the mixer's start too
         info = get_worker_info()
         if info is None:
             self._refresh_distributed()
@@ -270,13 +278,12 @@ class MixedDataset(IterableDataset[Any]):
             return _mix_plan.stream_runs(sizes[s], blocks[s], seeds[s], lo, lo + int(units.length[u]))
 
         mixer = Mixer(
-            self.sources, units.source, units.length, runs_of, window=self._window(), order=order,
-            horizon=self._horizon(), placement=placement,
+            self.sources, units.source, units.length, runs_of, window=self._window(),
+            step=self.batch_size or _SAMPLE_MODE_BATCH, order=order, horizon=self._horizon(), placement=placement,
             readahead={"columns": self.fixed, "estimate": [i.bytes_per_sample for i in self.infos],
-                       "max_bytes": self.read_ahead_bytes, "threads": self.threads,
-                       "first_bytes": 2 * self._window() * max(i.bytes_per_sample for i in self.infos)},
+                       "max_bytes": self.read_ahead_bytes, "threads": self.threads},
         )
-        self._live = {"mixer": mixer, "started": time.perf_counter(), "first": None, "base": base,
+        self._live = {"mixer": mixer, "started": started, "first": None, "base": base,
                       "reader": (rank, worker, num_workers)}
         self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
