@@ -119,23 +119,22 @@ class ShareReader:
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
             windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
-            pending: list[tuple[Any, np.ndarray]] = []
-            held = 0
+            position = start  # the position of the chunk being assembled
+            chunk = _Chunk(self, min(size, total - position))
             skip = start - first_window * share.window
             for i, pieces in enumerate(plan):
                 taker = windows(first_window + i, pieces, _indices(window_runs[i]))
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
-                    n = min(size - held, taker.remaining)
-                    pending.append(taker.take(n))
-                    held += n
-                    if held == size:
-                        yield self._join(pending)
-                        pending, held = [], 0
+                    chunk.take(taker)
+                    if chunk.full:
+                        yield chunk.result()
+                        position += chunk.n
+                        chunk = _Chunk(self, min(size, total - position))
                 walks.done(i)
-            if pending:
-                yield self._join(pending)
+            if chunk.held:  # cannot happen: the windows cover the share exactly
+                yield chunk.result()
         finally:
             self.records_read += walks.close()
 
@@ -144,8 +143,6 @@ class ShareReader:
         layout = self.layout
         assert layout is not None
         reader = FixedWindowReader(layout, self.share.window)
-        shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in layout.fields]
-        path = self.file.path
 
         def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
             win, rec, row = reader.read([(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces])
@@ -153,11 +150,8 @@ class ShareReader:
             if order is not None:
                 rec, row, indices = rec[order], row[order], indices[order]
 
-            def gather(sel: slice) -> list[np.ndarray]:
-                arrays = win.gather(rec[sel], row[sel])
-                typed = [a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, shapes)]
-                check_bools(typed, layout.fields, path)
-                return typed
+            def gather(sel: slice, out: list[np.ndarray] | None = None, at: int = 0) -> list[np.ndarray]:
+                return win.gather(rec[sel], row[sel], out, at)
 
             return _Taken(len(rec), gather, indices)
 
@@ -193,13 +187,59 @@ class ShareReader:
 
         return window
 
-    def _join(self, parts: list[tuple[Any, np.ndarray]]) -> tuple[list[Any], np.ndarray]:
-        if len(parts) == 1:
-            return parts[0]
-        indices = np.concatenate([i for _, i in parts])
-        if self.layout is not None:
-            return [np.concatenate(column) for column in zip(*(c for c, _ in parts))], indices
-        return [sample for part, _ in parts for sample in part], indices
+    def typed(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The fixed path's gathered uint8 arrays as typed columns [B, ...] (bool bytes checked)."""
+        layout = self.layout
+        assert layout is not None
+        typed = [a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, self._shapes)]
+        check_bools(typed, layout.fields, self.file.path)
+        return typed
+
+    @property
+    def _shapes(self) -> list[tuple[tuple[int, ...], Any]]:
+        assert self.layout is not None
+        return [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in self.layout.fields]
+
+
+class _Chunk:
+    """One chunk being assembled from the takes of one or more windows.
+
+    On the fixed path a chunk that one window serves whole is gathered into fresh
+    arrays; one that spans windows is gathered in place into arrays made for the
+    whole chunk, so every sample is copied once (no joining copy).
+    """
+
+    def __init__(self, reader: ShareReader, n: int) -> None:
+        self.reader, self.n = reader, n
+        self.held = 0
+        self.parts: list[Any] = []
+        self.indices: list[np.ndarray] = []
+        self.out: list[np.ndarray] | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.held >= self.n
+
+    def take(self, taker: _Taken) -> None:
+        """Take as many samples from ``taker`` as this chunk still needs."""
+        n = min(self.n - self.held, taker.remaining)
+        if self.reader.layout is None or (self.held == 0 and n == self.n):
+            part, indices = taker.take(n)
+            self.parts.append(part)
+        else:
+            if self.out is None:
+                self.out = [np.empty((self.n, size), np.uint8) for size in self.reader.layout.sample_bytes]
+            indices = taker.take_into(n, self.out, self.held)
+        self.indices.append(indices)
+        self.held += n
+
+    def result(self) -> tuple[list[Any], np.ndarray]:
+        """The chunk (typed columns, or decoded samples) and the sample index of each sample."""
+        indices = self.indices[0] if len(self.indices) == 1 else np.concatenate(self.indices)
+        if self.reader.layout is not None:
+            arrays = [a[: self.held] for a in self.out] if self.out is not None else self.parts[0]
+            return self.reader.typed(arrays), indices
+        return [sample for part in self.parts for sample in part], indices
 
 
 def _indices(runs: Sequence[Run]) -> np.ndarray:
@@ -306,3 +346,10 @@ class _Taken:
         sel = slice(self.offset, self.offset + n)
         self.offset += n
         return self.get(sel), self.indices[sel]
+
+    def take_into(self, n: int, out: list[np.ndarray], at: int) -> np.ndarray:
+        """Gather the next n samples into ``out`` from row ``at`` (fixed path); returns their indices."""
+        sel = slice(self.offset, self.offset + n)
+        self.offset += n
+        self.get(sel, out, at)
+        return self.indices[sel]
