@@ -129,18 +129,6 @@ class FixedWindowReader:
         return np.empty(self._capacity, np.uint8)
 
 
-def header_segments(layout: FixedLayout) -> list[tuple[int, int, bytes]]:
-    """The layout's non-payload bytes as contiguous (start, stop, bytes) pieces of a record."""
-    cols = layout.header_cols
-    if len(cols) == 0:
-        return []
-    cuts = np.flatnonzero(np.diff(cols) != 1) + 1
-    out = []
-    for part, values in zip(np.split(cols, cuts), np.split(layout.header, cuts)):
-        out.append((int(part[0]), int(part[-1]) + 1, values.tobytes()))
-    return out
-
-
 class _WindowBuilder:
     """Collects whole records for one window and checks them against the layout.
 
@@ -216,7 +204,7 @@ class _WindowBuilder:
         # long records: check each view's length and its few header bytes as bytes (no array per record)
         views = [memoryview(v) for v in self.views]
         length = layout.length
-        segments = header_segments(layout)
+        segments = layout.header_segments()
         for row, view in enumerate(views):
             if len(view) != length or any(view[a:b].tobytes() != seg for a, b, seg in segments):
                 suspects.add(row)

@@ -11,7 +11,7 @@ import zlib
 
 import lmdb
 
-from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_key
+from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_keys
 from torchrecord.errors import WriteError
 
 __all__ = ["LmdbAppender", "space_hint"]
@@ -86,6 +86,13 @@ class LmdbAppender:
         if self._pending_bytes >= self._commit_bytes:
             self.flush()
 
+    def append_many(self, values: list[bytes]) -> None:
+        """Queue several next records at once (see :meth:`append`)."""
+        self._pending.extend(values)
+        self._pending_bytes += sum(map(len, values))
+        if self._pending_bytes >= self._commit_bytes:
+            self.flush()
+
     def flush(self) -> None:
         """Commit the pending records, growing the map and retrying if it is full."""
         if not self._pending:
@@ -117,8 +124,7 @@ class LmdbAppender:
         self._env.close()
 
     def _put_pending(self, txn: lmdb.Transaction) -> None:
-        first = self.records_written
-        keys = [encode_key(first + i) for i in range(len(self._pending))]
+        keys = encode_keys(self.records_written, len(self._pending))
         # putmulti runs the put loop in C; append=True: keys arrive in increasing order
         added = txn.cursor(db=self._records).putmulti(zip(keys, self._pending), append=True)[1]
         if added != len(keys):
