@@ -17,13 +17,15 @@ Two decoding paths give the same samples in the same order:
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from torchrecord import _dtypes, _order
+from torchrecord import _advise, _dtypes, _order
+from torchrecord._advise import Advisor
 from torchrecord._fastread import JOIN_LIMIT, FixedWindowReader
 from torchrecord._kinds import check_bools
 from torchrecord._layout import FixedLayout
@@ -118,12 +120,17 @@ class ShareReader:
         buffers = self.layout is not None and self.layout.length >= JOIN_LIMIT
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
+            if plan:
+                walks.advise(plan[0])
             windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
             position = start  # the position of the chunk being assembled
             chunk = _Chunk(self, min(size, total - position))
             skip = start - first_window * share.window
             for i, pieces in enumerate(plan):
                 taker = windows(first_window + i, pieces, _indices(window_runs[i]))
+                # the kernel reads the next window while this one is handed out (asked after this
+                # window's walk, so its pages do not queue behind the next window's)
+                walks.advise(plan[i + 1] if i + 1 < len(plan) else [])
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
@@ -275,6 +282,7 @@ class _ShardWalks:
         self.set, self.verify, self.buffers = file, verify, buffers
         self.counts = np.diff(file.shard_offsets).tolist()
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
+        self._advisors: dict[int, Advisor] = {}
         self.records_read = 0
         self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
         order: list[int] = []  # the shards in the order they are needed (a remote set fetches ahead)
@@ -297,6 +305,25 @@ class _ShardWalks:
             held = self._walks[s] = (file, walk)
         return held[1]
 
+    def advise(self, pieces: Sequence[LocalRun]) -> None:
+        """Ask the kernel to read the records of ``pieces`` ahead (shards already open; see ``_advise``)."""
+        if not pieces or not _advise.available():
+            return
+        runs: dict[int, list[tuple[int, int]]] = {}
+        for s, start, stop in pieces:
+            if s in self._walks or self.set.num_shards == 1:
+                runs.setdefault(s, []).append((start, stop))
+        for s, sample_runs in runs.items():
+            advisor = self._advisors.get(s)
+            if advisor is None:
+                file, walk = self.file(s), self.walk(s)
+                record_bytes = os.path.getsize(file.path) // max(1, file.num_records)
+                try:
+                    advisor = self._advisors[s] = Advisor(walk.env, walk.db, file.path, record_bytes)
+                except OSError:
+                    continue
+            advisor.advise(record_runs(sample_runs, self.file(s).samples_per_record))
+
     def file(self, s: int) -> RecordFile:
         self.walk(s)
         return self._walks[s][0]
@@ -318,6 +345,9 @@ class _ShardWalks:
             self._close(s)
 
     def _close(self, s: int) -> None:
+        advisor = self._advisors.pop(s, None)
+        if advisor is not None:
+            advisor.close()
         _, walk = self._walks.pop(s)
         self.records_read += walk.records_read
         walk.close()
