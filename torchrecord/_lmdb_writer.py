@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import zlib
+from collections.abc import Sequence
 
 import lmdb
 
@@ -73,7 +74,7 @@ class LmdbAppender:
                 _remove(path)
             raise WriteError(f"{self.name}: cannot create the LMDB file: {exc}{space_hint(path)}") from exc
         self._env = env
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self.records_written = 0
         self.bytes_written = 0
@@ -86,7 +87,7 @@ class LmdbAppender:
         if self._pending_bytes >= self._commit_bytes:
             self.flush()
 
-    def append_many(self, values: list[bytes]) -> None:
+    def append_many(self, values: Sequence[bytes | memoryview]) -> None:
         """Queue several next records at once (see :meth:`append`)."""
         self._pending.extend(values)
         self._pending_bytes += sum(map(len, values))

@@ -42,6 +42,10 @@ def restore(value: bytes, schema: Schema, where: str) -> Normalized:
     return Normalized(schema.tree, signatures, payloads)
 
 
+#: records at least this long are handed to LMDB as views of the filled array
+_VIEW_BYTES = 16 << 10
+
+
 class _Layouts:
     """The checked record layout of columns of one structure, per samples-per-record; None if unusable."""
 
@@ -49,7 +53,7 @@ class _Layouts:
         self._key: tuple[Tree, list[LeafSignature]] | None = None
         self._by_rows: dict[int, FixedLayout | None] = {}
 
-    def records(self, encoded: Encoded, rows: int, start: int, stop: int) -> list[bytes] | None:
+    def records(self, encoded: Encoded, rows: int, start: int, stop: int) -> list[bytes | memoryview] | None:
         """Records of ``rows`` samples each from samples [start, stop) of ``encoded`` (stop - start a multiple)."""
         key = (encoded.tree, encoded.signatures)
         if self._key != key:
@@ -60,9 +64,12 @@ class _Layouts:
         layout = self._by_rows[rows]
         if layout is None:
             return None
-        blob = fill_records(layout, columns).tobytes()
+        filled = fill_records(layout, columns).reshape(-1)
         n = layout.length
-        return [blob[i : i + n] for i in range(0, len(blob), n)]
+        # long records: zero-copy views (LMDB copies each into the map once); short ones: bytes, which
+        # are cheaper to make and, unlike views, not tracked by the garbage collector
+        flat: bytes | memoryview = filled.data if n >= _VIEW_BYTES else filled.tobytes()
+        return [flat[i : i + n] for i in range(0, len(flat), n)]
 
 
 def _checked_layout(encoded: Encoded, columns: list[np.ndarray], rows: int) -> FixedLayout | None:
@@ -78,7 +85,7 @@ def _checked_layout(encoded: Encoded, columns: list[np.ndarray], rows: int) -> F
 _SINGLE = _Layouts()
 
 
-def single_records(encoded: Encoded) -> list[bytes]:
+def single_records(encoded: Encoded) -> list[bytes | memoryview]:
     """One single-sample record per sample of ``encoded``."""
     values = _SINGLE.records(encoded, 1, 0, len(encoded))
     if values is None:
