@@ -71,10 +71,11 @@ class FixedWindow:
                 dst[at : at + n] = field[rec, row]
             return list(out)
         views = self.views
-        pairs = list(zip(rec.tolist(), row.tolist()))
+        # visit the records in stored order (each to its permuted row): the map is read forwards
+        visits = sorted(zip(rec.tolist(), row.tolist(), range(at, at + n)))
         for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
             flat = dst.data.cast("B")  # dst is a C-contiguous (rows, size) uint8 array
-            for i, (r, j) in enumerate(pairs, at):
+            for r, j, i in visits:
                 start = off + j * size
                 flat[i * size : (i + 1) * size] = views[r][start : start + size]
         return list(out)

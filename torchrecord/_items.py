@@ -32,7 +32,7 @@ __all__ = ["Items", "SAMPLE_CHUNK", "add_note"]
 SAMPLE_CHUNK = 256
 #: ... but at most this many bytes of fixed-size samples: large samples (images) then come from
 #: small arrays that the allocator recycles, instead of fresh pages for every chunk.
-SAMPLE_CHUNK_BYTES = 1 << 20
+SAMPLE_CHUNK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
