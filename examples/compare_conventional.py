@@ -180,8 +180,8 @@ def main() -> None:
     # -- 7. Time one epoch of each, warm then cold ---------------------------------------
     # The clock runs from creating the loader (worker start-up included) to its last
     # batch. Warm: every file is read once beforehand. Cold: the files are dropped from
-    # the page cache before each epoch, which then runs in a fresh process (a process
-    # that memory-mapped the record file, as LMDB does, would keep its pages cached).
+    # the page cache before each epoch. Every epoch runs in a fresh process: a process
+    # that memory-mapped the record file (LMDB does) would keep its pages cached.
     def one_epoch(make: Callable[..., DataLoader[Any]], workers: int, desc: str, decoded: bool = True
                   ) -> tuple[float, int]:
         start = time.perf_counter()
@@ -200,9 +200,8 @@ def main() -> None:
                 worked, seen = evict_from_page_cache(files)
                 evictions[name] = evictions.get(name, True) and worked is not False
                 print(f"{desc}: {seen}")
-                seconds, samples = run_in_child(functools.partial(one_epoch, make, workers, desc, decoded))
-            else:
-                seconds, samples = one_epoch(make, workers, desc, decoded)
+            # every epoch runs in a fresh process, so this one never maps the record file
+            seconds, samples = run_in_child(functools.partial(one_epoch, make, workers, desc, decoded))
             if samples != len(paths):
                 print(f"warning: {desc} gave {samples} samples, expected {len(paths)}")
             times.append(seconds)
@@ -254,10 +253,9 @@ def main() -> None:
         decoding = decodes if name == "conventional" or args.stored == "encoded" else 0.0
         read = reading[cache, name]
         per_process = decoding / max(1, w)
-        print(f"  {cache} {name} w={w}: {secs:.2f} s/epoch; reading alone {read:.2f} s "
-              f"({read / secs:.0%} of the epoch), decoding {decoding:.2f} s of CPU"
-              + (f" ({per_process / secs:.0%})" if w <= 1 else f" (~{per_process:.2f} s per worker, "
-                 f"{per_process / secs:.0%})"))
+        spread = "" if w <= 1 else f", ~{per_process:.2f} s per worker"
+        print(f"  {cache} {name} w={w}: {secs:.2f} s/epoch: reading alone {read:.2f} s ({read / secs:.0%} of it), "
+              f"decoding {decoding:.2f} s of CPU{spread} ({per_process / secs:.0%} of it)")
 
 
 def _as_list(batch: list[Any]) -> list[Any]:
