@@ -254,8 +254,10 @@ def main() -> None:
         read = reading[cache, name]
         per_process = decoding / max(1, w)
         spread = "" if w <= 1 else f", ~{per_process:.2f} s per worker"
+        rest = max(0.0, secs - read - per_process)
         print(f"  {cache} {name} w={w}: {secs:.2f} s/epoch: reading alone {read:.2f} s ({read / secs:.0%} of it), "
-              f"decoding {decoding:.2f} s of CPU{spread} ({per_process / secs:.0%} of it)")
+              f"decoding {decoding:.2f} s of CPU{spread} ({per_process / secs:.0%} of it), "
+              f"the rest {rest:.2f} s (collation, worker start-up and transfer, waiting)")
 
 
 def _as_list(batch: list[Any]) -> list[Any]:
