@@ -238,7 +238,17 @@ def _column_encoder(sig: LeafSignature) -> Callable[[list[Any]], np.ndarray]:
 
         return each
     info = _dtypes.by_name(sig.dtype)
-    check = _stacked_check(sig)
+    check = _stacked_check(sig, "ndarray")
+    np_dtype = info.numpy
+
+    def stack(arrays: list[np.ndarray]) -> np.ndarray:
+        # NumPy, not torch.stack: torch's parallel kernels hang in a process forked after its parent used them
+        try:
+            stacked = np.stack(arrays)
+        except ValueError:
+            raise _Mismatch from None
+        return check(stacked, len(arrays))
+
     if kind == "tensor":
         torch_dtype = info.torch
 
@@ -246,39 +256,36 @@ def _column_encoder(sig: LeafSignature) -> Callable[[list[Any]], np.ndarray]:
             if not all(type(x) is torch.Tensor and x.dtype is torch_dtype for x in col):
                 raise _Mismatch
             try:
-                stacked = torch.stack(col)
+                return stack([x.numpy() for x in col])  # raises for tensors on other devices or needing grad
             except (RuntimeError, TypeError):
                 raise _Mismatch from None
-            return check(stacked, len(col))
 
         return tensors
-    np_dtype = info.numpy
 
     def arrays(col: list[Any]) -> np.ndarray:
         if not all(type(x) is np.ndarray and x.dtype == np_dtype for x in col):
             raise _Mismatch
-        try:
-            stacked = np.stack(col)
-        except ValueError:
-            raise _Mismatch from None
-        return check(stacked, len(col))
+        return stack(col)
 
     return arrays
 
 
-def _stacked_check(sig: LeafSignature) -> Callable[[Any, int], np.ndarray]:
-    """A column of n samples given stacked (tensor or array [n, ...]) -> its contiguous array, checked."""
+def _stacked_check(sig: LeafSignature, given: str | None = None) -> Callable[[Any, int], np.ndarray]:
+    """A column of n samples given stacked (tensor or array [n, ...]) -> its contiguous array, checked.
+
+    ``given``: the kind the column comes as, when not the field's (tensors stacked as an array).
+    """
     try:
         info: _dtypes.DTypeInfo | None = _dtypes.by_name(sig.dtype)
     except KeyError:
         info = None
     shape = tuple(sig.shape)
     checks_bools = sig.dtype == "bool"
-    kind = sig.kind
+    kind = given or sig.kind
     np_dtype = info.numpy if info is not None else None
 
     def check(x: Any, n: int) -> np.ndarray:
-        if info is None or sig.from_list or kind not in ("tensor", "ndarray") or info.name == "bfloat16":
+        if info is None or sig.from_list or sig.kind not in ("tensor", "ndarray") or info.name == "bfloat16":
             raise _Mismatch
         if kind == "tensor":
             if type(x) is not torch.Tensor or x.dtype is not info.torch:
