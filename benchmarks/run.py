@@ -1,10 +1,14 @@
 """Run every loader side by side on the same generated data: ``python -m benchmarks.run``.
 
 For each workload: load (or generate and cache) its samples, build every
-loader's format from them (cached), time ``--epochs`` interleaved epochs of
-every configuration (each loader at each ``--workers`` setting; the limits once,
-in-process), print a table, then time writes. At the end, print the summary,
-and write ``<out>.json`` and ``<out>.png``.
+loader's format from them (cached), time cold epochs of ``--cold-loaders`` for
+the ``--cold-workloads`` (files evicted before each epoch, checked with
+mincore, each epoch in a fresh process), time ``--epochs`` interleaved warm
+epochs of every configuration (each loader at each ``--workers`` setting; the
+limits once, in-process), print a table, then time writes (per-sample source,
+TensorDataset, K > 1, against a raw LMDB append). At the end, print the
+summary and issue 17's figures against their targets, and write
+``<out>.json`` and ``<out>.png``.
 
 Quick run: ``python -m benchmarks.run --scale 0.1``. Full run: no arguments.
 """
