@@ -244,7 +244,7 @@ def _column_encoder(sig: LeafSignature) -> Callable[[list[Any]], np.ndarray]:
     def stack(arrays: list[np.ndarray]) -> np.ndarray:
         # NumPy, not torch.stack: torch's parallel kernels hang in a process forked after its parent used them
         try:
-            stacked = np.stack(arrays)
+            stacked = np.array(arrays)  # one C loop; arrays of different shapes raise (checked below too)
         except ValueError:
             raise _Mismatch from None
         return check(stacked, len(arrays))
