@@ -8,16 +8,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cold import ColdResult
 from benchmarks.timing import Measurement
 from benchmarks.writespeed import WriteResult
 
 __all__ = [
+    "COLD_HEADERS",
     "MEASUREMENT_HEADERS",
+    "TARGET_HEADERS",
     "WRITE_HEADERS",
     "best_per_loader",
+    "cold_json",
+    "cold_rows",
     "format_table",
     "measurement_rows",
     "ratio_to_raw",
+    "targets",
     "write_chart",
     "write_json",
     "write_rows",
@@ -83,19 +89,99 @@ def write_rows(results: Sequence[WriteResult]) -> list[list[str]]:
     """Rows for :data:`WRITE_HEADERS`: one per workload and writer."""
     rows = []
     for r in results:
-        rates = r.rates()
-        for who, key in (("write_record", "torchrecord"), ("raw LMDB append", "raw_lmdb")):
-            rows.append([
-                r.workload,
-                who,
-                f"{rates[key + '_samples_per_second']:,.0f}",
-                f"{rates[key + '_mb_per_second']:,.1f}",
-                f"{getattr(r, key + '_seconds'):.2f}",
-            ])
+        mb = r.value_bytes / 1e6
+        entries = [("raw LMDB append (1 value per sample)", r.raw_lmdb_seconds, "1.00")]
+        if r.source_seconds:
+            ratio = f"{r.raw_lmdb_seconds / r.source_seconds:.2f}"
+            entries.append(("source alone: dataset[i] for every i", r.source_seconds, ratio))
+        entries += [(f"write_record: {k}", s, f"{r.ratio(k):.2f}") for k, s in r.writes.items()]
+        for who, seconds, ratio in entries:
+            rate = f"{r.samples / seconds:,.0f}"
+            rows.append([r.workload, who, rate, f"{mb / seconds:,.1f}", f"{seconds:.2f}", ratio])
     return rows
 
 
-WRITE_HEADERS = ["workload", "writer", "samples/s", "MB/s", "seconds"]
+WRITE_HEADERS = ["workload", "writer", "samples/s", "MB/s", "seconds", "x raw append"]
+
+
+COLD_HEADERS = ["workload", "loader", "workers", "samples/s", "x raw cold", "evicted"]
+
+
+def _cold_ratio(result: ColdResult, everything: Sequence[ColdResult], loader: str) -> float | None:
+    for c in everything:
+        if c.loader == loader and c.workload == result.workload and c.seconds:
+            return result.samples_per_second / c.samples_per_second
+    return None
+
+
+def cold_rows(results: Sequence[ColdResult]) -> list[list[str]]:
+    """Rows for :data:`COLD_HEADERS` (x raw cold: against the raw cursor's cold read of the same workload)."""
+    rows = []
+    for c in results:
+        ratio = _cold_ratio(c, results, RAW_LIMIT)
+        workers = "-" if c.workers is None else str(c.workers)
+        worked = "yes" if c.evicted else "NO: " + "; ".join(e.describe() for e in c.evictions if not e.worked)
+        rows.append([c.workload, c.loader, workers, f"{c.samples_per_second:,.0f}",
+                     "-" if ratio is None else f"{ratio:.2f}", worked])
+    return rows
+
+
+def cold_json(c: ColdResult, everything: Sequence[ColdResult]) -> dict[str, Any]:
+    return {
+        "loader": c.loader,
+        "workers": c.workers,
+        "samples_per_second": c.samples_per_second,
+        "ratio_to_raw_cold": _cold_ratio(c, everything, RAW_LIMIT),
+        "epoch_seconds": c.seconds,
+        "epoch_samples": c.samples,
+        "evictions": [{"resident_before": e.before, "resident_after": e.after} for e in c.evictions],
+        "evicted": c.evicted,
+    }
+
+
+TARGET_HEADERS = ["figure", "measured", "target", "met"]
+
+
+def _best(ms: Sequence[Measurement], workload: str, loader: str) -> float | None:
+    rates = [m.samples_per_second for m in ms if m.workload == workload and m.loader == loader and m.seconds]
+    return max(rates) if rates else None
+
+
+def _target_row(figure: str, value: float | None, target: float, unit: str = "x") -> list[str] | None:
+    if value is None:
+        return None
+    return [figure, f"{value:.2f}{unit}", f">= {target:g}{unit}", "yes" if value >= target else "MISSED"]
+
+
+def targets(
+    measurements: Sequence[Measurement], writes: Sequence[WriteResult], colds: Sequence[ColdResult]
+) -> list[list[str]]:
+    """Issue 17's figures against their targets, for what this run measured."""
+    rows: list[list[str] | None] = []
+    large = "large-images"
+    batch, sample = _best(measurements, large, "torchrecord-batch"), _best(measurements, large, "torchrecord")
+    raw, fresh = _best(measurements, large, RAW_LIMIT), _best(measurements, large, "raw-limit-fresh")
+    pickle = _best(measurements, large, "lmdb-pickle")
+    if batch is not None and raw:
+        rows.append(_target_row("large images: batch mode / raw limit", batch / raw, 0.7))
+    if batch is not None and fresh:
+        rows.append(_target_row("large images: batch mode / raw limit with a new array per batch", batch / fresh, 0.7))
+    if sample is not None and pickle:
+        rows.append(_target_row("large images: per-sample mode / pickle + txn.get", sample / pickle, 1.0))
+    for c in colds:
+        if c.loader != "torchrecord-batch":
+            continue
+        raw_cold = _cold_ratio(c, colds, RAW_LIMIT)
+        npy_cold = _cold_ratio(c, colds, "npy-folder")
+        note = "" if c.evicted else " (eviction did NOT work)"
+        rows.append(_target_row(f"{c.workload} cold: batch mode w={c.workers} / raw cursor cold{note}", raw_cold, 0.8))
+        rows.append(_target_row(f"{c.workload} cold: batch mode w={c.workers} / .npy folder cold{note}", npy_cold, 3.0))
+    for w in writes:
+        if w.workload != "tiny-vectors":
+            continue
+        for variant in w.writes:
+            rows.append(_target_row(f"tiny writes: {variant} / raw append", w.ratio(variant), 0.4))
+    return [r for r in rows if r is not None]
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -1,10 +1,14 @@
 """Run every loader side by side on the same generated data: ``python -m benchmarks.run``.
 
 For each workload: load (or generate and cache) its samples, build every
-loader's format from them (cached), time ``--epochs`` interleaved epochs of
-every configuration (each loader at each ``--workers`` setting; the limits once,
-in-process), print a table, then time writes. At the end, print the summary,
-and write ``<out>.json`` and ``<out>.png``.
+loader's format from them (cached), time cold epochs of ``--cold-loaders`` for
+the ``--cold-workloads`` (files evicted before each epoch, checked with
+mincore, each epoch in a fresh process), time ``--epochs`` interleaved warm
+epochs of every configuration (each loader at each ``--workers`` setting; the
+limits once, in-process), print a table, then time writes (per-sample source,
+TensorDataset, K > 1, against a raw LMDB append). At the end, print the
+summary and issue 17's figures against their targets, and write
+``<out>.json`` and ``<out>.png``.
 
 Quick run: ``python -m benchmarks.run --scale 0.1``. Full run: no arguments.
 """
@@ -21,10 +25,10 @@ from typing import Any
 
 import torch
 
-from benchmarks import report
+from benchmarks import cold, report
 from benchmarks.loaders import Epochs, LoaderOptions, disk_bytes, ensure_built, read_through, registry
 from benchmarks.machine import describe_machine, load_average, versions
-from benchmarks.timing import Measurement, run_rounds
+from benchmarks.timing import Measurement, run_rounds, time_epoch
 from benchmarks.workloads import WORKLOADS, WorkloadData, load_workload
 from benchmarks.writespeed import WriteResult, measure_writes
 
@@ -56,6 +60,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("results/bench"), help="writes OUT.json and OUT.png")
     p.add_argument("--rebuild", action="store_true", help="rebuild every cached format (not the samples)")
     p.add_argument("--no-write", action="store_true", help="skip the write-speed measurement")
+    p.add_argument(
+        "--cold-workloads", nargs="*", choices=list(WORKLOADS), default=["large-images"],
+        help="workloads also read with a cold page cache (files evicted before each epoch); none: skip",
+    )
+    p.add_argument(
+        "--cold-loaders", nargs="+", choices=names, default=["raw-limit", "torchrecord-batch", "npy-folder"],
+        help="loaders timed cold (each in a fresh process after eviction)",
+    )
+    p.add_argument("--cold-workers", nargs="+", type=int, default=[0], help="num_workers settings of cold epochs")
+    p.add_argument("--cold-epochs", type=int, default=2, help="cold epochs per configuration (median)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     p.add_argument(
         "--threads", type=int, default=1,
@@ -107,9 +121,44 @@ def _prepare(
     return configs, skipped
 
 
+def _run_cold(data: WorkloadData, args: argparse.Namespace, rebuilt: set[str]) -> list[cold.ColdResult]:
+    """Time cold epochs of the chosen loaders, each in a fresh process after evicting its files."""
+    why = cold.available()
+    if why is not None:
+        _log(f"  cold reads: skipped ({why})")
+        return []
+    loaders = registry(LoaderOptions(args.shuffle_buffer, args.samples_per_record))
+    configs: list[tuple[cold.ColdResult, Any, Path]] = []
+    for name in args.cold_loaders:
+        loader = loaders[name]
+        if loader.unavailable(data) or loader.format_key(data) is None:
+            continue
+        path, _ = ensure_built(loader, data, args.rebuild and loader.format_key(data) not in rebuilt)
+        assert path is not None
+        settings: list[int | None] = list(args.cold_workers) if loader.uses_workers else [None]
+        for workers in settings:
+            configs.append((cold.ColdResult(data.name, name, workers, data.count), loader, path))
+    _log(f"  cold page cache: {args.cold_epochs} epochs of {len(configs)} configurations, files evicted before each")
+    for r in range(args.cold_epochs):
+        for result, loader, path in configs:
+
+            def epoch(
+                loader: Any = loader, path: Path = path, result: cold.ColdResult = result, r: int = r
+            ) -> tuple[float, int]:
+                return time_epoch(loader.open(data, path, result.workers or 0), r)
+
+            eviction = cold.time_cold(result, cold.files_of(path), epoch)
+            seconds, count = result.seconds[-1], result.samples[-1]
+            _log(f"  cold epoch {r + 1}/{args.cold_epochs}  {result.label:<24} {seconds:7.2f} s  "
+                 f"{count / seconds:>10,.0f} samples/s  ({eviction.describe()})")
+    results = [result for result, _, _ in configs]
+    _log(report.format_table(report.COLD_HEADERS, report.cold_rows(results)))
+    return results
+
+
 def _run_workload(
     name: str, args: argparse.Namespace, rebuilt: set[str]
-) -> tuple[dict[str, Any], list[Measurement], WriteResult | None]:
+) -> tuple[dict[str, Any], list[Measurement], WriteResult | None, list[cold.ColdResult]]:
     workload = WORKLOADS[name]
     count = workload.scaled_count(args.scale)
     _log(f"\n== {name}: {workload.describe(count)}")
@@ -117,6 +166,8 @@ def _run_workload(
     data = load_workload(workload, args.scale, args.data_dir, args.seed, args.batch_size)
     _log(f"  samples ready in {time.perf_counter() - start:.1f} s ({data.root})")
     configs, skipped = _prepare(data, args.loaders, args, rebuilt)
+    # cold first: nothing of these files is mapped in this process yet (a mapped page cannot be evicted)
+    colds = _run_cold(data, args, rebuilt) if name in (args.cold_workloads or []) else []
     _log(f"  timing {args.epochs} interleaved epochs of {len(configs)} configurations, batch {data.batch_size}")
     run_rounds(configs, args.epochs, _log)
     measurements = [m for m, _ in configs]
@@ -138,7 +189,7 @@ def _run_workload(
         "sample_bytes": workload.sample_bytes,
         "skipped": skipped,
     }
-    return info, measurements, write
+    return info, measurements, write, colds
 
 
 def _measurement_json(m: Measurement, everything: list[Measurement]) -> dict[str, Any]:
@@ -158,10 +209,13 @@ def _measurement_json(m: Measurement, everything: list[Measurement]) -> dict[str
     }
 
 
-def _summary(results: list[tuple[dict[str, Any], list[Measurement], WriteResult | None]]) -> None:
+Result = tuple[dict[str, Any], list[Measurement], WriteResult | None, list[cold.ColdResult]]
+
+
+def _summary(results: list[Result]) -> None:
     _log("\n== Summary: each loader's best configuration (median samples/s; x raw limit = ratio)")
     rows = []
-    for info, ms, _ in results:
+    for info, ms, _, _ in results:
         for m in report.best_per_loader(ms):
             ratio = report.ratio_to_raw(m, ms)
             workers = "-" if m.workers is None else str(m.workers)
@@ -169,10 +223,18 @@ def _summary(results: list[tuple[dict[str, Any], list[Measurement], WriteResult 
             rows.append([info["name"], m.loader, workers, f"{m.samples_per_second:,.0f}", ratio_text])
     _log(report.format_table(["workload", "loader", "workers", "samples/s", "x raw limit"], rows))
     _log(RATIO_NOTE)
-    writes = [w for _, _, w in results if w is not None]
+    writes = [w for _, _, w, _ in results if w is not None]
     if writes:
         _log("\n== Write speed (MB/s of stored values)")
         _log(report.format_table(report.WRITE_HEADERS, report.write_rows(writes)))
+    colds = [c for _, _, _, cs in results for c in cs]
+    if colds:
+        _log("\n== Cold page cache (files evicted before each epoch, read in a fresh process)")
+        _log(report.format_table(report.COLD_HEADERS, report.cold_rows(colds)))
+    targets = report.targets([m for _, ms, _, _ in results for m in ms], writes, colds)
+    if targets:
+        _log("\n== Issue 17 targets (figure against its limit)")
+        _log(report.format_table(report.TARGET_HEADERS, targets))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": args.threads,
         "samples_per_record": args.samples_per_record or "auto",
         "data_dir": str(args.data_dir),
+        "cold_workloads": args.cold_workloads,
+        "cold_loaders": args.cold_loaders,
+        "cold_workers": args.cold_workers,
+        "cold_epochs": args.cold_epochs,
     }
     payload = {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -207,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         "versions": found,
         "config": config,
         "method": {
-            "page_cache": "warm: every format is read once before timing",
+            "page_cache": "warm: every format is read once before timing; cold section: every file of the "
+            "format flushed and advised POSIX_FADV_DONTNEED before each epoch, residency checked with mincore, "
+            "the epoch read in a freshly forked process",
             "order": "interleaved: round r times epoch r of every configuration",
             "clock": "from creating the epoch's iterator (DataLoader workers start) to its last batch",
             "samples_per_second": "median over epochs of samples delivered / epoch seconds",
@@ -221,15 +289,16 @@ def main(argv: list[str] | None = None) -> int:
                 "results": [_measurement_json(m, ms) for m in ms],
                 "best": [_measurement_json(m, ms) for m in report.best_per_loader(ms)],
                 "write": None if w is None else w.to_json(),
+                "cold": [report.cold_json(c, cs) for c in cs],
             }
-            for info, ms, w in results
+            for info, ms, w, cs in results
         ],
     }
     json_path = args.out.with_suffix(".json")
     report.write_json(json_path, payload)
     chart_note = report.write_chart(
         args.out.with_suffix(".png"),
-        [(f"{info['name']}: {info['description']}, batch {info['batch_size']}", ms) for info, ms, _ in results],
+        [(f"{info['name']}: {info['description']}, batch {info['batch_size']}", ms) for info, ms, _, _ in results],
         machine,
         found,
         config,

@@ -4,17 +4,25 @@ The encoded values are taken from the record set write_record just wrote, so
 both sides store identical bytes; the raw side skips what write_record adds
 (reading and normalizing samples, protobuf encoding, shuffling, CRCs, metadata,
 the atomic rename). Both end with a full sync to disk.
+
+write_record is timed on two sources of the same samples: a per-sample map-style
+dataset (``dataset[i]`` builds each sample: its own cost is measured too, as the
+floor of any writer pulling samples one by one) and a ``TensorDataset`` of the
+same arrays (read as whole columns), each with one sample per record and, for
+small samples, K per record (the chunked path).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lmdb
+import torch
+from torch.utils.data import TensorDataset
 
 import torchrecord
 from benchmarks.workloads import ArraySamples, WorkloadData
@@ -26,7 +34,14 @@ _COMMIT_BYTES = 64 << 20
 
 @dataclass
 class WriteResult:
-    """Seconds to write one workload both ways, and what was written."""
+    """Seconds to write one workload with write_record (several sources and packings) and with a raw append.
+
+    Attributes:
+        raw_lmdb_seconds: a plain LMDB append of the one-sample records write_record stored.
+        source_seconds: calling ``dataset[i]`` of the per-sample source for every i, nothing else:
+            the floor of any writer that pulls samples one by one from it.
+        writes: per writer variant (``"per-sample source, K=1"`` ...), its seconds.
+    """
 
     workload: str
     samples: int
@@ -34,6 +49,8 @@ class WriteResult:
     file_bytes: int
     torchrecord_seconds: float
     raw_lmdb_seconds: float
+    source_seconds: float = 0.0
+    writes: dict[str, float] = field(default_factory=dict)
 
     def rates(self) -> dict[str, float]:
         """samples/s and MB/s (of stored values, 1 MB = 1e6 bytes) for both writers."""
@@ -45,8 +62,16 @@ class WriteResult:
             "raw_lmdb_mb_per_second": mb / self.raw_lmdb_seconds,
         }
 
+    def ratio(self, variant: str) -> float:
+        """A write variant's speed as a fraction of the raw append's."""
+        return self.raw_lmdb_seconds / self.writes[variant]
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), **self.rates()}
+        return {
+            **asdict(self),
+            **self.rates(),
+            "ratios_to_raw_append": {k: self.ratio(k) for k in self.writes},
+        }
 
 
 def _remove(*paths: Path) -> None:
@@ -84,20 +109,52 @@ def _raw_append(values: list[bytes], path: Path) -> float:
     return time.perf_counter() - start
 
 
+def _timed_write(source: Any, path: Path, samples_per_record: int) -> float:
+    _remove(path)
+    start = time.perf_counter()
+    torchrecord.write_record(source, path, progress=False, samples_per_record=samples_per_record)
+    seconds = time.perf_counter() - start
+    _remove(path)
+    return seconds
+
+
+def packing_for(sample_bytes: int) -> int:
+    """K for the chunked writes: about 16 KiB per record (1 for samples too large to pack)."""
+    from benchmarks.loaders.torchrecord_loader import auto_samples_per_record
+
+    return auto_samples_per_record(sample_bytes)
+
+
 def measure_writes(data: WorkloadData, scratch: Path) -> WriteResult:
-    """Time write_record on the workload, then a raw LMDB append of its encoded values."""
+    """Time write_record on the workload in several forms, then a raw LMDB append of its encoded values.
+
+    Forms: a per-sample map-style source (``ArraySamples``: ``dataset[i]`` builds one
+    sample), a ``TensorDataset`` of the same arrays (read as columns), each with one
+    sample per record and, for small samples, with K samples per record.
+    """
     scratch.mkdir(parents=True, exist_ok=True)
     record = scratch / "write-bench.tr"
     raw = scratch / "write-bench-raw.lmdb"
     _remove(record, raw, Path(str(raw) + "-lock"))
+    per_sample = ArraySamples(data.features, data.labels)
+    columns = TensorDataset(torch.from_numpy(data.features), torch.from_numpy(data.labels))
     start = time.perf_counter()
-    torchrecord.write_record(ArraySamples(data.features, data.labels), record, progress=False)
+    torchrecord.write_record(per_sample, record, progress=False)
     tr_seconds = time.perf_counter() - start
     file_bytes = os.path.getsize(record)
     values = _stored_values(record)
     _remove(record)
     raw_seconds = _raw_append(values, raw)
     _remove(raw, Path(str(raw) + "-lock"))
+    start = time.perf_counter()
+    for i in range(len(per_sample)):
+        per_sample[i]
+    source_seconds = time.perf_counter() - start
+    writes = {"per-sample source, K=1": tr_seconds, "TensorDataset, K=1": _timed_write(columns, record, 1)}
+    k = packing_for(data.workload.sample_bytes)
+    if k > 1:
+        writes[f"per-sample source, K={k}"] = _timed_write(per_sample, record, k)
+        writes[f"TensorDataset, K={k}"] = _timed_write(columns, record, k)
     return WriteResult(
         workload=data.name,
         samples=data.count,
@@ -105,4 +162,6 @@ def measure_writes(data: WorkloadData, scratch: Path) -> WriteResult:
         file_bytes=file_bytes,
         torchrecord_seconds=tr_seconds,
         raw_lmdb_seconds=raw_seconds,
+        source_seconds=source_seconds,
+        writes=writes,
     )

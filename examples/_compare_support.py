@@ -7,12 +7,15 @@ in a fresh child process.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import json
+import mmap
 import multiprocessing
 import os
 import shutil
-import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -30,6 +33,7 @@ __all__ = [
     "format_table",
     "generate_images",
     "read_through",
+    "resident_fraction",
     "run_in_child",
 ]
 
@@ -122,29 +126,41 @@ def disk_bytes(paths: Sequence[str]) -> int:
     return sum(os.stat(p).st_blocks * 512 for p in paths)
 
 
-def _resident_bytes(paths: Sequence[str]) -> int | None:
-    """Bytes of ``paths`` in the page cache, from util-linux ``fincore`` (None if unavailable)."""
-    if shutil.which("fincore") is None:
+def _libc() -> Any:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return libc
+
+
+def resident_fraction(paths: Sequence[str]) -> float | None:
+    """The fraction of the files' pages in the page cache, from ``mincore`` (None where unavailable)."""
+    if not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None:
         return None
-    total = 0
-    for start in range(0, len(paths), 500):
-        out = subprocess.run(
-            ["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *paths[start : start + 500]],
-            capture_output=True,
-            text=True,
-        )
-        if out.returncode != 0:
-            return None
-        total += sum(int(v) for v in out.stdout.split())
-    return total
-
-
-def _meminfo_cached() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Cached:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    libc = _libc()
+    cached = total = 0
+    for path in paths:
+        size = os.path.getsize(path)
+        if size == 0:
+            continue
+        pages = -(-size // mmap.PAGESIZE)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            vec = ctypes.create_string_buffer(pages)
+            ok = libc.mincore(ctypes.c_void_p(addr), size, vec) == 0
+            libc.munmap(ctypes.c_void_p(addr), size)
+            if not ok:
+                return None
+        finally:
+            os.close(fd)
+        cached += sum(b & 1 for b in vec.raw)
+        total += pages
+    return cached / total if total else 0.0
 
 
 def read_through(paths: Sequence[str]) -> int:
@@ -157,16 +173,19 @@ def read_through(paths: Sequence[str]) -> int:
     return total
 
 
-def evict_from_page_cache(paths: Sequence[str]) -> str:
-    """Drop the file data of ``paths`` from the page cache and say whether it worked.
+def evict_from_page_cache(paths: Sequence[str]) -> tuple[bool | None, str]:
+    """Drop the file data of ``paths`` from the page cache; returns (worked, what was seen).
 
     Each file is flushed (dirty pages cannot be dropped) and then advised
-    ``POSIX_FADV_DONTNEED``. Pages that some process has memory-mapped stay
-    cached, which is why the example reads each cold epoch in a fresh process.
-    Directory entries and inodes stay cached: only file contents are evicted.
+    ``POSIX_FADV_DONTNEED``; the pages still cached are counted with ``mincore``
+    before and after (``worked`` is None where that cannot be checked). Pages
+    that some process has memory-mapped stay cached, which is why the example
+    reads each cold epoch in a fresh process. Directory entries and inodes stay
+    cached: only file contents are evicted.
     """
-    before = _resident_bytes(paths)
-    cached_before = _meminfo_cached()
+    if not hasattr(os, "posix_fadvise"):
+        return False, "cannot evict here (no posix_fadvise): the 'cold' epochs read a warm page cache"
+    before = resident_fraction(paths)
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -174,13 +193,12 @@ def evict_from_page_cache(paths: Sequence[str]) -> str:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-    after = _resident_bytes(paths)
-    if before is not None and after is not None:
-        verdict = "evicted" if after <= 0.01 * max(before, 1) else "NOT fully evicted"
-        return f"{verdict}: {before / 1e6:.1f} MB cached before, {after / 1e6:.1f} MB after (fincore)"
-    dropped = cached_before - _meminfo_cached()
-    size = sum(os.path.getsize(p) for p in paths)
-    return f"page cache shrank by {dropped / 1e6:.1f} MB for {size / 1e6:.1f} MB of files (/proc/meminfo)"
+    after = resident_fraction(paths)
+    if before is None or after is None:
+        return None, "evicted (not checked: mincore unavailable)"
+    worked = after <= 0.01
+    verdict = "evicted" if worked else "NOT evicted"
+    return worked, f"{verdict}: {before:.0%} of pages cached before, {after:.1%} after (mincore)"
 
 
 # -- processes and tables ---------------------------------------------------------

@@ -5,13 +5,19 @@ With no argument (and no download) this script:
 1. makes 10,000 deterministic 128x128 JPEG images in a class-per-folder tree
    under ``bench-data/compare/`` (generated once, reused by later runs);
 2. writes the very same samples into one record set with ``write_record``;
-3. times one epoch of each loader, for ``num_workers`` 0, 2 and 4:
+3. times one epoch of each loader, for ``num_workers`` 0 and 2, first with a
+   warm page cache (every file read once beforehand), then with a cold one
+   (the files evicted before each epoch, checked with ``mincore``, and the
+   epoch read in a fresh process):
 
    * conventional: a map-style Dataset that opens, reads and decodes one file
      per sample, in ``DataLoader(shuffle=True)``;
    * torchrecord: ``RecordDataset`` in a ``DataLoader``;
 
-4. prints a table: samples/s, seconds per epoch, size on disk and speedup.
+4. prints a table: samples/s, seconds per epoch, size on disk and speedup
+   (saying where torchrecord is not faster), and one line per case saying where
+   the time goes: reading (the same loader timed without decoding) and decoding
+   (every image decoded once, timed).
 
 Both loaders do the same work per sample: the record stores the JPEG bytes,
 and both decode them with the same function into the same uint8 tensor. So the
@@ -25,7 +31,7 @@ Usage::
     python examples/compare_conventional.py                    # the default comparison
     python examples/compare_conventional.py --stored decoded   # record holds decoded pixels
     python examples/compare_conventional.py --image-folder ~/data/train --size 224
-    python examples/compare_conventional.py --cold             # evict files from the page cache first
+    python examples/compare_conventional.py --cache cold       # only the cold page cache
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ parser.add_argument("--image-folder", type=Path, help="your own class-per-folder
 parser.add_argument("--count", type=int, default=10_000, help="images to generate")
 parser.add_argument("--size", type=int, default=128, help="image side in pixels (your images are resized)")
 parser.add_argument("--classes", type=int, default=10, help="classes to generate")
-parser.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4], help="DataLoader num_workers")
+parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader num_workers")
 parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--stored", choices=["encoded", "decoded"], default="encoded",
                     help="the record holds the image files' bytes (default) or decoded pixels")
@@ -74,7 +80,9 @@ parser.add_argument("--torchrecord-mode", choices=["batch", "sample"], default="
 parser.add_argument("--epochs", type=int, default=1, help="epochs per loader and setting (median reported)")
 parser.add_argument("--threads", type=int, default=1,
                     help="torch threads of this process (DataLoader workers always use 1)")
-parser.add_argument("--cold", action="store_true", help="evict the files from the page cache before each epoch")
+parser.add_argument("--cache", choices=["both", "warm", "cold"], default="both",
+                    help="warm: files read once before timing; cold: evicted before each epoch; both (default)")
+parser.add_argument("--cold", action="store_true", help="same as --cache cold")
 parser.add_argument("--data-dir", type=Path, default=Path("bench-data/compare"))
 
 
@@ -100,7 +108,7 @@ class DecodeSample:
 
 # -- 3. The conventional way: one file per sample ------------------------------------
 class ImageFiles(Dataset[tuple[Any, int]]):
-    """Map-style dataset over image files; ``raw=True`` gives the file bytes (for writing)."""
+    """Map-style dataset over image files; ``raw=True`` gives the file bytes (for writing, and timing reads)."""
 
     def __init__(self, paths: list[str], labels: list[int], size: int, raw: bool = False) -> None:
         self.paths, self.labels, self.size, self.raw = paths, labels, size, raw
@@ -148,68 +156,113 @@ def main() -> None:
     transform = DecodeSample(args.size) if args.stored == "encoded" else None
 
     # -- 6. The two loaders -----------------------------------------------------------
-    def conventional(workers: int) -> DataLoader[Any]:
-        dataset = ImageFiles(paths, labels, args.size)
-        return DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=workers)
+    # decoded=False gives the stored bytes undecoded: the same loader, timed for its reading alone.
+    def conventional(workers: int, decoded: bool = True) -> DataLoader[Any]:
+        dataset = ImageFiles(paths, labels, args.size, raw=not decoded)
+        return DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=workers,
+                          collate_fn=None if decoded else _as_list)
 
-    def torchrecord(workers: int) -> DataLoader[Any]:
+    def torchrecord(workers: int, decoded: bool = True) -> DataLoader[Any]:
+        t = transform if decoded else None
         if args.torchrecord_mode == "batch":  # batches are collated inside the workers
-            dataset = RecordDataset(record, batch_size=args.batch_size, transform=transform)
+            dataset = RecordDataset(record, batch_size=args.batch_size, transform=t)
             return DataLoader(dataset, batch_size=None, num_workers=workers)
-        dataset = RecordDataset(record, transform=transform)
-        return DataLoader(dataset, batch_size=args.batch_size, num_workers=workers)
+        dataset = RecordDataset(record, transform=t)
+        return DataLoader(dataset, batch_size=args.batch_size, num_workers=workers,
+                          collate_fn=None if decoded or args.stored == "decoded" else _as_list)
 
     tr_label = "torchrecord" + (" (stored decoded)" if args.stored == "decoded" else "")
-    loaders: list[tuple[str, Callable[[int], DataLoader[Any]], list[str]]] = [
+    loaders: list[tuple[str, Callable[..., DataLoader[Any]], list[str]]] = [
         ("conventional", conventional, paths),
         (tr_label, torchrecord, [record]),
     ]
 
-    # -- 7. Time one epoch of each ------------------------------------------------------
+    # -- 7. Time one epoch of each, warm then cold ---------------------------------------
     # The clock runs from creating the loader (worker start-up included) to its last
-    # batch. By default both loaders read from a warm page cache: every file is read
-    # once beforehand. With --cold, the files are dropped from the page cache before
-    # each epoch, which then runs in a fresh process: a process that memory-mapped the
-    # record file (LMDB does) would otherwise keep its pages cached.
-    def one_epoch(make: Callable[[int], DataLoader[Any]], workers: int, desc: str) -> tuple[float, int]:
+    # batch. Warm: every file is read once beforehand. Cold: the files are dropped from
+    # the page cache before each epoch. Every epoch runs in a fresh process: a process
+    # that memory-mapped the record file (LMDB does) would keep its pages cached.
+    def one_epoch(make: Callable[..., DataLoader[Any]], workers: int, desc: str, decoded: bool = True
+                  ) -> tuple[float, int]:
         start = time.perf_counter()
-        loader = make(workers)
+        loader = make(workers, decoded)
         samples = 0
-        for _, batch_labels in tqdm(loader, desc=desc, total=len(loader), leave=True):
-            samples += len(batch_labels)
+        for batch in tqdm(loader, desc=desc, total=len(loader), leave=False):
+            samples += len(batch[1])
         return time.perf_counter() - start, samples
 
-    if not args.cold:
-        for _, _, files in loaders:
-            read_through(files)
-    results = []
-    for workers in args.workers:
-        for name, make, files in loaders:
-            times = []
-            for epoch in range(args.epochs):
-                desc = f"{name:<12} w={workers}" + (f" epoch {epoch + 1}" if args.epochs > 1 else "")
-                if args.cold:
-                    print(f"{desc}: {evict_from_page_cache(files)}")
-                    seconds, samples = run_in_child(functools.partial(one_epoch, make, workers, desc))
-                else:
-                    seconds, samples = one_epoch(make, workers, desc)
-                if samples != len(paths):
-                    print(f"warning: {desc} gave {samples} samples, expected {len(paths)}")
-                times.append(seconds)
-            seconds = statistics.median(times)
-            results.append((name, workers, len(paths) / seconds, seconds, disk_bytes(files)))
+    def timed(cache: str, name: str, make: Callable[..., DataLoader[Any]], files: list[str], workers: int,
+              decoded: bool = True) -> float:
+        desc = f"{cache} {name} w={workers}" + ("" if decoded else " (reading only)")
+        times = []
+        for _ in range(args.epochs):
+            if cache == "cold":
+                worked, seen = evict_from_page_cache(files)
+                evictions[name] = evictions.get(name, True) and worked is not False
+                print(f"{desc}: {seen}")
+            # every epoch runs in a fresh process, so this one never maps the record file
+            seconds, samples = run_in_child(functools.partial(one_epoch, make, workers, desc, decoded))
+            if samples != len(paths):
+                print(f"warning: {desc} gave {samples} samples, expected {len(paths)}")
+            times.append(seconds)
+        return statistics.median(times)
 
-    # -- 8. The table ---------------------------------------------------------------------
-    baseline = {w: rate for name, w, rate, _, _ in results if name == "conventional"}
-    rows = [
-        [name, str(w), f"{rate:,.0f}", f"{secs:.2f}", f"{size / 1e6:,.1f} MB", f"{rate / baseline[w]:.2f}x"]
-        for name, w, rate, secs, size in results
-    ]
-    cache = "cold page cache" if args.cold else "warm page cache"
+    caches = ["cold"] if args.cold else (["warm", "cold"] if args.cache == "both" else [args.cache])
+    evictions: dict[str, bool] = {}
+    results = []  # (cache, name, workers, samples/s, seconds, size)
+    reading = {}  # (cache, name) -> seconds of one epoch without decoding, 0 workers
+    for cache in caches:
+        if cache == "warm":
+            for _, _, files in loaders:
+                read_through(files)
+        for workers in args.workers:
+            for name, make, files in loaders:
+                seconds = timed(cache, name, make, files, workers)
+                results.append((cache, name, workers, len(paths) / seconds, seconds, disk_bytes(files)))
+        for name, make, files in loaders:
+            reading[cache, name] = timed(cache, name, make, files, 0, decoded=False)
+
+    # the decode every sample needs on both sides, timed once over all the images in this process
+    blobs = [ImageFiles(paths, labels, args.size, raw=True)[i][0] for i in range(min(len(paths), 1000))]
+    start = time.perf_counter()
+    for data in blobs:
+        decode(data, args.size)
+    decode_each = (time.perf_counter() - start) / len(blobs)
+
+    # -- 8. The table and where the time goes -------------------------------------------
+    baseline = {(c, w): rate for c, name, w, rate, _, _ in results if name == "conventional"}
+    rows = []
+    for cache, name, w, rate, secs, size in results:
+        ratio = rate / baseline[cache, w]
+        verdict = "-" if name == "conventional" else (
+            f"{ratio:.2f}x faster" if ratio >= 1.05 else f"{ratio:.2f}x: not faster")
+        rows.append([cache, name, str(w), f"{rate:,.0f}", f"{secs:.2f}", f"{size / 1e6:,.1f} MB", verdict])
     epochs = "1 epoch" if args.epochs == 1 else f"median of {args.epochs} epochs"
-    print(f"\n{len(paths):,} images of {args.size}x{args.size}, batch {args.batch_size}, {cache}, {epochs}, "
+    print(f"\n{len(paths):,} images of {args.size}x{args.size}, batch {args.batch_size}, {epochs}, "
           f"torchrecord {args.torchrecord_mode} mode, {cpus} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print(format_table(["loader", "workers", "samples/s", "s/epoch", "size on disk", "speedup"], rows))
+    if "cold" in caches:
+        said = {n: ("evicted (mincore checked)" if ok else "NOT evicted: the cold rows read cached data")
+                for n, ok in evictions.items()}
+        print("cold page cache: " + "; ".join(f"{n}: {v}" for n, v in said.items()))
+    print(format_table(["cache", "loader", "workers", "samples/s", "s/epoch", "size on disk", "vs conventional"],
+                       rows))
+    decodes = len(paths) * decode_each
+    print(f"\nwhere the time goes (decoding: {decode_each * 1e3:.2f} ms per image, timed here once;"
+          " reading: the same loader without decoding, 0 workers, timed):")
+    for cache, name, w, _, secs, _ in results:
+        decoding = decodes if name == "conventional" or args.stored == "encoded" else 0.0
+        read = reading[cache, name]
+        per_process = decoding / max(1, w)
+        spread = "" if w <= 1 else f", ~{per_process:.2f} s per worker"
+        rest = max(0.0, secs - read - per_process)
+        print(f"  {cache} {name} w={w}: {secs:.2f} s/epoch: reading alone {read:.2f} s ({read / secs:.0%} of it), "
+              f"decoding {decoding:.2f} s of CPU{spread} ({per_process / secs:.0%} of it), "
+              f"the rest {rest:.2f} s (collation, worker start-up and transfer, waiting)")
+
+
+def _as_list(batch: list[Any]) -> list[Any]:
+    """Collate undecoded (bytes, label) samples as they are: reading is all that is timed."""
+    return [[s[0] for s in batch], [s[1] for s in batch]]
 
 
 if __name__ == "__main__":

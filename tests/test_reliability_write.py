@@ -422,7 +422,8 @@ def test_ctrl_c_during_a_write_cleans_up(tmp_path: Path) -> None:
     torchrecord.write_record(Labelled(300), path, progress=False)
     started = FORK.Event()
     proc = FORK.Process(
-        target=_write_then_exit, args=(str(path), Labelled(200_000, 10_000), None, started, 16 << 10)
+        # long enough to be mid-write 0.3 s in (the columns writer does 200,000 small samples in less)
+        target=_write_then_exit, args=(str(path), Labelled(2_000_000, 10_000), None, started, 16 << 10)
     )
     proc.start()
     assert started.wait(60)

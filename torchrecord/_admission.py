@@ -96,7 +96,7 @@ class Admission:
         for item in stream:
             if isinstance(item, Encoded):  # batches come only from ungrouped reads
                 assert track is None, "a grouped read gives one sample at a time"
-                self.admitted += len(item.values)
+                self.admitted += len(item)
                 yield item
                 continue
             index, outcome, key = item

@@ -7,7 +7,8 @@ buffer, long ones kept as views. The whole window is checked against the
 layout's template at once (length and every non-payload byte); any record that
 differs is decoded the checked slow way and re-encoded, so nothing is misread.
 Batches are then gathered field by field at fixed offsets straight into fresh,
-contiguous arrays.
+contiguous arrays (:meth:`FixedWindow.gather`): a long record is copied once,
+from the map into the batch.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class FixedWindow:
     """Whole records of one window, addressed by sample coordinates (record row, row in record)."""
 
     def __init__(
-        self, layout: FixedLayout, joined: np.ndarray | None, views: list[np.ndarray] | None, buffer: np.ndarray
+        self, layout: FixedLayout, joined: np.ndarray | None, views: list[memoryview] | None, buffer: np.ndarray
     ) -> None:
         self.layout = layout
         self.buffer = buffer  # the reader's storage, recycled once this window is gone
@@ -49,19 +50,35 @@ class FixedWindow:
             ]
         self.views = views
 
-    def gather(self, rec: np.ndarray, row: np.ndarray) -> list[np.ndarray]:
-        """Per field, a fresh (len(rec), sample_bytes) uint8 array of the chosen samples."""
-        if self.views is None:
+    def gather(
+        self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray] | None = None, at: int = 0
+    ) -> list[np.ndarray]:
+        """Copy the chosen samples' bytes, per field, into (len(rec), sample_bytes) uint8 arrays.
+
+        This is the one place where a field's bytes leave a window: each sample is
+        copied once, from the window buffer (short records) or straight from the
+        LMDB map (long records, kept as views), into the batch. ``out`` (one array
+        per field, ``at`` the first row to fill) lets a batch that spans windows be
+        filled in place; without it fresh arrays are made. Returns the arrays filled.
+        """
+        n = len(rec)
+        if out is None and self.views is None:  # one vectorized gather per field into a fresh array
             return [field[rec, row] for field in self.fields]
-        out = []
+        if out is None:
+            out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
+        if self.views is None:
+            for field, dst in zip(self.fields, out):
+                dst[at : at + n] = field[rec, row]
+            return list(out)
         views = self.views
-        for off, size in zip(self.layout.offsets, self.layout.sample_bytes):
-            dst = np.empty((len(rec), size), np.uint8)
-            for i, (r, j) in enumerate(zip(rec.tolist(), row.tolist())):
+        # visit the records in stored order (each to its permuted row): the map is read forwards
+        visits = sorted(zip(rec.tolist(), row.tolist(), range(at, at + n)))
+        for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
+            flat = dst.data.cast("B")  # dst is a C-contiguous (rows, size) uint8 array
+            for r, j, i in visits:
                 start = off + j * size
-                dst[i] = views[r][start : start + size]
-            out.append(dst)
-        return out
+                flat[i * size : (i + 1) * size] = views[r][start : start + size]
+        return list(out)
 
 
 #: One piece of a window: (the walk of its shard, samples in that shard, start, stop) in shard indices.
@@ -185,16 +202,19 @@ class _WindowBuilder:
                 for row in suspects:
                     joined[row] = np.frombuffer(self._canonical(row, self.odd.get(row, joined[row])), np.uint8)
             return FixedWindow(layout, joined, None, self.buffer)
-        views = [np.frombuffer(v, np.uint8) for v in self.views]
+        # long records: check each view's length and its few header bytes as bytes (no array per record)
+        views = [memoryview(v) for v in self.views]
+        length = layout.length
+        segments = layout.header_segments()
         for row, view in enumerate(views):
-            if len(view) != layout.length or (view[layout.header_cols] != layout.header).any():
+            if len(view) != length or any(view[a:b].tobytes() != seg for a, b, seg in segments):
                 suspects.add(row)
         for row in suspects:
-            views[row] = np.frombuffer(self._canonical(row, self.views[row]), np.uint8)
+            views[row] = memoryview(self._canonical(row, self.views[row]))
         return FixedWindow(layout, None, views, self.buffer)
 
     def _canonical(self, row: int, value: Any) -> bytes:
         record, count, path = self._piece_of(row)
         rows = min(self.layout.rows, count - record * self.layout.rows)
-        data = value.tobytes() if isinstance(value, np.ndarray) else value
+        data = value.tobytes() if isinstance(value, (np.ndarray, memoryview)) else value
         return self.layout.canonical(data, record, rows, f"{path}: record {record}")

@@ -19,6 +19,7 @@ from typing import Any, TypeGuard
 
 import lmdb
 import msgpack
+import numpy as np
 
 from torchrecord import _dtypes
 from torchrecord.errors import (
@@ -43,6 +44,7 @@ __all__ = [
     "check_schema",
     "decode_key",
     "encode_key",
+    "encode_keys",
     "lmdb_errors",
     "open_identified",
     "open_readonly",
@@ -83,6 +85,12 @@ def lmdb_errors(path: str) -> Iterator[None]:
 def encode_key(index: int) -> bytes:
     """The 8-byte big-endian key of record ``index`` (cursor order = index order)."""
     return _KEY.pack(index)
+
+
+def encode_keys(first: int, n: int) -> list[bytes]:
+    """The keys of records ``first`` .. ``first + n - 1`` (as :func:`encode_key`), made in bulk."""
+    packed = np.arange(first, first + n, dtype=">u8").tobytes()
+    return [packed[i : i + 8] for i in range(0, 8 * n, 8)]
 
 
 def decode_key(key: bytes) -> int:

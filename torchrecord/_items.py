@@ -30,6 +30,9 @@ __all__ = ["Items", "SAMPLE_CHUNK", "add_note"]
 
 #: Samples read at a time when the dataset yields single samples.
 SAMPLE_CHUNK = 256
+#: ... but at most this many bytes of fixed-size samples: large samples (images) then come from
+#: small arrays that the allocator recycles, instead of fresh pages for every chunk.
+SAMPLE_CHUNK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,10 @@ class Items:
 
     def _samples(self, reader: ShareReader, start: int) -> Iterator[Any]:
         schema, transform = self.schema, self.transform
-        for chunk, indices in reader.indexed_chunks(SAMPLE_CHUNK, start):
+        step = SAMPLE_CHUNK
+        if reader.layout is not None:
+            step = max(1, min(step, SAMPLE_CHUNK_BYTES // max(1, sum(reader.layout.sample_bytes))))
+        for chunk, indices in reader.indexed_chunks(step, start):
             samples = split_columns(chunk, schema) if reader.fixed else chunk
             if transform is None:
                 yield from samples

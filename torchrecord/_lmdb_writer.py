@@ -8,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import zlib
+from collections.abc import Sequence
 
 import lmdb
 
-from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_key
+from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_keys
 from torchrecord.errors import WriteError
 
 __all__ = ["LmdbAppender", "space_hint"]
@@ -73,7 +74,7 @@ class LmdbAppender:
                 _remove(path)
             raise WriteError(f"{self.name}: cannot create the LMDB file: {exc}{space_hint(path)}") from exc
         self._env = env
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self.records_written = 0
         self.bytes_written = 0
@@ -83,6 +84,13 @@ class LmdbAppender:
         """Queue the next record; commits when the pending chunk is large enough."""
         self._pending.append(value)
         self._pending_bytes += len(value)
+        if self._pending_bytes >= self._commit_bytes:
+            self.flush()
+
+    def append_many(self, values: Sequence[bytes | memoryview]) -> None:
+        """Queue several next records at once (see :meth:`append`)."""
+        self._pending.extend(values)
+        self._pending_bytes += sum(map(len, values))
         if self._pending_bytes >= self._commit_bytes:
             self.flush()
 
@@ -117,8 +125,7 @@ class LmdbAppender:
         self._env.close()
 
     def _put_pending(self, txn: lmdb.Transaction) -> None:
-        first = self.records_written
-        keys = [encode_key(first + i) for i in range(len(self._pending))]
+        keys = encode_keys(self.records_written, len(self._pending))
         # putmulti runs the put loop in C; append=True: keys arrive in increasing order
         added = txn.cursor(db=self._records).putmulti(zip(keys, self._pending), append=True)[1]
         if added != len(keys):

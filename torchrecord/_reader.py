@@ -17,13 +17,15 @@ Two decoding paths give the same samples in the same order:
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from torchrecord import _dtypes, _order
+from torchrecord import _advise, _dtypes, _order
+from torchrecord._advise import Advisor
 from torchrecord._fastread import JOIN_LIMIT, FixedWindowReader
 from torchrecord._kinds import check_bools
 from torchrecord._layout import FixedLayout
@@ -118,24 +120,28 @@ class ShareReader:
         buffers = self.layout is not None and self.layout.length >= JOIN_LIMIT
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
+            if plan:
+                walks.advise(plan[0])
             windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
-            pending: list[tuple[Any, np.ndarray]] = []
-            held = 0
+            position = start  # the position of the chunk being assembled
+            chunk = _Chunk(self, min(size, total - position))
             skip = start - first_window * share.window
             for i, pieces in enumerate(plan):
                 taker = windows(first_window + i, pieces, _indices(window_runs[i]))
+                # the kernel reads the next window while this one is handed out (asked after this
+                # window's walk, so its pages do not queue behind the next window's)
+                walks.advise(plan[i + 1] if i + 1 < len(plan) else [])
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
-                    n = min(size - held, taker.remaining)
-                    pending.append(taker.take(n))
-                    held += n
-                    if held == size:
-                        yield self._join(pending)
-                        pending, held = [], 0
+                    chunk.take(taker)
+                    if chunk.full:
+                        yield chunk.result()
+                        position += chunk.n
+                        chunk = _Chunk(self, min(size, total - position))
                 walks.done(i)
-            if pending:
-                yield self._join(pending)
+            if chunk.held:  # cannot happen: the windows cover the share exactly
+                yield chunk.result()
         finally:
             self.records_read += walks.close()
 
@@ -144,8 +150,6 @@ class ShareReader:
         layout = self.layout
         assert layout is not None
         reader = FixedWindowReader(layout, self.share.window)
-        shapes = [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in layout.fields]
-        path = self.file.path
 
         def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
             win, rec, row = reader.read([(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces])
@@ -153,11 +157,8 @@ class ShareReader:
             if order is not None:
                 rec, row, indices = rec[order], row[order], indices[order]
 
-            def gather(sel: slice) -> list[np.ndarray]:
-                arrays = win.gather(rec[sel], row[sel])
-                typed = [a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, shapes)]
-                check_bools(typed, layout.fields, path)
-                return typed
+            def gather(sel: slice, out: list[np.ndarray] | None = None, at: int = 0) -> list[np.ndarray]:
+                return win.gather(rec[sel], row[sel], out, at)
 
             return _Taken(len(rec), gather, indices)
 
@@ -193,13 +194,59 @@ class ShareReader:
 
         return window
 
-    def _join(self, parts: list[tuple[Any, np.ndarray]]) -> tuple[list[Any], np.ndarray]:
-        if len(parts) == 1:
-            return parts[0]
-        indices = np.concatenate([i for _, i in parts])
-        if self.layout is not None:
-            return [np.concatenate(column) for column in zip(*(c for c, _ in parts))], indices
-        return [sample for part, _ in parts for sample in part], indices
+    def typed(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The fixed path's gathered uint8 arrays as typed columns [B, ...] (bool bytes checked)."""
+        layout = self.layout
+        assert layout is not None
+        typed = [a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, self._shapes)]
+        check_bools(typed, layout.fields, self.file.path)
+        return typed
+
+    @property
+    def _shapes(self) -> list[tuple[tuple[int, ...], Any]]:
+        assert self.layout is not None
+        return [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in self.layout.fields]
+
+
+class _Chunk:
+    """One chunk being assembled from the takes of one or more windows.
+
+    On the fixed path a chunk that one window serves whole is gathered into fresh
+    arrays; one that spans windows is gathered in place into arrays made for the
+    whole chunk, so every sample is copied once (no joining copy).
+    """
+
+    def __init__(self, reader: ShareReader, n: int) -> None:
+        self.reader, self.n = reader, n
+        self.held = 0
+        self.parts: list[Any] = []
+        self.indices: list[np.ndarray] = []
+        self.out: list[np.ndarray] | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.held >= self.n
+
+    def take(self, taker: _Taken) -> None:
+        """Take as many samples from ``taker`` as this chunk still needs."""
+        n = min(self.n - self.held, taker.remaining)
+        if self.reader.layout is None or (self.held == 0 and n == self.n):
+            part, indices = taker.take(n)
+            self.parts.append(part)
+        else:
+            if self.out is None:
+                self.out = [np.empty((self.n, size), np.uint8) for size in self.reader.layout.sample_bytes]
+            indices = taker.take_into(n, self.out, self.held)
+        self.indices.append(indices)
+        self.held += n
+
+    def result(self) -> tuple[list[Any], np.ndarray]:
+        """The chunk (typed columns, or decoded samples) and the sample index of each sample."""
+        indices = self.indices[0] if len(self.indices) == 1 else np.concatenate(self.indices)
+        if self.reader.layout is not None:
+            arrays = [a[: self.held] for a in self.out] if self.out is not None else self.parts[0]
+            return self.reader.typed(arrays), indices
+        return [sample for part in self.parts for sample in part], indices
 
 
 def _indices(runs: Sequence[Run]) -> np.ndarray:
@@ -235,6 +282,7 @@ class _ShardWalks:
         self.set, self.verify, self.buffers = file, verify, buffers
         self.counts = np.diff(file.shard_offsets).tolist()
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
+        self._advisors: dict[int, Advisor] = {}
         self.records_read = 0
         self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
         order: list[int] = []  # the shards in the order they are needed (a remote set fetches ahead)
@@ -257,6 +305,25 @@ class _ShardWalks:
             held = self._walks[s] = (file, walk)
         return held[1]
 
+    def advise(self, pieces: Sequence[LocalRun]) -> None:
+        """Ask the kernel to read the records of ``pieces`` ahead (shards already open; see ``_advise``)."""
+        if not pieces or not _advise.available():
+            return
+        runs: dict[int, list[tuple[int, int]]] = {}
+        for s, start, stop in pieces:
+            if s in self._walks or self.set.num_shards == 1:
+                runs.setdefault(s, []).append((start, stop))
+        for s, sample_runs in runs.items():
+            advisor = self._advisors.get(s)
+            if advisor is None:
+                file, walk = self.file(s), self.walk(s)
+                record_bytes = os.path.getsize(file.path) // max(1, file.num_records)
+                try:
+                    advisor = self._advisors[s] = Advisor(walk.env, walk.db, file.path, record_bytes)
+                except OSError:
+                    continue
+            advisor.advise(record_runs(sample_runs, self.file(s).samples_per_record))
+
     def file(self, s: int) -> RecordFile:
         self.walk(s)
         return self._walks[s][0]
@@ -278,6 +345,9 @@ class _ShardWalks:
             self._close(s)
 
     def _close(self, s: int) -> None:
+        advisor = self._advisors.pop(s, None)
+        if advisor is not None:
+            advisor.close()
         _, walk = self._walks.pop(s)
         self.records_read += walk.records_read
         walk.close()
@@ -306,3 +376,10 @@ class _Taken:
         sel = slice(self.offset, self.offset + n)
         self.offset += n
         return self.get(sel), self.indices[sel]
+
+    def take_into(self, n: int, out: list[np.ndarray], at: int) -> np.ndarray:
+        """Gather the next n samples into ``out`` from row ``at`` (fixed path); returns their indices."""
+        sel = slice(self.offset, self.offset + n)
+        self.offset += n
+        self.get(sel, out, at)
+        return self.indices[sel]

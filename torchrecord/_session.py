@@ -120,8 +120,8 @@ class WriteSession:
         try:
             for sample in self.admission.check(stream):
                 if isinstance(sample, Encoded):
-                    put_encoded(sample.values)
-                    bar.update(len(sample.values))
+                    put_encoded(sample)
+                    bar.update(len(sample))
                     continue
                 put(sample)
                 bar.update(1)

@@ -152,41 +152,98 @@ def is_map_style(dataset: Any) -> bool:
 
 @dataclass
 class Encoded:
-    """Finished record bytes of consecutive samples, all accepted by the fast encoder."""
+    """Consecutive samples that all fit the fast encoder, as one typed column [n, ...] per field.
 
-    values: list[bytes]
+    ``tree`` and ``signatures`` are the encoder's (the first sample's), so the
+    writer can lay the columns out as records of any number of samples
+    (``torchrecord._fastwrite.fill_records``).
+    """
+
+    columns: list[np.ndarray]
+    tree: Tree
+    signatures: list[LeafSignature]
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
 
 
 _BATCH = 64  # samples per fetch: one IPC message per batch with workers
+#: ... or more, for small samples read as columns: up to this many bytes of samples per fetch
+_BATCH_BYTES = 256 << 10
+_MAX_BATCH = 4096
 
 
 class _Reorder(torch.utils.data.Dataset[Any]):
-    """Batch b of the write order -> Encoded, or [(source index, outcome, key), ...]; runs in workers."""
+    """Batch b of the write order -> Encoded, or [(source index, outcome, key), ...]; runs in workers.
+
+    Without a key, a batch is read as columns: straight from the arrays of a
+    ``TensorDataset`` or an array/tensor source, else through the dataset's
+    ``__getitems__`` (the batched protocol of torch datasets) or ``dataset[i]``
+    per sample, then stacked per field (:meth:`FastEncoder.columns`). A batch
+    holding any sample that does not fit is read again sample by sample, so
+    exactly the bad ones are reported (or skipped).
+    """
 
     def __init__(
-        self, dataset: Any, order: np.ndarray, encoder: FastEncoder | None, key: KeyFunction | None
+        self,
+        dataset: Any,
+        order: np.ndarray,
+        encoder: FastEncoder | None,
+        key: KeyFunction | None,
+        fast: bool = True,
     ) -> None:
         self.dataset = dataset
         self.order = order
         self.encoder = encoder
         self.key = key
+        self.fast = fast  # single samples may come as finished record bytes
+        self.batch = _BATCH
+        if encoder is not None and key is None:
+            self.batch = max(_BATCH, min(_MAX_BATCH, _BATCH_BYTES // max(1, encoder.layout.length)))
 
     def __len__(self) -> int:
-        return -(-len(self.order) // _BATCH)
+        return -(-len(self.order) // self.batch)
 
     def __getitem__(self, batch: int) -> Encoded | list[Item]:
-        indices = self.order[batch * _BATCH : (batch + 1) * _BATCH].tolist()
-        encode, dataset = self.encoder and self.encoder.encode, self.dataset
+        chosen = self.order[batch * self.batch : (batch + 1) * self.batch]
+        indices = chosen.tolist()
+        dataset, encoder = self.dataset, self.encoder
+        single = encoder if self.fast else None
         if self.key is not None:  # grouped: every sample with its key
-            return [_attempt(dataset, i, self.encoder, self.key) for i in indices]
-        if encode:
-            try:  # the common case in one tight loop
-                values = [encode(dataset[i]) for i in indices]
-                if None not in values:
-                    return Encoded(values)  # type: ignore[arg-type]
+            return [_attempt(dataset, i, single, self.key) for i in indices]
+        if encoder is not None:
+            try:  # the common case: whole columns, no per-sample encoding
+                columns = _stacked_source(dataset, chosen, encoder)
+                if columns is None:
+                    getitems = getattr(dataset, "__getitems__", None)
+                    samples = getitems(indices) if getitems is not None else [dataset[i] for i in indices]
+                    if len(samples) == len(indices):
+                        columns = encoder.columns(samples)
+                if columns is not None:
+                    return Encoded(columns, encoder.tree, encoder.signatures)
             except Exception:
                 pass  # redo sample by sample below, to report (or skip) exactly the bad ones
-        return [_attempt(dataset, i, self.encoder) for i in indices]
+        return [_attempt(dataset, i, single) for i in indices]
+
+
+def _stacked_source(dataset: Any, chosen: np.ndarray, encoder: FastEncoder) -> list[np.ndarray] | None:
+    """The columns of a source that is already columns (TensorDataset, an array or a tensor), else None."""
+    n = len(chosen)
+    if type(dataset) is torch.utils.data.TensorDataset and encoder.tree["t"] == "tuple":
+        return encoder.stacked([_rows_of(t, chosen) for t in dataset.tensors], n)
+    if encoder.tree["t"] == "leaf":
+        if isinstance(dataset, np.ndarray):
+            return encoder.stacked([dataset[chosen]], n)
+        if isinstance(dataset, torch.Tensor):
+            return encoder.stacked([_rows_of(dataset, chosen)], n)
+    return None
+
+
+def _rows_of(t: torch.Tensor, chosen: np.ndarray) -> torch.Tensor:
+    """``t[chosen]`` (NumPy's indexing where it can: torch's is much slower on CPU for 2-d rows)."""
+    if t.device.type == "cpu" and not t.requires_grad and t.dtype != torch.bfloat16:
+        return torch.from_numpy(t.numpy()[chosen])
+    return t[torch.from_numpy(chosen)]
 
 
 def read_in_order(
@@ -199,16 +256,18 @@ def read_in_order(
 ) -> Iterator[Item | Encoded]:
     """Yield ``(index, outcome, key)`` for ``dataset[i]`` for i in ``order``, in that order.
 
-    The first sample is read here; when ``fast``, it builds the encoder that the
-    rest (read here or in workers) use to come back as finished record bytes,
-    several at a time (``Encoded``, only without ``key``). ``key`` runs where the
-    sample is read (in the workers too, so it must pickle under spawn).
+    The first sample is read here and builds the fast encoder. Without ``key``,
+    the rest (read here or in workers) come as columns of many samples at a time
+    (``Encoded``); samples read one by one come as finished record bytes when
+    ``fast``, else normalized. ``key`` runs where the sample is read (in the
+    workers too, so it must pickle under spawn).
     """
     if len(order) == 0:
         return
     item = _attempt(dataset, int(order[0]), None, key)
     yield item
-    reorder = _Reorder(dataset, order[1:], encoder_for(item[1], fast), key)
+    encoder = encoder_for(item[1], fast or key is None)
+    reorder = _Reorder(dataset, order[1:], encoder, key, fast)
     batches: Iterable[Any]
     if num_workers <= 0:
         batches = (reorder[b] for b in range(len(reorder)))

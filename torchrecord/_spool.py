@@ -17,8 +17,8 @@ import numpy as np
 
 from torchrecord import _format
 from torchrecord._lmdb_writer import LmdbAppender
-from torchrecord._packing import encode_sample
-from torchrecord._sources import Normalized
+from torchrecord._packing import encode_sample, single_records
+from torchrecord._sources import Encoded, Normalized
 
 __all__ = ["Spool"]
 
@@ -51,13 +51,11 @@ class Spool:
         self._appender.append(encode_sample(sample))
         self.count += 1
 
-    def add_encoded(self, values: list[bytes]) -> None:
-        """Park finished single-sample records (a fast-encoded batch)."""
+    def add_encoded(self, encoded: Encoded) -> None:
+        """Park consecutive samples given as columns (a fast-encoded batch), one record each."""
         assert self._appender is not None, "the spool is sealed"
-        append = self._appender.append
-        for value in values:
-            append(value)
-        self.count += len(values)
+        self._appender.append_many(single_records(encoded))
+        self.count += len(encoded)
 
     def seal(self) -> None:
         """Commit what is pending and close the spool for appends."""

@@ -52,6 +52,7 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
             shuffle_buffer=opts.shuffle_buffer,
         ),
         RawLmdbLimit(),
+        RawLmdbLimit(fresh=True),
         RawLmdbLimit(packed=True, samples_per_record=opts.samples_per_record),
         InMemoryLimit(),
     ]

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import torchrecord
@@ -29,8 +30,9 @@ class _RawEpochs(Epochs):
     as many samples (fewer in the last value when K does not divide the count).
     """
 
-    def __init__(self, path: Path, batch_size: int, samples_per_value: int, count: int) -> None:
+    def __init__(self, path: Path, batch_size: int, samples_per_value: int, count: int, fresh: bool = False) -> None:
         self.path = path
+        self.fresh = fresh
         self.batch_size = batch_size
         self.samples_per_value = samples_per_value
         self.count = count
@@ -45,7 +47,28 @@ class _RawEpochs(Epochs):
         self._delivered = 0
         return self._batches()
 
-    def _batches(self) -> Iterator[tuple[memoryview, int]]:
+    def _batches(self) -> Iterator[tuple[Any, int]]:
+        return self._fresh_batches() if self.fresh else self._reused_batches()
+
+    def _fresh_batches(self) -> Iterator[tuple[np.ndarray, int]]:
+        """A new array per batch (what a loader handing batches out must do), one copy per value."""
+        env, db = torchrecord.RecordFile(self.path).environment()
+        size = self.batch_size
+        batch: np.ndarray | None = None
+        count = 0
+        with env.begin(db=db, buffers=True) as txn:
+            for value in txn.cursor().iternext(keys=False, values=True):
+                if batch is None:
+                    batch = np.empty((size, len(value)), np.uint8)  # values have a fixed size here
+                batch[count] = np.frombuffer(value, np.uint8)
+                count += 1
+                if count == size:
+                    yield batch, count
+                    batch, count = None, 0
+            if batch is not None and count:
+                yield batch[:count], count
+
+    def _reused_batches(self) -> Iterator[tuple[memoryview, int]]:
         env, db = torchrecord.RecordFile(self.path).environment()
         size = self.batch_size
         buffer = bytearray(1 << 16)
@@ -71,6 +94,8 @@ class RawLmdbLimit(Loader):
     """One process walking a torchrecord file with a sequential cursor, memcpy only, no decoding.
 
     Args:
+        fresh: copy into a new array per batch (as any loader that hands batches out
+            must) instead of one reused buffer, so fresh memory is not what it skips.
         packed: read the record set of ``torchrecord-packed`` (K samples per value,
             chosen as for that loader) instead of the one-sample-per-value set;
             a batch is then ``batch_size`` values.
@@ -80,12 +105,14 @@ class RawLmdbLimit(Loader):
     uses_workers = False
     is_limit = True
 
-    def __init__(self, packed: bool = False, samples_per_record: int = 0) -> None:
+    def __init__(self, packed: bool = False, samples_per_record: int = 0, fresh: bool = False) -> None:
         self.packed = packed
         self.samples_per_record = samples_per_record
-        self.name = "raw-limit-packed" if packed else "raw-limit"
+        self.fresh = fresh
+        self.name = ("raw-limit-packed" if packed else "raw-limit") + ("-fresh" if fresh else "")
         what = "torchrecord-packed file, batches of B values" if packed else "torchrecord file"
-        self.description = f"1 process: sequential LMDB cursor over the {what}, memcpy into batch buffers"
+        into = "a new array per batch" if fresh else "one reused batch buffer"
+        self.description = f"1 process: sequential LMDB cursor over the {what}, memcpy into {into}"
 
     def packing(self, data: WorkloadData) -> int:
         if not self.packed:
@@ -110,7 +137,7 @@ class RawLmdbLimit(Loader):
 
     def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
         assert path is not None
-        return _RawEpochs(path / "data.tr", data.batch_size, self.packing(data), data.count)
+        return _RawEpochs(path / "data.tr", data.batch_size, self.packing(data), data.count, self.fresh)
 
 
 class _MemoryEpochs(Epochs):
