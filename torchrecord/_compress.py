@@ -295,6 +295,13 @@ class Expander:
         self.tail = (position, header[taken:])
         self.length = layout.length
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_cramjam"}  # a module does not pickle
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cramjam = require("reading a compressed record set")
+
     def __call__(self, value: Any, slot: Any) -> None:
         """Fill ``slot`` (a writable memoryview of ``length`` bytes) from ``value``; ValueError if not canonical."""
         data = memoryview(value)
