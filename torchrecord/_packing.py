@@ -51,6 +51,8 @@ class Packer:
         schema_of: the write's schema so far (the admission's).
         compression, compression_level: ``write_record``'s options (checked).
         checksums: whether CRCs are stored (the page model counts them).
+        packable: False when the automatic choice must stay at 1 (a field came
+            as a list of numbers, whose length varies by nature).
     """
 
     def __init__(
@@ -62,8 +64,10 @@ class Packer:
         compression: Any = None,
         compression_level: int | None = None,
         checksums: bool = True,
+        packable: Callable[[], bool] | None = None,
     ) -> None:
         self.appender = appender
+        self._packable = packable or (lambda: True)
         self.auto = samples_per_record is None
         #: samples per record (None until an automatic choice is made)
         self.chunk: int | None = samples_per_record
@@ -82,7 +86,8 @@ class Packer:
         schema = self._schema_of()
         if self.chunk is None:
             compressed = self._option is not None
-            self.chunk = _autopack.choose(schema, self.appender.page_size, self._checksums, compressed)
+            packable = schema if self._packable() else None
+            self.chunk = _autopack.choose(packable, self.appender.page_size, self._checksums, compressed)
         if self._option is not None and schema is not None and self.compressor is None:
             self.compressor = FieldCompressor.build(schema.fields, self._option, self._level)
             compress, append = self.compressor.apply, self.appender.append

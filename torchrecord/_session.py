@@ -105,6 +105,7 @@ class WriteSession:
                 compression=settings.compression,
                 compression_level=settings.compression_level,
                 checksums=settings.checksums,
+                packable=lambda: not self.admission.has_lists,
             )
             if spool:
                 self.spool = Spool.create(
