@@ -266,3 +266,17 @@ def test_a_chunked_compressed_set_packs_large_records(tmp_path: Path) -> None:
 def test_make_record_passes_compression(make_record: Callable[..., str]) -> None:
     path = make_record(_samples(10), compression="lz4")
     assert RecordFile(path).metadata["format_version"] == 2
+
+
+def test_a_record_cut_short_on_the_fast_path_is_corrupt(tmp_path: Path) -> None:
+    path = str(tmp_path / "cut.tr")
+    write_record(_samples(40), path, shuffle=False, compression="zstd", checksums=False, samples_per_record=1)
+    env = lmdb.open(path, subdir=False, max_dbs=4, lock=False)
+    try:
+        with env.begin(write=True, db=env.open_db(b"records")) as txn:
+            value = bytes(txn.get(encode_key(6)))
+            txn.put(encode_key(6), value[: len(value) // 2])
+    finally:
+        env.close()
+    with pytest.raises(CorruptRecordError, match=r"cut.tr: record 6"):
+        list(RecordDataset(path, batch_size=8, shuffle=False))

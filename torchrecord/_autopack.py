@@ -18,15 +18,21 @@ one does not, the writer goes back to one sample per record (see
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from torchrecord import _dtypes
+from torchrecord._codec import decode_leaves, encode_payloads
+from torchrecord._compress import FieldCompressor
 from torchrecord._layout import FixedLayout
+from torchrecord._lmdb_writer import LmdbAppender
+from torchrecord._packing import Packer, restore
+from torchrecord._sources import Normalized
 from torchrecord.schema import Field, Schema
 
-__all__ = ["ChunkJoiner", "choose", "disk_bytes", "record_length"]
+__all__ = ["AutoPacker", "ChunkJoiner", "choose", "disk_bytes", "record_length"]
 
 _PAGE_HEADER = 16
 _NODE_HEADER = 8
@@ -160,3 +166,145 @@ class ChunkJoiner:
             out.append(stacked[:, off : off + size].tobytes())
         out.append(tail)
         return b"".join(out)
+
+
+class _Compressing:
+    """An appender that compresses the chosen fields of each record before appending it."""
+
+    def __init__(self, appender: LmdbAppender, compressor: FieldCompressor) -> None:
+        self._appender, self._compressor = appender, compressor
+
+    def append(self, value: bytes) -> None:
+        self._appender.append(self._compressor.apply(value))
+
+    def append_many(self, values: Sequence[bytes]) -> None:
+        for value in values:
+            self.append(value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._appender, name)
+
+
+class AutoPacker(Packer):
+    """A :class:`Packer` that chooses K from the first sample's schema and compresses fields.
+
+    Args:
+        appender: the file being written.
+        samples_per_record: K, or None to choose it when the first sample comes
+            (:func:`choose`; 1 unless every field has a fixed shape). An automatic
+            K > 1 goes back to 1 when a later sample changes a field's shape (the
+            records written so far are rewritten as single-sample records).
+        schema_of: the write's schema so far (the admission's).
+        compression, compression_level: ``write_record``'s options (checked).
+        checksums: whether CRCs are stored (the page model counts them).
+        packable: False when the automatic choice must stay at 1 (a field came
+            as a list of numbers, whose length varies by nature).
+    """
+
+    def __init__(
+        self,
+        appender: LmdbAppender,
+        samples_per_record: int | None,
+        *,
+        schema_of: Callable[[], Schema | None],
+        compression: Any = None,
+        compression_level: int | None = None,
+        checksums: bool = True,
+        packable: Callable[[], bool] | None = None,
+    ) -> None:
+        super().__init__(appender, samples_per_record or 1)
+        self.auto = samples_per_record is None
+        #: samples per record (None until the automatic choice is made)
+        self.chunk: int | None = samples_per_record  # type: ignore[assignment]
+        self._schema_of = schema_of
+        self._packable = packable or (lambda: True)
+        self._checksums = checksums
+        self._option, self._level = compression, compression_level
+        self.compressor: FieldCompressor | None = None
+        self._joiner: ChunkJoiner | None = None
+        self._started = False
+
+    def _start(self) -> None:
+        """Decide K (automatic) and set up compression, once the first sample's schema is known."""
+        self._started = True
+        schema = self._schema_of()
+        if self.chunk is None:
+            packable = schema if self._packable() else None
+            self.chunk = choose(packable, self.appender.page_size, self._checksums, self._option is not None)
+        if self._option is not None and schema is not None:
+            self.compressor = FieldCompressor.build(schema.fields, self._option, self._level)
+            self.appender = _Compressing(self.appender, self.compressor)  # type: ignore[assignment]
+        if self.chunk > 1 and schema is not None and schema.is_fixed:
+            self._joiner = ChunkJoiner(schema, self.chunk)
+
+    def add(self, sample: bytes | Normalized) -> None:
+        """One admitted sample: a single-sample record's bytes or a normalized sample."""
+        if not self._started:
+            self._start()
+        if self.chunk != 1 and self.auto and isinstance(sample, Normalized) and not self._fixed():
+            self._demote()
+        if isinstance(sample, bytes) and self.chunk != 1:
+            self.count += 1
+            self._rows.append(sample)  # type: ignore[arg-type]  # joined in flush
+            if len(self._rows) == self.chunk:
+                self.flush()
+            return
+        super().add(sample)
+
+    def add_encoded(self, values: list[bytes]) -> None:
+        """Finished single-sample records (a fast-encoded batch): appended, or joined into chunks."""
+        if not self._started:
+            self._start()
+        if self.chunk == 1:
+            super().add_encoded(values)
+            return
+        for value in values:
+            self.add(value)
+
+    def add_stored(self, value: bytes, schema: Schema, where: str) -> None:
+        """A sample kept as a single-sample record (from the spool)."""
+        self.add(value)
+
+    def flush(self) -> None:
+        """Write the pending rows as one chunk: joined from record bytes where they fit the layout."""
+        rows: list[Any] = self._rows
+        if not rows:
+            return
+        if self._joiner is not None and all(isinstance(r, bytes) for r in rows):
+            joined = self._joiner.join(rows)
+            if joined is not None:
+                self._rows = []
+                self.appender.append(joined)
+                return
+        schema = self._schema_of()
+        assert schema is not None
+        self._rows = [r if isinstance(r, Normalized) else restore(r, schema, "a pending sample") for r in rows]
+        super().flush()
+
+    def _fixed(self) -> bool:
+        """True while every field keeps the first sample's shape (a widened schema is not fixed)."""
+        schema = self._schema_of()
+        return schema is not None and schema.is_fixed
+
+    def _demote(self) -> None:
+        """Rewrite the chunks written so far as single-sample records and go on with K = 1."""
+        k = self.chunk
+        joiner = self._joiner
+        assert k is not None and k > 1 and joiner is not None, "an automatic K > 1 comes with a fixed layout"
+        fields = list(joiner.single.fields)
+        signatures = joiner.single.signatures()
+        compress = self.compressor.apply if self.compressor is not None else None
+        appender: Any = self.appender
+        path = appender.name
+
+        def split(record: int, value: bytes) -> list[bytes]:
+            columns = decode_leaves(value, fields, f"{path}: record {record}", k)
+            out = [encode_payloads([c[j] for c in columns], signatures) for j in range(k)]
+            return [compress(v) for v in out] if compress is not None else out
+
+        appender.regroup(split)
+        rows: list[Any] = self._rows
+        self._rows, self.chunk, self._joiner = [], 1, None
+        for row in rows:
+            value = row if isinstance(row, bytes) else encode_payloads(row.payloads, row.signatures)
+            appender.append(value)

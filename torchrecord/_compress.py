@@ -304,7 +304,12 @@ class Expander:
 
     def __call__(self, value: Any, slot: Any) -> None:
         """Fill ``slot`` (a writable memoryview of ``length`` bytes) from ``value``; ValueError if not canonical."""
-        data = memoryview(value)
+        try:
+            self._fill(memoryview(value), slot)
+        except IndexError:  # a record cut short
+            raise ValueError("record too short") from None
+
+    def _fill(self, data: memoryview, slot: Any) -> None:
         for position, piece in self.pieces:
             slot[position : position + len(piece)] = piece
         tail_at, tail = self.tail

@@ -26,12 +26,12 @@ import numpy as np
 
 from torchrecord import _format
 from torchrecord._admission import Admission
+from torchrecord._autopack import AutoPacker
 from torchrecord._declared import Declared
 from torchrecord._grouping import GroupTracker, describe, group_order, key_function
 from torchrecord._groups import GROUPS_KEY, pack_offsets
 from torchrecord._identity import new_set_id
 from torchrecord._lmdb_writer import LmdbAppender
-from torchrecord._packing import Packer
 from torchrecord._progress import progress_bar
 from torchrecord._publish import Publisher
 from torchrecord._settings import WriteSettings
@@ -98,7 +98,7 @@ class WriteSession:
                 max_skipped=settings.max_skipped,
                 declared=Declared.parse(settings.schema),
             )
-            self.packer = Packer(
+            self.packer = AutoPacker(
                 self.appender,
                 chunk,
                 schema_of=lambda: self.admission.schema,
