@@ -109,7 +109,7 @@ def test_hand_built_v1_file_streams(tmp_path: Path, batch_size: int | None) -> N
 def test_writer_output_matches_the_spec_bytes(tmp_path: Path) -> None:
     """What write_record stores is byte for byte the canonical encoding of the spec."""
     samples = [(torch.from_numpy(np.arange(6, dtype=np.uint8).reshape(2, 3) + i), i * 1000 - 7) for i in range(4)]
-    rf = torchrecord.write_record(samples, tmp_path / "w.tr", shuffle=False, progress=False)
+    rf = torchrecord.write_record(samples, tmp_path / "w.tr", shuffle=False, samples_per_record=1, progress=False)
     for i, (image, label) in enumerate(samples):
         expected = b"".join(
             wire_field(1, 2, varint(len(p)) + p)

@@ -19,8 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from torchrecord._extras import install_hint
 from torchrecord._proto import torchrecord_pb2 as pb
 from torchrecord.errors import CorruptRecordError
@@ -28,13 +26,15 @@ from torchrecord.errors import CorruptRecordError
 __all__ = [
     "CODECS",
     "EXTRA_HINT",
-    "FieldCompressor",
     "Expander",
+    "FieldCompressor",
     "PROBE_BYTES",
     "PROBE_RECORDS",
     "RATIO_LIMIT",
     "codec_of_storage",
     "decompress",
+    "decompress_into",
+    "has_compression",
     "parse_option",
     "require",
 ]
@@ -355,7 +355,3 @@ def has_compression(fields: Sequence[Any]) -> bool:
     """True when some schema field may hold compressed records."""
     return any(getattr(f, "compression", None) for f in fields)
 
-
-def as_uint8(buffer: Any) -> np.ndarray:
-    """A uint8 view of a buffer (for tests and benchmarks)."""
-    return np.frombuffer(buffer, np.uint8)

@@ -126,7 +126,7 @@ def write_record(
             numeric field), or a dict of field name -> codec or None. A field
             whose first records do not shrink below 0.9 of their size is left
             alone (``metadata["compression"]`` says what was applied, with the
-            ratio). Needs cramjam (``pip install 'torchrecord-lmdb[compress]'``);
+            ratio). Needs cramjam (``pip install 'cramjam>=2.11'``, the ``compress`` extra);
             a set with compressed fields has format version 2, which older
             torchrecord refuses with a VersionError. Strings are never compressed.
         compression_level: the codec's level: zstd -7..22 (default 3), LZ4
