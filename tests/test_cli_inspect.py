@@ -41,8 +41,8 @@ def test_info_prints_the_ratio_of_file_size_to_sample_data(run: Run, make_record
     assert "write it again with the default, samples_per_record=None, which packs 4 samples per record" in out
     default = make_record(samples)  # automatic: 4 samples fill 3 pages
     code, out, _ = run("info", default)
-    ratio = os.path.getsize(default) / (200 * THREE_KB)
-    assert ratio < 1.15 and f"{ratio:.2f}x the 585.9 KiB of sample data" in out
+    packed_ratio = os.path.getsize(default) / (200 * THREE_KB)
+    assert packed_ratio < 1.15 and f"{packed_ratio:.2f}x the 585.9 KiB of sample data" in out
     assert "200 in 50 records" in out and "samples_per_record" not in out
     code, out, _ = run("info", big, "--json")
     info = json.loads(out)

@@ -50,7 +50,7 @@ COMPRESSED_RECORD = 256 << 10
 #: (8-byte samples still come within 1.07x of their payload).
 MAX_SAMPLES = 128
 #: Good enough: within this factor of the best packing, the smaller record wins.
-_SLACK = 1.02
+_SLACK = 1.01
 #: Below this overhead over the payload the small records are kept.
 _SMALL_ENOUGH = 1.06
 
@@ -102,7 +102,7 @@ def choose(schema: Schema | None, psize: int, checksums: bool = True, compressed
 
     Tries every count up to a record of :data:`SMALL_RECORD` bytes (or
     :data:`LARGE_RECORD` when small records cannot come within 6% of the
-    payload) and takes the smallest whose file bytes per sample are within 2%
+    payload) and takes the smallest whose file bytes per sample are within 1%
     of the best. With compression the stored size of a record is not known in
     advance (half a page is lost per record on average), so records hold at
     least :data:`COMPRESSED_RECORD` raw bytes (or one sample).
