@@ -83,7 +83,7 @@ def _chunked() -> list[Any]:
 #: name -> (samples, write_record keywords)
 BASES: dict[str, tuple[Callable[[], list[Any]], dict[str, Any]]] = {
     "mixed": (_mixed, {"schema": {"x": [None]}}),
-    "fixed": (_fixed, {}),
+    "fixed": (_fixed, {"samples_per_record": 1}),  # one record per sample: many leaf and overflow pages
     "chunked": (_chunked, {"samples_per_record": 4}),
 }
 _USER_METADATA = {"notes": "n" * 6000}  # the metadata value spans overflow pages too

@@ -74,7 +74,7 @@ def test_info_text_and_json(run: Run, make_record: Callable[..., str]) -> None:
     path = make_record(IndexedImages(30, size=4), seed=7, metadata={"split": "train", "blob": b"\x00\xff"})
     code, out, err = run("info", path)
     assert (code, err) == (0, "")
-    assert "samples:      30\n" in out
+    assert "samples:      30 in 1 records\n" in out  # packed automatically
     assert "shuffled with seed 7" in out
     assert f"written by torchrecord {torchrecord.__version__}" in out
     assert f"({os.path.getsize(path)} bytes)" in out
@@ -84,7 +84,9 @@ def test_info_text_and_json(run: Run, make_record: Callable[..., str]) -> None:
     code, out, _ = run("info", path, "--json")
     info = json.loads(out)
     assert code == 0 and info["count"] == 30 and info["seed"] == 7 and info["shuffled"] is True
-    assert info["fields"][0] == {"name": "0", "kind": "tensor", "dtype": "uint8", "shape": [3, 4, 4], "fixed": True}
+    assert info["fields"][0] == {
+        "name": "0", "kind": "tensor", "dtype": "uint8", "shape": [3, 4, 4], "fixed": True, "compression": None
+    }
     assert info["user_metadata"] == {"split": "train", "blob": "\x00\\xff"}  # bytes: UTF-8, backslash-escaped
     assert info["size_bytes"] == os.path.getsize(path)
     assert info["format_version"] == 1 and info["library_version"] == torchrecord.__version__

@@ -32,20 +32,28 @@ def run(capsys: pytest.CaptureFixture[str]) -> Run:
 
 def test_info_prints_the_ratio_of_file_size_to_sample_data(run: Run, make_record: Callable[..., str]) -> None:
     """A 3,000-byte sample takes a whole 4 KiB LMDB page; float32[16] + label pays per-record overhead."""
-    big = make_record([torch.full((THREE_KB,), i % 256, dtype=torch.uint8) for i in range(200)])
+    samples = [torch.full((THREE_KB,), i % 256, dtype=torch.uint8) for i in range(200)]
+    big = make_record(samples, samples_per_record=1)
     code, out, err = run("info", big)
     assert (code, err) == (0, "")
     ratio = os.path.getsize(big) / (200 * THREE_KB)
     assert 1.3 < ratio < 1.5
     assert f"{ratio:.2f}x the 585.9 KiB of sample data" in out
-    assert "write with samples_per_record=32" in out  # 64 KiB records or more
+    assert "write it again with the default, samples_per_record=None, which packs 4 samples per record" in out
+    default = make_record(samples)  # automatic: 4 samples fill 3 pages
+    code, out, _ = run("info", default)
+    packed_ratio = os.path.getsize(default) / (200 * THREE_KB)
+    assert packed_ratio < 1.15 and f"{packed_ratio:.2f}x the 585.9 KiB of sample data" in out
+    assert "200 in 50 records" in out and "samples_per_record" not in out
     code, out, _ = run("info", big, "--json")
     info = json.loads(out)
     assert info["payload_bytes"] == 200 * THREE_KB and info["size_ratio"] == round(ratio, 3)
 
-    tiny = make_record([(torch.randn(16), i) for i in range(5000)])
+    tiny = make_record([(torch.randn(16), i) for i in range(5000)], samples_per_record=1)
     info = json.loads(run("info", tiny, "--json")[1])
     assert info["payload_bytes"] == 5000 * (16 * 4 + 8) and info["size_ratio"] > 1.5
+    info = json.loads(run("info", make_record([(torch.randn(16), i) for i in range(5000)]), "--json")[1])
+    assert info["size_ratio"] < 1.15 and info["samples_per_record"] == info["automatic_samples_per_record"] > 1
     packed = make_record([(torch.randn(16), i) for i in range(20_000)], samples_per_record=1024)
     info = json.loads(run("info", packed, "--json")[1])
     assert info["size_ratio"] < 1.15, "packing brings it near 1.0x"

@@ -184,3 +184,18 @@ def test_detection_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["convert", str(hdf5), str(tmp_path / "keys.tr"), "--keys", "pos,cam", "-q"]) == 0
     assert RecordFile(tmp_path / "keys.tr").user_metadata["robomimic"]["obs_keys"] == ["pos", "cam"]
     assert len(convert(plain, tmp_path / "plain.tr", progress=False)) == 10
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_compressed_conversion_reads_the_same(tmp_path: Path, codec: str) -> None:
+    pytest.importorskip("cramjam")
+    hdf5 = tmp_path / "demo.hdf5"
+    write_demo_file(hdf5, LENGTHS, ids=IDS)
+    rf = from_robomimic(hdf5, tmp_path / "out.tr", progress=False, compression={"obs.cam": codec, "actions": codec})
+    check_against_source(hdf5, tmp_path / "out.tr")
+    assert set(rf.metadata["compression"]) == {"obs.cam", "actions"}
+    every = from_robomimic(hdf5, tmp_path / "all.tr", progress=False, compression=codec, compression_level=5)
+    check_against_source(hdf5, tmp_path / "all.tr")
+    assert every.metadata["compression"]["obs.cam"]["level"] == 5
+    with pytest.raises(ValueError, match="unknown compression"):
+        from_robomimic(hdf5, tmp_path / "bad.tr", compression="gzip")

@@ -113,7 +113,7 @@ def _labels_and_images(ds: torchrecord.RecordDataset) -> tuple[list[int], list[t
 
 
 def test_non_canonical_records_read_the_same(make_record: Any) -> None:
-    path = make_record(IndexedImages(300))
+    path = make_record(IndexedImages(300), samples_per_record=1)
     expected = {}
     changes = {}
     for index in (0, 17, 299):
@@ -133,7 +133,7 @@ def test_non_canonical_records_read_the_same(make_record: Any) -> None:
 
 
 def test_same_length_record_with_a_wrong_header_is_an_error(make_record: Any) -> None:
-    path = make_record(IndexedImages(100))
+    path = make_record(IndexedImages(100), samples_per_record=1)
     value = bytearray(_raw(path, 42))
     assert value[2:4] == b"\x08\x03"  # protos[0].dims[0] = 3
     value[3] = 0x02  # dims [2, 4, 4] with the data length of [3, 4, 4]: same length, wrong header
@@ -144,14 +144,14 @@ def test_same_length_record_with_a_wrong_header_is_an_error(make_record: Any) ->
 
 @pytest.mark.parametrize("batch_size", [None, 16])
 def test_truncated_record_is_an_error(make_record: Any, batch_size: int | None) -> None:
-    path = make_record(IndexedImages(100))
+    path = make_record(IndexedImages(100), samples_per_record=1)
     _rewrite(path, {7: _raw(path, 7)[:-1]}, fix_crc=True)
     with pytest.raises(CorruptRecordError, match="record 7"):
         list(torchrecord.RecordDataset(path, batch_size=batch_size))
 
 
 def test_invalid_bool_payload_is_an_error(make_record: Any) -> None:
-    path = make_record([(np.array([True, False]), i) for i in range(50)], shuffle=False)
+    path = make_record([(np.array([True, False]), i) for i in range(50)], shuffle=False, samples_per_record=1)
     value = bytearray(_raw(path, 9))
     position = value.index(b"\x6a\x02\x01\x00") + 2  # raw_data of the bool field
     value[position] = 2
@@ -162,7 +162,7 @@ def test_invalid_bool_payload_is_an_error(make_record: Any) -> None:
 
 @pytest.mark.parametrize("batch_size", [None, 16])
 def test_verify_catches_a_flipped_payload_byte(make_record: Any, batch_size: int | None) -> None:
-    path = make_record(IndexedImages(100))
+    path = make_record(IndexedImages(100), samples_per_record=1)
     value = bytearray(_raw(path, 5))
     value[-20] ^= 0xFF  # inside the image payload: still decodes, checksum does not match
     _rewrite(path, {5: bytes(value)}, fix_crc=False)
@@ -207,7 +207,7 @@ def test_chunked_sets_cover_every_sample_once(make_record: Any, chunk: int, worl
 
 def test_chunked_set_reads_like_the_unchunked_one(make_record: Any) -> None:
     samples = [(np.full(4, i, dtype=np.float32), i, f"s{i}") for i in range(45)]
-    plain = torchrecord.RecordFile(make_record(samples, shuffle=False))
+    plain = torchrecord.RecordFile(make_record(samples, shuffle=False, samples_per_record=1))
     chunked = torchrecord.RecordFile(make_record(samples, shuffle=False, samples_per_record=8))
     assert chunked.num_records == 6
     for i in range(-45, 45):

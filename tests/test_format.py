@@ -109,7 +109,7 @@ def test_hand_built_v1_file_streams(tmp_path: Path, batch_size: int | None) -> N
 def test_writer_output_matches_the_spec_bytes(tmp_path: Path) -> None:
     """What write_record stores is byte for byte the canonical encoding of the spec."""
     samples = [(torch.from_numpy(np.arange(6, dtype=np.uint8).reshape(2, 3) + i), i * 1000 - 7) for i in range(4)]
-    rf = torchrecord.write_record(samples, tmp_path / "w.tr", shuffle=False, progress=False)
+    rf = torchrecord.write_record(samples, tmp_path / "w.tr", shuffle=False, samples_per_record=1, progress=False)
     for i, (image, label) in enumerate(samples):
         expected = b"".join(
             wire_field(1, 2, varint(len(p)) + p)
@@ -122,7 +122,14 @@ def test_writer_output_matches_the_spec_bytes(tmp_path: Path) -> None:
 
 
 def test_newer_version_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    path = tmp_path / "v3.tr"
+    _build_v1(path, version=3)
+    with pytest.raises(VersionError, match=r"version 3.*up to 2.*Upgrade"):
+        len(torchrecord.RecordFile(path))
+
+
+def test_a_version_2_file_without_compressed_records_reads(tmp_path: Path) -> None:
+    """Version 2 only adds compressed payloads: a version-2 file of raw payloads reads as before."""
     path = tmp_path / "v2.tr"
     _build_v1(path, version=2)
-    with pytest.raises(VersionError, match=r"version 2.*up to 1.*Upgrade"):
-        len(torchrecord.RecordFile(path))
+    assert len(torchrecord.RecordFile(path)) == 5

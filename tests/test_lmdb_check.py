@@ -45,6 +45,7 @@ def _write(tmp_path: Path, samples: object, **kwargs: object) -> str:
 
 
 def _write_set(samples: object, path: str, kwargs: dict[str, object]) -> None:
+    kwargs.setdefault("samples_per_record", 1)  # the page structures these tests need
     torchrecord.write_record(samples, path, progress=False, **kwargs)
 
 

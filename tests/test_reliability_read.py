@@ -54,6 +54,7 @@ PACKAGE = Path(torchrecord.__file__).parent
 
 def write(path: Path, n: int = 64, offset: int = 0, **kwargs: Any) -> Path:
     kwargs.setdefault("shuffle", False)
+    kwargs.setdefault("samples_per_record", 1)  # these tests damage record i to reach sample i
     torchrecord.write_record(Labelled(n, offset), path, progress=False, **kwargs)
     return path
 

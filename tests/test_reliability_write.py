@@ -42,6 +42,13 @@ FORK = multiprocessing.get_context("fork")
 _COUNTS = {"kills": 0, "kills_survived": 0}
 
 
+
+def write_one_per_record(*args: Any, **kwargs: Any) -> Any:
+    """``write_record`` with one sample per record: these tests count records, commits and pages."""
+    kwargs.setdefault("samples_per_record", 1)
+    return torchrecord.write_record(*args, **kwargs)
+
+
 def report_line(request: pytest.FixtureRequest, text: str) -> None:
     """Print a line on the terminal even while output is captured (counts for the test log)."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -157,7 +164,8 @@ def labels_of(path: str | os.PathLike[str]) -> list[int]:
 def assert_is_set(path: str | os.PathLike[str], n: int, offset: int) -> None:
     """The record set at ``path`` is complete, verifies, and holds exactly labels offset..offset+n-1."""
     report = torchrecord.verify(path)
-    assert report.ok and report.records == n, report
+    rf = torchrecord.RecordFile(path)
+    assert report.ok and report.records == rf.num_records and len(rf) == n, report
     assert sorted(labels_of(path)) == list(range(offset, offset + n))
 
 
@@ -289,7 +297,7 @@ def _write_then_exit(
         started.set()
     sys.setprofile(on_event)
     try:
-        torchrecord.write_record(dataset, path, overwrite=True, progress=False, commit_bytes=commit_bytes)
+        write_one_per_record(dataset, path, overwrite=True, progress=False, commit_bytes=commit_bytes)
     finally:
         sys.setprofile(None)
 
@@ -319,7 +327,7 @@ def _kill_and_check(
     """Kill a writer at ``kill_at``; check the target; write again. Returns whether the kill landed."""
     path = tmp_path / "set.tr"
     if previous and not path.exists():
-        torchrecord.write_record(Labelled(300, offset=0), path, progress=False)
+        write_one_per_record(Labelled(300, offset=0), path, progress=False)
     proc = FORK.Process(target=_write_then_exit, args=(str(path), dataset, kill_at, None, 16 << 10))
     proc.start()
     proc.join(120)
@@ -337,7 +345,7 @@ def _kill_and_check(
     # no partial record set anywhere: only the target and the dead writer's hidden temporaries
     assert all(e == "set.tr" or e.startswith(".set.tr.tmp-") for e in os.listdir(tmp_path))
     # a later write succeeds and removes the dead writer's temporaries
-    torchrecord.write_record(Labelled(300, offset=0), path, overwrite=True, progress=False)
+    write_one_per_record(Labelled(300, offset=0), path, overwrite=True, progress=False)
     assert_is_set(path, 300, 0)
     assert temporaries(tmp_path, "set.tr") == []
     if killed:
@@ -370,7 +378,7 @@ def _random_kills(tmp_path: Path, rounds: int, seed: int) -> int:
     path = tmp_path / "set.tr"
     dataset = Labelled(3000, offset=10_000)
     start = time.perf_counter()  # only to spread the kill times over a write, never asserted on
-    torchrecord.write_record(dataset, tmp_path / "probe.tr", progress=False, commit_bytes=16 << 10)
+    write_one_per_record(dataset, tmp_path / "probe.tr", progress=False, commit_bytes=16 << 10)
     duration = time.perf_counter() - start
     os.remove(tmp_path / "probe.tr")
     landed = 0
@@ -379,7 +387,7 @@ def _random_kills(tmp_path: Path, rounds: int, seed: int) -> int:
         if not previous and path.exists():
             os.remove(path)
         if previous and not path.exists():
-            torchrecord.write_record(Labelled(300), path, progress=False)
+            write_one_per_record(Labelled(300), path, progress=False)
         started = FORK.Event()
         proc = FORK.Process(target=_write_then_exit, args=(str(path), dataset, None, started, 16 << 10))
         proc.start()
@@ -399,7 +407,7 @@ def _random_kills(tmp_path: Path, rounds: int, seed: int) -> int:
                 assert torchrecord.verify(path).ok
             else:
                 assert not path.exists() or sorted(labels_of(path)) == list(range(10_000, 13_000))
-        torchrecord.write_record(Labelled(300), path, overwrite=True, progress=False)
+        write_one_per_record(Labelled(300), path, overwrite=True, progress=False)
         assert_is_set(path, 300, 0)
         assert temporaries(tmp_path, "set.tr") == []
         if killed:
@@ -419,7 +427,7 @@ def test_sigkill_at_random_moments_many(tmp_path: Path) -> None:
 def test_ctrl_c_during_a_write_cleans_up(tmp_path: Path) -> None:
     """SIGINT (KeyboardInterrupt) mid-write: the temporary file is removed at once, the old set stays."""
     path = tmp_path / "set.tr"
-    torchrecord.write_record(Labelled(300), path, progress=False)
+    write_one_per_record(Labelled(300), path, progress=False)
     started = FORK.Event()
     proc = FORK.Process(
         # long enough to be mid-write 0.3 s in (the columns writer does 200,000 small samples in less)
@@ -444,7 +452,7 @@ def test_stale_temporaries_of_live_writers_are_left_alone(tmp_path: Path) -> Non
     dead.join()
     stale = tmp_path / f".set.tr.tmp-{dead.pid}-89abcdef"
     stale.write_bytes(b"left by a killed writer")
-    torchrecord.write_record(Labelled(10), tmp_path / "set.tr", progress=False)
+    write_one_per_record(Labelled(10), tmp_path / "set.tr", progress=False)
     assert live.exists() and not stale.exists()
 
 
@@ -452,7 +460,7 @@ def test_stale_temporaries_of_live_writers_are_left_alone(tmp_path: Path) -> Non
 
 
 def _overwrite(path: str, dataset: Any) -> list[str]:
-    torchrecord.write_record(dataset, path, overwrite=True, progress=False)
+    write_one_per_record(dataset, path, overwrite=True, progress=False)
     return entries(os.path.dirname(path))
 
 
@@ -469,11 +477,11 @@ def _check_failed_write(directory: Path, outcome: tuple[str, Any], words: tuple[
 def test_disk_full_on_tmpfs(tmp_path: Path) -> None:
     with small_tmpfs(tmp_path / "mnt", "2m") as mnt:
         path = mnt / "set.tr"
-        torchrecord.write_record(Labelled(300), path, progress=False)
+        write_one_per_record(Labelled(300), path, progress=False)
         outcome = in_child(_overwrite, str(path), Blobs(200, 64 << 10))  # ~13 MB into 2 MB
         _check_failed_write(mnt, outcome, ("full", "free"))
         # the space is back: a write that fits succeeds
-        torchrecord.write_record(Labelled(300, offset=5), path, overwrite=True, progress=False)
+        write_one_per_record(Labelled(300, offset=5), path, overwrite=True, progress=False)
         assert_is_set(path, 300, 5)
 
 
@@ -481,7 +489,7 @@ def test_disk_already_full_when_the_write_starts(tmp_path: Path) -> None:
     """No space even for LMDB's first pages: a WriteError (not SIGBUS from an mmap'ed lock file)."""
     with small_tmpfs(tmp_path / "mnt", "1m") as mnt:
         path = mnt / "set.tr"
-        torchrecord.write_record(Labelled(300), path, progress=False)
+        write_one_per_record(Labelled(300), path, progress=False)
         with open(mnt / "filler", "wb") as f, contextlib.suppress(OSError):
             while True:
                 f.write(b"\0" * 65536)
@@ -494,7 +502,7 @@ def test_disk_already_full_when_the_write_starts(tmp_path: Path) -> None:
 def test_disk_full_on_ext4_loop_device(tmp_path: Path) -> None:
     with small_ext4(tmp_path / "mnt", 8) as mnt:
         path = mnt / "set.tr"
-        torchrecord.write_record(Labelled(300), path, progress=False)
+        write_one_per_record(Labelled(300), path, progress=False)
         outcome = in_child(_overwrite, str(path), Blobs(300, 64 << 10))  # ~20 MB into 8 MB
         _check_failed_write(mnt, outcome, ("full", "free"))
 
@@ -508,7 +516,7 @@ def _overwrite_with_size_limit(path: str, dataset: Any, limit: int) -> list[str]
 def test_file_size_limit_reached(tmp_path: Path) -> None:
     """RLIMIT_FSIZE (ulimit -f) stops the write: needs no privilege, so it runs everywhere."""
     path = tmp_path / "set.tr"
-    torchrecord.write_record(Labelled(300), path, progress=False)
+    write_one_per_record(Labelled(300), path, progress=False)
     outcome = in_child(_overwrite_with_size_limit, str(path), Blobs(100, 64 << 10), 1 << 20)
     _check_failed_write(tmp_path, outcome, ("ulimit -f",))
 
@@ -516,10 +524,10 @@ def test_file_size_limit_reached(tmp_path: Path) -> None:
 def test_write_into_a_read_only_file_system(tmp_path: Path) -> None:
     source = tmp_path / "src"
     source.mkdir()
-    torchrecord.write_record(Labelled(300), source / "set.tr", progress=False)
+    write_one_per_record(Labelled(300), source / "set.tr", progress=False)
     with readonly_bind(source, tmp_path / "ro") as ro:
         with pytest.raises(WriteError, match=str(ro / "set.tr")):
-            torchrecord.write_record(Labelled(10), ro / "set.tr", overwrite=True, progress=False)
+            write_one_per_record(Labelled(10), ro / "set.tr", overwrite=True, progress=False)
         assert entries(ro) == ["set.tr"]
         assert_is_set(ro / "set.tr", 300, 0)
 
@@ -538,7 +546,7 @@ def _check_blobs(path: Path, n: int, nbytes: int) -> None:
 
 def test_map_grows_from_64_kib_to_tens_of_megabytes(tmp_path: Path) -> None:
     path = tmp_path / "big.tr"
-    torchrecord.write_record(Blobs(400, 64 << 10), path, initial_map_size=64 << 10, progress=False)
+    write_one_per_record(Blobs(400, 64 << 10), path, initial_map_size=64 << 10, progress=False)
     assert os.path.getsize(path) > 25 << 20  # 400 x 64 KiB stored in a map that started at 64 KiB
     _check_blobs(path, 400, 64 << 10)
 
@@ -553,7 +561,7 @@ class _BlobStream(torch.utils.data.IterableDataset[tuple[torch.Tensor, int]]):
 
 def test_map_grows_for_a_spooled_iterable(tmp_path: Path) -> None:
     path = tmp_path / "stream.tr"
-    torchrecord.write_record(_BlobStream(100, 64 << 10), path, initial_map_size=64 << 10, progress=False)
+    write_one_per_record(_BlobStream(100, 64 << 10), path, initial_map_size=64 << 10, progress=False)
     assert os.path.getsize(path) > 6 << 20
     _check_blobs(path, 100, 64 << 10)
 
@@ -563,7 +571,7 @@ def test_map_grows_beyond_a_gigabyte(tmp_path: Path) -> None:
     if shutil.disk_usage(tmp_path).free < 4 << 30:
         pytest.skip("needs 4 GB free")
     path = tmp_path / "huge.tr"
-    torchrecord.write_record(Blobs(1100, 1 << 20), path, initial_map_size=64 << 10, progress=False)
+    write_one_per_record(Blobs(1100, 1 << 20), path, initial_map_size=64 << 10, progress=False)
     assert os.path.getsize(path) > 1 << 30
     _check_blobs(path, 1100, 1 << 20)
 
@@ -578,7 +586,7 @@ def test_source_error_names_the_sample_and_removes_the_output(
 ) -> None:
     path = tmp_path / "set.tr"
     with pytest.raises(SourceError, match=r"sample 137: ValueError: boom at 137") as info:
-        torchrecord.write_record(
+        write_one_per_record(
             Faulty(300, {137}), path, num_workers=num_workers, shuffle=shuffle, progress=False
         )
     assert str(path) in str(info.value) and "on_error='skip'" in str(info.value)
@@ -588,9 +596,9 @@ def test_source_error_names_the_sample_and_removes_the_output(
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_source_error_leaves_the_previous_set(tmp_path: Path, num_workers: int) -> None:
     path = tmp_path / "set.tr"
-    torchrecord.write_record(Labelled(300), path, progress=False)
+    write_one_per_record(Labelled(300), path, progress=False)
     with pytest.raises(SourceError, match="sample 250"):
-        torchrecord.write_record(
+        write_one_per_record(
             Faulty(300, {250}), path, overwrite=True, num_workers=num_workers, progress=False
         )
     assert entries(tmp_path) == ["set.tr"]
@@ -599,7 +607,7 @@ def test_source_error_leaves_the_previous_set(tmp_path: Path, num_workers: int) 
 
 def test_unstorable_sample_names_the_sample(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="sample 5: TypeError: field '0': cannot store a leaf of type set"):
-        torchrecord.write_record(Faulty(10, {5}, unstorable=True), tmp_path / "s.tr", progress=False)
+        write_one_per_record(Faulty(10, {5}, unstorable=True), tmp_path / "s.tr", progress=False)
     assert os.listdir(tmp_path) == []
 
 
@@ -607,7 +615,7 @@ def test_unstorable_sample_names_the_sample(tmp_path: Path) -> None:
 def test_skip_counts_the_failed_samples(tmp_path: Path, num_workers: int) -> None:
     bad = {0, 3, 50, 51, 199, 299}
     path = tmp_path / "set.tr"
-    torchrecord.write_record(Faulty(300, bad), path, on_error="skip", num_workers=num_workers, progress=False)
+    write_one_per_record(Faulty(300, bad), path, on_error="skip", num_workers=num_workers, progress=False)
     rf = torchrecord.RecordFile(path)
     assert rf.metadata["skipped"] == len(bad) and len(rf) == 300 - len(bad)
     labels = labels_of(path)
@@ -619,9 +627,9 @@ def test_skip_counts_the_failed_samples(tmp_path: Path, num_workers: int) -> Non
 
 def test_iterator_errors_raise_or_skip(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="sample 7: ValueError: boom at 7"):
-        torchrecord.write_record(FaultyStream(20, {7}), tmp_path / "a.tr", progress=False)
+        write_one_per_record(FaultyStream(20, {7}), tmp_path / "a.tr", progress=False)
     assert os.listdir(tmp_path) == []
-    torchrecord.write_record(FaultyStream(20, {7, 8}), tmp_path / "b.tr", on_error="skip", progress=False)
+    write_one_per_record(FaultyStream(20, {7, 8}), tmp_path / "b.tr", on_error="skip", progress=False)
     rf = torchrecord.RecordFile(tmp_path / "b.tr")
     assert rf.metadata["skipped"] == 2
     assert sorted(labels_of(tmp_path / "b.tr")) == [i for i in range(20) if i not in (7, 8)]
@@ -637,7 +645,7 @@ def _generator_failing_at_5() -> Iterator[tuple[torch.Tensor, int]]:
 def test_skip_with_a_generator_does_not_lose_later_samples(tmp_path: Path) -> None:
     path = tmp_path / "g.tr"
     try:
-        torchrecord.write_record(_generator_failing_at_5(), path, on_error="skip", progress=False)
+        write_one_per_record(_generator_failing_at_5(), path, on_error="skip", progress=False)
     except SourceError:
         return  # refusing is an acceptable, clear outcome
     rf = torchrecord.RecordFile(path)

@@ -249,7 +249,9 @@ def _push_then_exit(path: str, n: int, shuffle: bool, kill_at: tuple[str, str, i
     source = Labelled(n, offset=10_000)
     sys.setprofile(on_event)
     try:
-        with RecordWriter(path, overwrite=True, shuffle=shuffle, progress=False, commit_bytes=16 << 10) as w:
+        with RecordWriter(
+            path, overwrite=True, shuffle=shuffle, progress=False, commit_bytes=16 << 10, samples_per_record=1
+        ) as w:
             for i in range(n):
                 w.append(source[i])
     finally:
@@ -294,7 +296,9 @@ def test_sigkill_mid_writer(tmp_path: Path, shuffle: bool, point: str, previous:
 
 def _push_blobs(path: str, n: int, nbytes: int, shuffle: bool, map_size: int = 1 << 28) -> list[str]:
     source = Blobs(n, nbytes)
-    with RecordWriter(path, overwrite=True, shuffle=shuffle, progress=False, initial_map_size=map_size) as w:
+    with RecordWriter(
+        path, overwrite=True, shuffle=shuffle, progress=False, initial_map_size=map_size, samples_per_record=1
+    ) as w:
         for i in range(n):
             w.append(source[i])
     return entries(os.path.dirname(path))

@@ -77,6 +77,11 @@ class Admission:
         self._lists: set[int] = set()  # positions of fields the first sample gave as lists
 
     @property
+    def has_lists(self) -> bool:
+        """True when the first sample gave a field as a list of numbers (its length may vary by nature)."""
+        return bool(self._lists)
+
+    @property
     def skipped(self) -> int:
         return len(self.skipped_samples)
 

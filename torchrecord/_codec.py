@@ -14,6 +14,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from torchrecord import _dtypes
+from torchrecord._compress import codec_of_storage, decompress
 from torchrecord._format import MAX_RANK
 from torchrecord._proto import torchrecord_pb2 as pb
 from torchrecord._structure import number_list_dtype
@@ -26,6 +27,8 @@ _RAW = pb.TensorProto.StorageType.RAW
 _STRING = pb.TensorProto.DataType.STRING
 
 Payload = np.ndarray | bytes
+#: The largest payload a compressed field may expand to (a damaged shape must not allocate terabytes).
+_MAX_EXPANDED = 1 << 33
 
 
 def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
@@ -167,6 +170,10 @@ def _decode_one(proto: pb.TensorProto, fld: Field, where: str, rows: int | None)
     for d in dims:
         count *= d
     raw = proto.raw_data
+    if proto.storage_type != _RAW and codec_of_storage(proto.storage_type) is not None:
+        if count * info.itemsize > _MAX_EXPANDED:
+            raise CorruptRecordError(f"{where}, field {fld.name!r}: shape {dims} is too big to decompress")
+        raw = decompress(proto.storage_type, raw, count * info.itemsize, f"{where}, field {fld.name!r}")
     if count * info.itemsize != len(raw):
         raise CorruptRecordError(
             f"{where}, field {fld.name!r}: shape {dims} needs {count * info.itemsize} bytes, "

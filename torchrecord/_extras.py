@@ -11,6 +11,7 @@ __all__ = ["EXTRAS", "REMOTE_HINT", "install_hint"]
 
 # extra name -> the requirement it installs (as in setup.cfg)
 EXTRAS: dict[str, str] = {
+    "compress": "cramjam>=2.11",
     "hdf5": "h5py>=3",
     "images": "pillow>=9",
     "progress": "tqdm>=4.60",

@@ -23,13 +23,18 @@ from numpy.lib.stride_tricks import as_strided
 from torchrecord._layout import FixedLayout
 from torchrecord._walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT"]
+__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "joins"]
 
 #: Records at least this long are gathered from their views one sample at a time
 #: (one copy); shorter ones are first joined into one buffer (vectorized gather).
 JOIN_LIMIT = 16 << 10
 
 Run = tuple[int, int]
+
+
+def joins(layout: FixedLayout) -> bool:
+    """True when records are copied (or decompressed) into the window buffer; False: kept as views."""
+    return layout.length < JOIN_LIMIT or layout.expander is not None
 
 
 class FixedWindow:
@@ -95,7 +100,7 @@ class FixedWindowReader:
 
     def __init__(self, layout: FixedLayout, capacity: int) -> None:
         self.layout = layout
-        self.joined = layout.length < JOIN_LIMIT
+        self.joined = joins(layout)
         k = layout.rows
         self._capacity = (-(-capacity // k) + 2) * layout.length if self.joined else 0
         self._recycled: list[tuple[np.ndarray, weakref.ref[FixedWindow]]] = []
@@ -142,7 +147,7 @@ class _WindowBuilder:
 
     def __init__(self, layout: FixedLayout, buffer: np.ndarray) -> None:
         self.layout = layout
-        self.joined = layout.length < JOIN_LIMIT
+        self.joined = joins(layout)
         self.buffer = buffer
         self.views: list[Any] = []
         #: per piece: (first row, first record index, record count, samples in its shard, its file)
@@ -171,9 +176,13 @@ class _WindowBuilder:
             self.buffer = grown
         out = self.buffer.data
         pos = row0 * length
+        expand = self.layout.expander  # compressed fields: decompressed straight into the slot
         for i, value in enumerate(values):
             try:
-                out[pos : pos + length] = value
+                if expand is None:
+                    out[pos : pos + length] = value
+                else:
+                    expand(value, out[pos : pos + length])
             except ValueError:  # wrong length: keep it aside for the checked decoder
                 self.odd[row0 + i] = bytes(value)
             pos += length

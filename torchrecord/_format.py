@@ -32,6 +32,7 @@ from torchrecord.errors import (
 )
 
 __all__ = [
+    "COMPRESSION_CODECS",
     "CRC_DB",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -39,6 +40,7 @@ __all__ = [
     "MAX_RANK",
     "META_DB",
     "META_KEY",
+    "PLAIN_VERSION",
     "RECORDS_DB",
     "check_metadata",
     "check_schema",
@@ -54,8 +56,13 @@ __all__ = [
 ]
 
 FORMAT_NAME = "torchrecord"
-#: Bump on any change a reader of the previous version would misread.
-FORMAT_VERSION = 1
+#: Bump on any change a reader of the previous version would misread. The newest version this
+#: torchrecord reads; it writes version 1 unless a field is compressed (version 2, see docs/FORMAT.md).
+FORMAT_VERSION = 2
+#: The version of a set without compressed fields (older readers read it).
+PLAIN_VERSION = 1
+#: Codec names a version-2 schema field may name (``compression``).
+COMPRESSION_CODECS = ("lz4", "zstd")
 
 RECORDS_DB = b"records"
 CRC_DB = b"crc32"
@@ -388,6 +395,9 @@ def _check_field(fld: Any, path: str) -> None:
         raise FormatError(f"{path}: a schema field in the metadata is malformed; {_REWRITE}")
     name, kind, dtype, shape = fld["name"], fld.get("kind"), fld.get("dtype"), fld.get("shape")
     where = f"{path}: schema field {name!r}"
+    codec = fld.get("compression")
+    if codec is not None and (codec not in COMPRESSION_CODECS or kind in _STRING_KINDS):
+        raise FormatError(f"{where}: unknown compression {codec!r}; upgrade torchrecord to read it")
     if kind in _STRING_KINDS:
         if dtype != kind or shape != []:
             raise FormatError(f"{where}: a {kind} field with dtype {dtype!r} and shape {shape!r}; {_REWRITE}")

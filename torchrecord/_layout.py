@@ -13,12 +13,14 @@ nothing is ever misread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from torchrecord import _dtypes
 from torchrecord._codec import decode_leaves, encode_payloads
+from torchrecord._compress import Expander, has_compression
 from torchrecord.errors import CorruptRecordError
 from torchrecord.schema import Field, LeafSignature, Schema
 
@@ -37,6 +39,9 @@ class FixedLayout:
         sample_bytes: bytes of one sample of field f.
         header_cols: positions of every non-payload byte.
         header: the template's bytes at ``header_cols``.
+        expander: for a set with compressed fields, fills a record's canonical
+            (uncompressed) bytes into a window slot (``torchrecord._compress``);
+            None otherwise.
     """
 
     fields: tuple[Field, ...]
@@ -46,6 +51,7 @@ class FixedLayout:
     sample_bytes: tuple[int, ...]
     header_cols: np.ndarray
     header: np.ndarray
+    expander: Any = field(default=None, compare=False)
 
     @classmethod
     def build(cls, schema: Schema, rows: int) -> FixedLayout | None:
@@ -67,7 +73,10 @@ class FixedLayout:
         if offsets is None:
             return None
         header_cols = np.flatnonzero(~differs)
-        return cls(fields, rows, len(a), tuple(offsets), sample_bytes, header_cols, a[header_cols].copy())
+        layout = cls(fields, rows, len(a), tuple(offsets), sample_bytes, header_cols, a[header_cols].copy())
+        if has_compression(fields):
+            object.__setattr__(layout, "expander", Expander(layout))
+        return layout
 
     def signatures(self) -> list[LeafSignature]:
         return _signatures(self.fields)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import lmdb
 
@@ -93,6 +93,47 @@ class LmdbAppender:
         self._pending_bytes += sum(map(len, values))
         if self._pending_bytes >= self._commit_bytes:
             self.flush()
+
+    @property
+    def page_size(self) -> int:
+        """LMDB's page size in this file (the OS page size: 4096 on most machines)."""
+        return int(self._env.stat()["psize"])
+
+    def regroup(self, split: Callable[[int, bytes], list[bytes]]) -> None:
+        """Replace every record written so far by the records ``split(index, value)`` gives, keys kept dense.
+
+        Used once, when a write with automatic chunking meets a sample of another
+        shape: each chunk becomes its samples' single records. Records still
+        pending are split in memory; committed ones are rewritten in place, last
+        first (record r's samples go to keys >= r, so no record is overwritten
+        before it is read), in one transaction.
+        """
+        if not self.records_written:
+            pending = [piece for i, value in enumerate(self._pending) for piece in split(i, value)]
+            self._pending = pending
+            self._pending_bytes = sum(len(v) for v in pending)
+            return
+        self.flush()
+        total = 0
+
+        def rewrite(txn: lmdb.Transaction) -> None:
+            nonlocal total
+            total = 0
+            for record in reversed(range(self.records_written)):
+                key = encode_key(record)
+                value = txn.get(key, db=self._records)
+                if value is None:
+                    raise WriteError(f"{self.name}: record {record} vanished while regrouping")
+                pieces = split(record, bytes(value))
+                first = record * len(pieces)  # every committed record is a full chunk
+                for j, piece in enumerate(pieces):
+                    txn.put(encode_key(first + j), piece, db=self._records)
+                    if self._checksums:
+                        txn.put(encode_key(first + j), zlib.crc32(piece).to_bytes(_CRC_BYTES, "little"), db=self._crcs)
+                total += len(pieces)
+
+        self._commit(rewrite)
+        self.records_written = total
 
     def flush(self) -> None:
         """Commit the pending records, growing the map and retrying if it is full."""

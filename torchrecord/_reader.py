@@ -117,7 +117,9 @@ class ShareReader:
         ]
         plan = [split_runs(runs, self.offsets) for runs in window_runs]
         # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make
-        buffers = self.layout is not None and self.layout.length >= JOIN_LIMIT
+        # (compressed sets: views, decompressed straight from the map into the window)
+        layout = self.layout
+        buffers = layout is not None and (layout.length >= JOIN_LIMIT or layout.expander is not None)
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
             if plan:

@@ -26,12 +26,12 @@ import numpy as np
 
 from torchrecord import _format
 from torchrecord._admission import Admission
+from torchrecord._autopack import AutoPacker
 from torchrecord._declared import Declared
 from torchrecord._grouping import GroupTracker, describe, group_order, key_function
 from torchrecord._groups import GROUPS_KEY, pack_offsets
 from torchrecord._identity import new_set_id
 from torchrecord._lmdb_writer import LmdbAppender
-from torchrecord._packing import Packer, restore
 from torchrecord._progress import progress_bar
 from torchrecord._publish import Publisher
 from torchrecord._settings import WriteSettings
@@ -76,7 +76,7 @@ class WriteSession:
         #: the group key of a sample, or None for an ungrouped set
         self.key: KeyFunction | None = key_function(settings.group_by) if settings.group_by is not None else None
         #: whether samples may come as fast-encoded record bytes
-        self.fast = spool or chunk == 1
+        self.fast = spool or chunk is None or chunk == 1
         self.publisher = Publisher(target, overwrite)
         self.spool: Spool | None = None
         self._bar: Any = None
@@ -92,13 +92,21 @@ class WriteSession:
             self.admission = Admission(
                 target,
                 settings.on_error,
-                chunk,
+                chunk or 1,
                 self.tracker,
                 source,
                 max_skipped=settings.max_skipped,
                 declared=Declared.parse(settings.schema),
             )
-            self.packer = Packer(self.appender, chunk)
+            self.packer = AutoPacker(
+                self.appender,
+                chunk,
+                schema_of=lambda: self.admission.schema,
+                compression=settings.compression,
+                compression_level=settings.compression_level,
+                checksums=settings.checksums,
+                packable=lambda: not self.admission.has_lists,
+            )
             if spool:
                 self.spool = Spool.create(
                     self.publisher.scratch(".spool"),
@@ -194,14 +202,10 @@ class WriteSession:
         else:
             order = np.random.default_rng(seed).permutation(spool.count)
         bar = progress_bar(spool.count, self.settings.progress, "shuffling")
-        schema, packer = self.admission.schema, self.packer
+        packer = self.packer
         try:
-            for index, value in spool.replay(order):
-                if packer.chunk == 1:
-                    packer.add(value)
-                else:
-                    assert schema is not None
-                    packer.add(restore(value, schema, f"{spool.path}: sample {index}"))
+            for _, value in spool.replay(order):
+                packer.add(value)  # chunks are joined from the single-sample records
                 bar.update(1)
         finally:
             bar.close()
@@ -211,15 +215,24 @@ class WriteSession:
     def _metadata(self, offsets: np.ndarray | None, summary: WriteSummary) -> dict[str, Any]:
         s = self.settings
         count = self.packer.count
+        chunk = self.packer.chunk or 1
         schema = self.admission.schema
+        compressor = self.packer.compressor
+        applied = compressor.applied() if compressor is not None else {}
+        schema_map = schema.to_dict() if schema is not None else None
+        if schema_map is not None:
+            for fld in schema_map["fields"]:
+                if fld["name"] in applied:
+                    fld["compression"] = applied[fld["name"]]
         meta: dict[str, Any] = {
             "format": _format.FORMAT_NAME,
-            "format_version": _format.FORMAT_VERSION,
+            # compressed fields: a version older readers refuse; else the version they read
+            "format_version": _format.FORMAT_VERSION if applied else _format.PLAIN_VERSION,
             "library_version": __version__,
             "count": count,
-            "records": -(-count // s.samples_per_record),
-            "samples_per_record": s.samples_per_record,
-            "schema": schema.to_dict() if schema is not None else None,
+            "records": -(-count // chunk),
+            "samples_per_record": chunk,
+            "schema": schema_map,
             "shuffled": bool(s.shuffle),
             "seed": int(s.seed),
             "skipped": summary.skipped,
@@ -229,6 +242,8 @@ class WriteSession:
             "user": s.metadata or {},
             "set_id": new_set_id(),
         }
+        if compressor is not None:
+            meta["compression"] = compressor.report()
         if offsets is not None:
             meta["groups"] = len(offsets) - 1
             meta["group_by"] = describe(s.group_by)  # type: ignore[arg-type]

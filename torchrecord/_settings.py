@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchrecord import _format
+from torchrecord import _compress, _format
 from torchrecord._admission import ON_ERROR
 from torchrecord._declared import Declared
 from torchrecord._grouping import key_function
@@ -35,7 +35,7 @@ class WriteSettings:
 
     shuffle: bool = True
     seed: int = 0
-    samples_per_record: int = 1
+    samples_per_record: int | None = None
     progress: bool | None = None
     metadata: dict[str, Any] | None = None
     on_error: str = "raise"
@@ -45,13 +45,19 @@ class WriteSettings:
     schema: Any = None
     initial_map_size: int = 1 << 28
     commit_bytes: int = 64 << 20
+    compression: Any = None
+    compression_level: int | None = None
 
     def check(self) -> Declared | None:
         """ValueError / TypeError for an option that cannot work; returns the parsed ``schema``."""
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
-        if self.samples_per_record < 1:
-            raise ValueError(f"samples_per_record must be >= 1, got {self.samples_per_record}")
+        k = self.samples_per_record
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
+            raise TypeError(f"samples_per_record must be an int >= 1 or None (automatic), got {k!r}")
+        if k is not None and k < 1:
+            raise ValueError(f"samples_per_record must be >= 1 (or None: automatic), got {k}")
+        _compress.parse_option(self.compression, self.compression_level)
         _check_seed(self.seed)
         if self.metadata is not None and not isinstance(self.metadata, dict):
             raise TypeError("metadata must be a dict of msgpack-able values")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -304,14 +303,25 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
         scan = size <= SCAN_LIMIT and rf.num_shards == 1
     payload = payload_bytes(rf, scan=scan)
     fields = [
-        {"name": f.name, "kind": f.kind, "dtype": f.dtype, "shape": list(f.shape), "fixed": f.is_fixed}
+        {
+            "name": f.name,
+            "kind": f.kind,
+            "dtype": f.dtype,
+            "shape": list(f.shape),
+            "fixed": f.is_fixed,
+            "compression": f.compression,
+        }
         for f in rf.schema.fields
     ]
+    from torchrecord._autopack import choose
+
+    auto = choose(rf.schema, 4096, meta.get("checksum") is not None) if len(rf) else 1
     return {
         "path": rf.path,
         "count": len(rf),
         "records": int(meta.get("records", len(rf))),
         "samples_per_record": int(meta.get("samples_per_record", 1)),
+        "automatic_samples_per_record": auto,
         "fields": fields,
         "size_bytes": size,
         "payload_bytes": payload,
@@ -353,10 +363,15 @@ def _size_line(d: dict[str, Any]) -> str:
     line += f", {d['size_ratio']:.2f}x the {_size(payload)} of sample data"
     per_record = payload / max(1, d["records"])
     packable = all(f["fixed"] or f["kind"] in ("bytes", "str") for f in d["fields"])  # K > 1 needs fixed shapes
-    if d["size_ratio"] >= 1.15 and per_record < 64 << 10 and packable:
-        k = d["samples_per_record"] * max(2, math.ceil((64 << 10) / per_record))
-        k = 1 << (k - 1).bit_length()  # a power of two
-        line += f" (records of 64 KiB or more come near 1.0x: write with samples_per_record={k})"
+    auto = d.get("automatic_samples_per_record", 1)
+    if d["size_ratio"] >= 1.15 and per_record < 64 << 10 and packable and auto != d["samples_per_record"]:
+        line += (
+            f" (written with samples_per_record={d['samples_per_record']}; write it again with the default, "
+            f"samples_per_record=None, which packs {auto} samples per record and comes near 1.0x)"
+        )
+    compressed = [f["name"] for f in d["fields"] if f.get("compression")]
+    if compressed:
+        line += f"; compressed: {', '.join(compressed)}"
     return line
 
 
@@ -382,7 +397,8 @@ def _info(args: argparse.Namespace) -> int:
     print("fields:")
     width = max([len(f["name"]) for f in d["fields"]] + [4])
     for f in d["fields"]:
-        print(f"  {f['name']:<{width}}  {f['kind']:<7} {f['dtype']:<9} {_field_shape(f)}")
+        codec = f" ({f['compression']}-compressed)" if f.get("compression") else ""
+        print(f"  {f['name']:<{width}}  {f['kind']:<7} {f['dtype']:<9} {_field_shape(f)}{codec}")
     print("user metadata:" + ("" if d["user_metadata"] else " none"))
     for key, value in d["user_metadata"].items():
         print(f"  {key}: {_short(value)}")

@@ -224,8 +224,11 @@ class RecordFile:
         leaves = [materialize(p, f, where) for p, f in zip(payloads, fields)]
         return unflatten(self.schema.tree, leaves)
 
-    def decode_record(self, value: bytes | memoryview, record: int) -> list[Any]:
-        """Decode the stored ``value`` of record ``record`` into the list of samples it holds."""
+    def decode_record(self, value: bytes | memoryview, record: int, row: int | None = None) -> list[Any]:
+        """Decode the stored ``value`` of record ``record`` into the list of samples it holds.
+
+        With ``row``, only that sample of a chunked record is built (a list of one).
+        """
         k = self.samples_per_record
         if k == 1:
             return [self.decode(value, record)]
@@ -233,9 +236,10 @@ class RecordFile:
         rows = min(k, self._set_count() - record * k)
         where = f"{self.path}: record {record}"
         columns = decode_leaves(value, fields, where, rows)
+        wanted = range(rows) if row is None else [row]
         return [
             unflatten(self.schema.tree, [materialize(col[j], f, where) for col, f in zip(columns, fields)])
-            for j in range(rows)
+            for j in wanted
         ]
 
     def raw(self, record: int) -> bytes:
@@ -268,8 +272,8 @@ class RecordFile:
         k = self.samples_per_record
         if k == 1:
             return self.decode(self.raw(position), position)
-        record = position // k
-        return self.decode_record(self.raw(record), record)[position % k]
+        record, row = divmod(position, k)
+        return self.decode_record(self.raw(record), record, row)[0]
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
         """The samples at ``indices`` (positions in the subset, if any), read in one transaction.

@@ -45,12 +45,15 @@ class Field:
         kind: one of :data:`KINDS`; the reader returns this kind.
         dtype: numeric dtype name (``"uint8"``, ``"bfloat16"``...), or ``"bytes"``/``"str"``.
         shape: per-dimension size, ``None`` where samples differ.
+        compression: ``"zstd"`` or ``"lz4"`` when records may hold this field
+            compressed (see ``write_record(compression=)``), else None.
     """
 
     name: str
     kind: str
     dtype: str
     shape: Shape
+    compression: str | None = field(default=None, compare=False)
 
     @property
     def is_numeric(self) -> bool:
@@ -64,12 +67,16 @@ class Field:
 
     def to_dict(self) -> dict[str, Any]:
         """The field as stored in the metadata (a msgpack-able map)."""
-        return {"name": self.name, "kind": self.kind, "dtype": self.dtype, "shape": list(self.shape)}
+        out = {"name": self.name, "kind": self.kind, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.compression is not None:
+            out["compression"] = self.compression
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Field:
         """The field from its metadata map ``d`` (the inverse of :meth:`to_dict`)."""
-        return cls(str(d["name"]), str(d["kind"]), str(d["dtype"]), tuple(d["shape"]))
+        codec = d.get("compression")
+        return cls(str(d["name"]), str(d["kind"]), str(d["dtype"]), tuple(d["shape"]), str(codec) if codec else None)
 
 
 @dataclass
@@ -113,7 +120,7 @@ class Schema:
                 )
             if any(a is not None and a != b for a, b in zip(fld.shape, sig.shape)):
                 widened_shape = tuple(a if a == b else None for a, b in zip(fld.shape, sig.shape))
-                self.fields[i] = Field(fld.name, fld.kind, fld.dtype, widened_shape)
+                self.fields[i] = Field(fld.name, fld.kind, fld.dtype, widened_shape, fld.compression)
                 widened.append(i)
         return widened
 

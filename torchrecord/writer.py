@@ -52,12 +52,14 @@ def write_record(
     on_error: str = "raise",
     max_skipped: int | float | None = None,
     checksums: bool = True,
-    samples_per_record: int = 1,
+    samples_per_record: int | None = None,
     group_by: str | Callable[[Any], Any] | None = None,
     schema: SchemaArg = None,
     initial_map_size: int = 1 << 28,
     commit_bytes: int = 64 << 20,
     multiprocessing_context: str | None = None,
+    compression: str | Mapping[str, str | None] | None = None,
+    compression_level: int | None = None,
 ) -> RecordFile:
     """Write every sample of ``dataset`` to a record set at ``path``.
 
@@ -94,8 +96,13 @@ def write_record(
         checksums: store a CRC-32 per record (checked by ``verify``).
         samples_per_record: store this many consecutive samples per LMDB value
             (chunked records, stacked along a new first axis) to cut per-record
-            overhead for tiny samples; needs fixed shapes. Readers mix samples
-            across chunks as usual.
+            overhead for small samples; needs fixed shapes. Readers mix samples
+            across chunks as usual. None (the default) chooses it from the first
+            sample: when every field has a fixed shape, as many samples as make a
+            record fill its LMDB pages (the file comes within about 1.1x of the
+            payload bytes; ``RecordFile.samples_per_record`` says what was
+            chosen), else 1. If a later sample then changes a field's shape, the
+            write goes back to one sample per record.
         group_by: write a grouped set: a field name (as in the schema, e.g.
             ``"episode"`` for a dict key) or a function of the sample giving a
             hashable key. The samples of one group must come one after another
@@ -115,6 +122,15 @@ def write_record(
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction (bounded memory for retries).
         multiprocessing_context: start method of the reader workers.
+        compression: compress numeric fields: ``"zstd"`` or ``"lz4"`` (every
+            numeric field), or a dict of field name -> codec or None. A field
+            whose first records do not shrink below 0.9 of their size is left
+            alone (``metadata["compression"]`` says what was applied, with the
+            ratio). Needs cramjam (``pip install 'cramjam>=2.11'``, the ``compress`` extra);
+            a set with compressed fields has format version 2, which older
+            torchrecord refuses with a VersionError. Strings are never compressed.
+        compression_level: the codec's level: zstd -7..22 (default 3), LZ4
+            1..12 (high-compression mode; default: LZ4's fast mode).
 
     Returns:
         A :class:`RecordFile` for the new record set; its ``write_summary`` says
@@ -143,6 +159,8 @@ def write_record(
         schema=schema,
         initial_map_size=initial_map_size,
         commit_bytes=commit_bytes,
+        compression=compression,
+        compression_level=compression_level,
     )
     settings.check()
     return write_source(dataset, os.fsdecode(path), settings, overwrite, num_workers, multiprocessing_context)
@@ -222,7 +240,8 @@ class RecordWriter:
         seed: the shuffle seed, recorded in the metadata.
         shuffle: write the samples in a seeded permuted order (of whole groups
             with ``group_by``); ``False`` keeps the order of ``append``.
-        samples_per_record: samples per LMDB value (chunked records; fixed shapes).
+        samples_per_record: samples per LMDB value (chunked records; fixed
+            shapes); None chooses it from the first sample (see :func:`write_record`).
         progress: show a tqdm bar (if installed); ``None``: only on a terminal.
         metadata: user metadata stored with the set (checked at once, see :func:`write_record`).
         on_error: ``"raise"``: a sample that cannot be stored aborts the write and
@@ -237,6 +256,7 @@ class RecordWriter:
         schema: fields stated up front, as for :func:`write_record`.
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction.
+        compression, compression_level: compress numeric fields (see :func:`write_record`).
 
     Attributes:
         result: the published :class:`RecordFile` after a successful close, else
@@ -261,7 +281,7 @@ class RecordWriter:
         overwrite: bool = False,
         seed: int = 0,
         shuffle: bool = True,
-        samples_per_record: int = 1,
+        samples_per_record: int | None = None,
         progress: bool | None = None,
         metadata: dict[str, Any] | None = None,
         on_error: str = "raise",
@@ -271,6 +291,8 @@ class RecordWriter:
         schema: SchemaArg = None,
         initial_map_size: int = 1 << 28,
         commit_bytes: int = 64 << 20,
+        compression: str | Mapping[str, str | None] | None = None,
+        compression_level: int | None = None,
     ) -> None:
         self.path = os.fsdecode(path)
         settings = WriteSettings(
@@ -286,6 +308,8 @@ class RecordWriter:
             schema=schema,
             initial_map_size=initial_map_size,
             commit_bytes=commit_bytes,
+            compression=compression,
+            compression_level=compression_level,
         )
         settings.check()
         self.result: RecordFile | None = None

@@ -92,12 +92,24 @@ class TensorProto(_message.Message):
         RAW: TensorProto._StorageType.ValueType  # 2
         EXTERNAL: TensorProto._StorageType.ValueType  # 3
         NO_CONTENT: TensorProto._StorageType.ValueType  # 4
+        ZSTD: TensorProto._StorageType.ValueType  # 100
+        """torchrecord extensions (not in caffe2): raw_data holds the payload compressed
+        one zstd frame
+        """
+        LZ4: TensorProto._StorageType.ValueType  # 101
+        """one LZ4 block, no size prefix (the size follows from dims and data_type)"""
 
     class StorageType(_StorageType, metaclass=_StorageTypeEnumTypeWrapper): ...
     TYPED: TensorProto.StorageType.ValueType  # 1
     RAW: TensorProto.StorageType.ValueType  # 2
     EXTERNAL: TensorProto.StorageType.ValueType  # 3
     NO_CONTENT: TensorProto.StorageType.ValueType  # 4
+    ZSTD: TensorProto.StorageType.ValueType  # 100
+    """torchrecord extensions (not in caffe2): raw_data holds the payload compressed
+    one zstd frame
+    """
+    LZ4: TensorProto.StorageType.ValueType  # 101
+    """one LZ4 block, no size prefix (the size follows from dims and data_type)"""
 
     DIMS_FIELD_NUMBER: _builtins.int
     DATA_TYPE_FIELD_NUMBER: _builtins.int

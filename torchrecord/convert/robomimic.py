@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from torchrecord import _dtypes
+from torchrecord import _compress, _dtypes
 from torchrecord._robo_set import DEMO_FIELD, META_KEY, SHIFT, STORED, TAIL_DEMO, VERSION, field_name
 from torchrecord.convert._common import existing, require
 from torchrecord.errors import SourceError
@@ -73,6 +73,8 @@ def from_robomimic(
     progress: bool | None = None,
     metadata: dict[str, Any] | None = None,
     checksums: bool = True,
+    compression: str | dict[str, str | None] | None = None,
+    compression_level: int | None = None,
 ) -> RecordFile:
     """Convert a robomimic HDF5 file into a grouped record set, one record per time step.
 
@@ -97,6 +99,11 @@ def from_robomimic(
         progress: a tqdm bar (None: on a terminal only).
         metadata: more user metadata, stored beside ``"robomimic"``.
         checksums: store a CRC-32 per record.
+        compression, compression_level: compress fields as ``write_record``
+            does: ``"zstd"`` or ``"lz4"`` for every numeric field (fields that do
+            not shrink are left alone), or a dict of field name -> codec, e.g.
+            ``{"obs.agentview_image": "zstd"}`` for rendered camera images.
+            Needs the ``compress`` extra.
 
     Raises:
         SourceError: the file is not robomimic's layout, a demo lacks a key or
@@ -105,6 +112,7 @@ def from_robomimic(
             mask names a demo the file lacks.
     """
     src = existing(hdf5_path)
+    _compress.parse_option(compression, compression_level)
     h5py = _h5py()
     for key in dataset_keys:
         if key in _RESERVED or "." in key:
@@ -120,7 +128,10 @@ def from_robomimic(
         description = _description(f, src, demos, lengths, keys, dataset_keys)
         modes = _first_guess(f, keys["obs"], keys["next_obs"], demos[0])
         while True:  # a later demo that breaks a shift switches that key to stored and starts over
-            broken = _write(f, src, path, demos, keys, modes, description, overwrite, progress, metadata, checksums)
+            broken = _write(
+                f, src, path, demos, keys, modes, description, overwrite, progress, metadata, checksums,
+                (compression, compression_level),
+            )
             if broken is None:
                 break
             modes[broken] = STORED
@@ -298,6 +309,7 @@ def _write(
     progress: bool | None,
     metadata: dict[str, Any] | None,
     checksums: bool,
+    compress: tuple[Any, int | None] = (None, None),
 ) -> str | None:
     """Write the set with these next_obs modes; returns a key whose shift breaks (nothing published), or None."""
     data = f["data"]
@@ -307,7 +319,7 @@ def _write(
     meta[META_KEY] = {**description, "next_obs": dict(modes) if keys["next_obs"] else {}, "tail_group": bool(shifted)}
     writer = RecordWriter(
         path, overwrite=overwrite, shuffle=False, group_by=DEMO_FIELD, progress=progress, metadata=meta,
-        checksums=checksums,
+        checksums=checksums, compression=compress[0], compression_level=compress[1],
     )
     try:
         with tempfile.TemporaryFile(dir=os.path.dirname(os.path.abspath(os.fspath(path)))) as tails:
