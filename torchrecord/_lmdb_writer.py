@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import lmdb
 
-from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_keys
+from torchrecord._format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_key, encode_keys
 from torchrecord.errors import WriteError
 
 __all__ = ["LmdbAppender", "space_hint"]
