@@ -29,7 +29,7 @@ from torchrecord._compress import FieldCompressor
 from torchrecord._layout import FixedLayout
 from torchrecord._lmdb_writer import LmdbAppender
 from torchrecord._packing import Packer, restore
-from torchrecord._sources import Normalized
+from torchrecord._sources import Encoded, Normalized
 from torchrecord.schema import Field, Schema
 
 __all__ = ["AutoPacker", "ChunkJoiner", "choose", "disk_bytes", "record_length"]
@@ -242,6 +242,7 @@ class AutoPacker(Packer):
         """One admitted sample: a single-sample record's bytes or a normalized sample."""
         if not self._started:
             self._start()
+        self._untail()  # samples waiting as columns come first
         if self.chunk != 1 and self.auto and isinstance(sample, Normalized) and not self._fixed():
             self._demote()
         if isinstance(sample, bytes) and self.chunk != 1:
@@ -252,15 +253,11 @@ class AutoPacker(Packer):
             return
         super().add(sample)
 
-    def add_encoded(self, values: list[bytes]) -> None:
-        """Finished single-sample records (a fast-encoded batch): appended, or joined into chunks."""
+    def add_encoded(self, encoded: Encoded) -> None:
+        """Consecutive samples given as columns (a fast-encoded batch): laid out as records of K samples."""
         if not self._started:
             self._start()
-        if self.chunk == 1:
-            super().add_encoded(values)
-            return
-        for value in values:
-            self.add(value)
+        super().add_encoded(encoded)
 
     def add_stored(self, value: bytes, schema: Schema, where: str) -> None:
         """A sample kept as a single-sample record (from the spool)."""
@@ -268,6 +265,7 @@ class AutoPacker(Packer):
 
     def flush(self) -> None:
         """Write the pending rows as one chunk: joined from record bytes where they fit the layout."""
+        self._untail()
         rows: list[Any] = self._rows
         if not rows:
             return

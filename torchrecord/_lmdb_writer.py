@@ -109,7 +109,9 @@ class LmdbAppender:
         before it is read), in one transaction.
         """
         if not self.records_written:
-            pending = [piece for i, value in enumerate(self._pending) for piece in split(i, value)]
+            pending: list[bytes | memoryview] = [
+                piece for i, value in enumerate(self._pending) for piece in split(i, bytes(value))
+            ]
             self._pending = pending
             self._pending_bytes = sum(len(v) for v in pending)
             return
