@@ -13,9 +13,10 @@ from torchrecord import _format
 from torchrecord._isolate import run_each_isolated, run_isolated
 from torchrecord._lmdb_check import StructureInfo, check_structure
 from torchrecord._manifest import file_digest
+from torchrecord._remote import is_url
 from torchrecord._sharded import ShardedSet
 from torchrecord._walk import PIECE, Walk, check_crc
-from torchrecord.errors import CorruptRecordError, NotARecordSetError, TorchRecordError
+from torchrecord.errors import CorruptRecordError, FormatError, NotARecordSetError, TorchRecordError
 from torchrecord.record_file import RecordFile
 
 __all__ = ["VerifyReport", "check_crc", "verify"]
@@ -113,11 +114,19 @@ def verify(
     rf = RecordFile(path, cache_dir=cache_dir)
     if isinstance(rf, ShardedSet):
         return _verify_shards(rf, progress, max_errors, timeout)
-    info = _checked_structure(rf.path)
-    count = int(run_isolated(_open_in_child, rf.path, timeout=timeout, name=rf.path))
-    report = VerifyReport(rf.path)
-    bar = _bar(count, progress)
+    return _verify_file(rf.path, progress, max_errors, timeout)[0]
+
+
+def _verify_file(
+    path: str, progress: bool | None, max_errors: int, timeout: float
+) -> tuple[VerifyReport, dict[str, Any]]:
+    """Verify one file; the report, and the file's count and set_id as the checking process read them."""
+    info = _checked_structure(path)
+    described: dict[str, Any] = run_isolated(_open_in_child, path, timeout=timeout, name=path)
+    count = int(described["records"])
+    report = VerifyReport(path)
     present = [0]  # records found (or unreadable) under their keys, to tell stray keys from missing ones
+    bars: list[Any] = []  # made after the fork: no progress-bar thread in the checking process
 
     def merge(result: dict[str, Any]) -> None:
         for index, message in result["errors"]:
@@ -125,18 +134,21 @@ def verify(
         report.bad += int(result["bad"]) - len(result["errors"])
         present[0] += int(result["present"])
         report.records += int(result["records"])
-        bar.update(int(result["records"]))
+        if not bars:
+            bars.append(_bar(count, progress))
+        bars[0].update(int(result["records"]))
 
     chunks = [(first, min(count, first + CHUNK)) for first in range(0, count, CHUNK)]
     try:
-        run_each_isolated(functools.partial(_verify_chunk, rf.path, max_errors), chunks, timeout=timeout,
-                          each=merge, name=rf.path)
+        run_each_isolated(functools.partial(_verify_chunk, path, max_errors), chunks, timeout=timeout,
+                          each=merge, name=path)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     records_db = info.databases.get(_format.RECORDS_DB)
     entries = records_db.entries if records_db is not None else 0
     _check_extra(entries, count, present[0], report, max_errors)
-    return report
+    return report, described
 
 
 def _checked_structure(path: str) -> StructureInfo:
@@ -163,9 +175,10 @@ def _child_file(path: str) -> RecordFile:
     return rf
 
 
-def _open_in_child(path: str) -> int:
-    """Open the file, read and check its metadata: the number of records (runs in the checking process)."""
-    return _child_file(path).num_records
+def _open_in_child(path: str) -> dict[str, Any]:
+    """Open the file, read and check its metadata (runs in the checking process): its records, samples, set_id."""
+    rf = _child_file(path)
+    return {"records": rf.num_records, "count": len(rf), "set_id": rf.set_id}
 
 
 def _verify_chunk(path: str, max_errors: int, chunk: tuple[int, int]) -> dict[str, Any]:
@@ -197,21 +210,35 @@ def _verify_chunk(path: str, max_errors: int, chunk: tuple[int, int]) -> dict[st
 
 
 def _verify_shards(sharded: ShardedSet, progress: bool | None, max_errors: int, timeout: float) -> VerifyReport:
-    """verify each shard; record indices run on over the shards, and each file must match its SHA-256."""
+    """verify each shard; record indices run on over the shards, and each file must match its SHA-256.
+
+    A shard is never opened in this process: its path (a remote shard is fetched first)
+    goes to the same isolated check as a single file.
+    """
     report = VerifyReport(sharded.path)
     base = 0
     for s, entry in enumerate(sharded.manifest["shards"]):
-        shard = sharded.shard(s)
-        sub = verify(shard.path, progress=progress, max_errors=max_errors, timeout=timeout)
+        remote = is_url(sharded.path)
+        local = sharded._remote().fetch(s) if remote else os.path.join(sharded._base(), entry["name"])
+        try:
+            sub, described = _verify_file(local, progress, max_errors, timeout)
+        finally:
+            if remote:
+                sharded.release(s)
+        if described["set_id"] != entry["set_id"] or described["count"] != entry["count"]:
+            raise FormatError(
+                f"{local}: shard {s} is not the file the manifest lists (set_id {described['set_id']}, "
+                f"{described['count']} samples; the manifest says {entry['set_id']}, {entry['count']}): it was "
+                "rewritten after the set was finalized; run torchrecord.finalize_shards again"
+            )
         report.records += sub.records
         for index, message in sub.errors:
             report._fail(base + index, message, max_errors)
         report.bad += sub.bad - len(sub.errors)
-        if sub.ok and file_digest(shard.path) != (entry["sha256"], entry["bytes"]):
-            message = f"{shard.path}: the file's SHA-256 or size differs from the manifest's; copy it again"
+        if sub.ok and file_digest(local) != (entry["sha256"], entry["bytes"]):
+            message = f"{local}: the file's SHA-256 or size differs from the manifest's; copy it again"
             report._fail(base, message, max_errors)
         base += sub.records
-        sharded.release(s)
     return report
 
 
