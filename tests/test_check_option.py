@@ -89,8 +89,10 @@ def test_not_a_record_set_is_named_as_without_the_check(tmp_path: Path) -> None:
     image.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(8000))
     with pytest.raises(NotARecordSetError, match="a PNG image"):
         torchrecord.RecordFile(image, check="structure")
-    with pytest.raises(NotARecordSetError, match="is a directory"):
-        torchrecord.RecordFile(tmp_path, check="structure")
+    empty = tmp_path / "empty.tr"
+    empty.write_bytes(b"")
+    with pytest.raises(NotARecordSetError, match="empty file"):
+        torchrecord.RecordFile(empty, check="structure")
 
 
 def test_the_check_runs_once_per_file_per_process(tmp_path: Path) -> None:

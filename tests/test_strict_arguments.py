@@ -56,6 +56,6 @@ def test_bytes_paths_read_like_str_paths(tmp_path: Path) -> None:
     path = write_set(tmp_path / "set.tr", n=20)
     raw = os.fsencode(path)
     assert len(torchrecord.RecordFile(raw)) == 20
-    assert len(list(torchrecord.RecordDataset(raw, batch_size=5))) == 4  # type: ignore[arg-type]
-    assert torchrecord.verify(raw, progress=False).ok  # type: ignore[arg-type]
+    assert len(list(torchrecord.RecordDataset(raw, batch_size=5))) == 4
+    assert torchrecord.verify(raw, progress=False).ok
     assert len(torchrecord.RecordFile(raw, check="structure")) == 20

@@ -58,8 +58,9 @@ def set_node_size(path: str, database: str, value: int = 0xFFFFFFFF, page: int =
 def raw_meta(path: str) -> dict[str, Any]:
     env = lmdb.open(path, subdir=False, lock=False, readonly=True, max_dbs=_format.MAX_DBS)
     try:
+        db = env.open_db(_format.META_DB, create=False)
         with env.begin() as txn:
-            raw = txn.get(_format.META_KEY, db=env.open_db(_format.META_DB, create=False))
+            raw = txn.get(_format.META_KEY, db=db)
         return dict(msgpack.unpackb(raw, raw=False))
     finally:
         env.close()
@@ -69,8 +70,9 @@ def put_meta_bytes(path: str, raw: bytes) -> None:
     """Replace the metadata record with ``raw`` (raw LMDB; before torchrecord opens the file here)."""
     env = lmdb.open(path, subdir=False, lock=False, max_dbs=_format.MAX_DBS, map_size=1 << 30)
     try:
+        db = env.open_db(_format.META_DB)
         with env.begin(write=True) as txn:
-            txn.put(_format.META_KEY, raw, db=env.open_db(_format.META_DB))
+            txn.put(_format.META_KEY, raw, db=db)
     finally:
         env.close()
 

@@ -63,7 +63,7 @@ class ShardedSet(RecordFile):
         cache_limit: int | None = None,
         check: str | None = None,
     ) -> None:
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)
         self._check = parse_check(check)
         self._checked = None
         self._lenient_count = False

@@ -140,7 +140,7 @@ class RecordDataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | RecordFile,
+        path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | RecordFile,
         *,
         shuffle: bool = True,
         shuffle_buffer: int = 8192,

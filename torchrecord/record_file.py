@@ -74,24 +74,26 @@ class RecordFile:
         >>> val = RecordFile("train.tr", subset=range(9000, 10000))  # doctest: +SKIP
     """
 
-    def __new__(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> RecordFile:
+    def __new__(
+        cls, path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | None = None, **kwargs: Any
+    ) -> RecordFile:
         if cls is RecordFile and path is not None:
             from torchrecord._sharded import ShardedSet, is_sharded
 
-            if is_sharded(os.fspath(path)):
+            if is_sharded(os.fsdecode(path)):
                 return object.__new__(ShardedSet)
         return object.__new__(cls)
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
         *,
         subset: Any = None,
         cache_dir: str | None = None,
         cache_limit: int | None = None,
         check: str | None = None,
     ) -> None:
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)  # bytes paths too, as str for messages
         self._check = _checked.parse_check(check)
         self._checked: _checked.Identity | None = None  # the file that passed the structural check
         self._lenient_count = False  # verify: the count may claim missing records (each is reported)
@@ -294,8 +296,14 @@ class RecordFile:
         if not 0 <= record < n:
             raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
         env, db = self.environment()
-        with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
-            value = txn.get(_format.encode_key(record))
+        try:
+            with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
+                value = txn.get(_format.encode_key(record))
+        except MemoryError:  # a damaged node can claim a value of gigabytes
+            raise CorruptRecordError(
+                f"{self.path}: record {record}: LMDB returned a value larger than the memory available; "
+                "the file is probably damaged: run torchrecord.verify on it"
+            ) from None
         if value is None:
             raise CorruptRecordError(f"{self.path}: record {record} is missing")
         return bytes(value)

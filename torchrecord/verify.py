@@ -62,7 +62,7 @@ CHUNK_TIMEOUT = 600.0
 
 
 def verify(
-    path: str | os.PathLike[str],
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
     *,
     progress: bool | None = None,
     max_errors: int = 20,
