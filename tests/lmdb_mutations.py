@@ -28,6 +28,7 @@ import random
 import shutil
 import struct
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ from torchrecord._lmdb_check import (
     check_structure,
     describe,
 )
-from torchrecord.errors import TorchRecordError
+from torchrecord.errors import TorchRecordError, VariableShapeWarning
 
 PATHS = ("check", "verify", "file", "dataset", "dataset_verify", "file_checked", "dataset_checked")
 LIBLMDB_PATHS = ("verify", "file", "dataset", "dataset_verify", "file_checked", "dataset_checked")
@@ -110,7 +111,9 @@ class Base:
 
 
 def _write(samples: list[Any], path: str, kwargs: dict[str, Any]) -> None:
-    torchrecord.write_record(samples, path, shuffle=False, progress=False, metadata=_USER_METADATA, **kwargs)
+    with warnings.catch_warnings():  # the mixed set's shapes vary on purpose
+        warnings.simplefilter("ignore", VariableShapeWarning)
+        torchrecord.write_record(samples, path, shuffle=False, progress=False, metadata=_USER_METADATA, **kwargs)
 
 
 def build_bases(directory: str) -> list[Base]:
