@@ -159,3 +159,20 @@ def test_a_sharded_set_checks_each_shard(tmp_path: Path) -> None:
     with pytest.raises(StructureError):
         rf.shard(1)
     assert len(torchrecord.RecordFile(folder).shard(1)) == 600
+
+
+def test_robomimic_datasets_take_the_check(tmp_path: Path) -> None:
+    pytest.importorskip("h5py")
+    from tests.robomimic_files import write_demo_file
+    from torchrecord.convert import from_robomimic
+
+    write_demo_file(tmp_path / "demo.hdf5", [40, 30, 50], seed=1)
+    path = str(tmp_path / "demo.tr")
+    from_robomimic(tmp_path / "demo.hdf5", path, progress=False)
+    keys = {"obs_keys": ["pos"], "dataset_keys": ["actions"]}
+    assert len(torchrecord.WindowDataset(path, **keys, check="structure")) > 0  # type: ignore[arg-type]
+    set_node_pointer(path, "crc32")
+    with pytest.raises(StructureError):
+        torchrecord.WindowDataset(path, **keys, check="structure")  # type: ignore[arg-type]
+    with pytest.raises(StructureError):
+        torchrecord.SequenceDataset(path, **keys, check="structure")  # type: ignore[arg-type]
