@@ -85,7 +85,7 @@ def _chunked() -> list[Any]:
 
 #: name -> (samples, write_record keywords)
 BASES: dict[str, tuple[Callable[[], list[Any]], dict[str, Any]]] = {
-    "mixed": (_mixed, {}),
+    "mixed": (_mixed, {"schema": {"x": [None]}}),
     "fixed": (_fixed, {}),
     "chunked": (_chunked, {"samples_per_record": 4}),
 }

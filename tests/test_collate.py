@@ -23,7 +23,7 @@ def _rows(n: int) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def rows(make_record: Callable[..., str]) -> str:
-    return make_record(_rows(COUNT))
+    return make_record(_rows(COUNT), schema={"input_ids": [None]})
 
 
 @pytest.fixture

@@ -82,7 +82,7 @@ def test_many_pages_pass(tmp_path: Path) -> None:
 
 def test_overflow_values_pass(tmp_path: Path) -> None:
     samples = [np.arange(n, dtype=np.int32) for n in (1, 600, 1200, 5000, 20_000, 3)]
-    info = _both(_write(tmp_path, samples, metadata={"big": "m" * 10_000}, schema={"value": [None]}))  # shapes vary
+    info = _both(_write(tmp_path, samples, metadata={"big": "m" * 10_000}, schema={"value": [None]}))
     assert info.databases[b"records"].overflow_pages >= 1 + 2 + 5 + 20
     assert info.databases[b"meta"].overflow_pages >= 3
 

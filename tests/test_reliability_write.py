@@ -269,6 +269,9 @@ def _write_then_exit(
     function whose qualified name is ``name`` is about to run, e.g. "Transaction.commit").
     """
     seen = 0
+    # Python's own SIGINT handler, whatever an earlier test left in the forking process (SIGINT ignored
+    # there would make the Ctrl-C test's child finish its write instead of raising KeyboardInterrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def on_event(frame: Any, event: str, arg: Any) -> None:
         nonlocal seen

@@ -138,6 +138,8 @@ def test_any_number_of_workers_gives_identical_batches(stream_set: str, context:
 
 
 def test_every_frame_is_read_once_over_workers(stream_set: str) -> None:
+    alone = StreamDataset(stream_set, B, steps=3, seed=2)
+    assert sum(int(b["mask"].sum()) for b in alone) == alone.records_read == sum(LENGTHS)
     ds = StreamDataset(stream_set, B, steps=3, seed=2)
     valid = 0
     for worker in range(3):
@@ -235,3 +237,50 @@ def test_a_batch_of_padding_only_keeps_its_shapes(stream_set: str) -> None:
     ds = StreamDataset(stream_set, 40, steps=3, seed=1)  # more streams than sequences: some only pad
     for batch in ds:
         assert batch["data"]["x"].shape == (40, 3, 3) and batch["data"]["seq"].shape == (40, 3)
+
+
+def _cells_one_stream_at_a_time(plan: Any, streams: range, t0: int, t1: int) -> tuple[np.ndarray, ...]:
+    """The plan's definition of a cell, stream by stream: frame t of the concatenation of its sequences."""
+    sample = np.full((len(streams), t1 - t0), -1, np.int64)
+    sequence = sample.copy()
+    start = np.zeros(sample.shape, bool)
+    for row, s in enumerate(streams):
+        frames = [(int(g), i) for g in plan.order[s] for i in range(int(plan.offsets[g + 1] - plan.offsets[g]))]
+        for col, t in enumerate(range(t0, t1)):
+            if t < len(frames):
+                g, i = frames[t]
+                sample[row, col], sequence[row, col], start[row, col] = plan.offsets[g] + i, g, i == 0
+    return sample, sequence, start
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_vectorised_cells_match_the_definition(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 12, size=int(rng.integers(0, 25)))
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    streams = int(rng.integers(1, 9))
+    plan = plan_streams(offsets, streams=streams, seed=seed, epoch=1, tail="pad" if seed % 2 else "drop")
+    lo = int(rng.integers(0, streams))
+    for part in (range(streams), range(lo, streams), range(lo, lo)):
+        for t0 in range(0, plan.steps_per_epoch + 4, 3):
+            got = plan.cells(part, t0, t0 + 5)
+            want = _cells_one_stream_at_a_time(plan, part, t0, t0 + 5)
+            for a, b in zip((got.sample, got.sequence, got.start), want):
+                assert np.array_equal(a, b), (part, t0)
+
+
+def test_a_batch_of_padding_only_keeps_the_transformed_structure(tmp_path: Path) -> None:
+    # shuffle=False deals sequences 0..3 to streams 0..3: rank 1 (streams 2, 3) ends after 2 steps, rank 0 after 20
+    path = tmp_path / "uneven.tr"
+    write_record(_sequences([20, 20, 2, 2]), path, group_by="seq", shuffle=False, progress=False)
+    for transform in (None, lambda s: {"y": torch.from_numpy(s["x"] * 2), "label": s["seq"]}):
+        ds = StreamDataset(path, 2, steps=1, shuffle=False, rank=1, world_size=2, transform=transform)
+        batches = list(ds)
+        assert len(batches) == 20 and int(sum(b["mask"].sum() for b in batches)) == 4
+        first, last = batches[0]["data"], batches[-1]["data"]
+        assert not batches[-1]["mask"].any()
+        key = "x" if transform is None else "y"
+        assert last[key].shape == first[key].shape == (2, 1, 3)
+        assert not last[key].any()
+        if transform is not None:
+            assert last["label"].shape == (2, 1) and first["label"].tolist() == [[2], [3]]

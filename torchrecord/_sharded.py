@@ -21,6 +21,7 @@ import numpy as np
 
 from torchrecord import _manifest
 from torchrecord._checked import parse_check
+from torchrecord._format import _describe_directory
 from torchrecord._remote import ShardCache, fetch_manifest, is_url
 from torchrecord._subset import position as subset_position
 from torchrecord.errors import FormatError, NotARecordSetError, RecordNotFoundError, TorchRecordError
@@ -50,6 +51,8 @@ class ShardedSet(RecordFile):
             ``torchrecord-cache`` folder in the temporary directory).
         cache_limit: bytes of fetched shards the cache keeps; shards a reader has
             finished with are evicted beyond it (None: no limit).
+        subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
+            reads a subset of a sharded set.
         check: ``"structure"``: check each shard's LMDB page structure before it is
             first opened in a process (see :class:`RecordFile`).
     """
@@ -130,10 +133,12 @@ class ShardedSet(RecordFile):
 
     @property
     def samples_per_record(self) -> int:
+        """Samples per LMDB value (the same in every shard)."""
         return int(self.manifest.get("samples_per_record", 1))
 
     @property
     def num_records(self) -> int:
+        """LMDB values in all shards together."""
         return int(self.metadata["records"])
 
     @property
@@ -147,10 +152,12 @@ class ShardedSet(RecordFile):
         return sum(int(s["bytes"]) for s in self.manifest["shards"])
 
     def environment(self) -> tuple[Any, Any]:
+        """Not available on a sharded set (TypeError): each shard has its own environment."""
         raise TypeError(f"{self.path}: a sharded set has one LMDB environment per shard: use .shard(i).environment()")
 
     @property
     def crc_db(self) -> Any:
+        """Not available on a sharded set (TypeError): each shard has its own checksums."""
         raise TypeError(f"{self.path}: a sharded set has one checksum database per shard: use .shard(i).crc_db")
 
     @property
@@ -161,6 +168,7 @@ class ShardedSet(RecordFile):
     # -- shards -------------------------------------------------------------------
     @property
     def num_shards(self) -> int:
+        """Shards in the set."""
         return len(self.manifest["shards"])
 
     @property
@@ -205,7 +213,7 @@ class ShardedSet(RecordFile):
         return rf
 
     def prefetch(self, plan: Sequence[int]) -> None:
-        """Shards this process will read, in order: a remote set fetches them ahead in the background."""
+        """The shards (``plan``) this process will read, in order: a remote set fetches them ahead."""
         if is_url(self.path):
             self._remote().plan(plan)
 
@@ -266,6 +274,7 @@ class ShardedSet(RecordFile):
             self.release(s)
 
     def group(self, g: int) -> list[Any]:
+        """IndexError: a sharded set has no groups (write_shard does not take group_by)."""
         raise IndexError(f"group index {g} out of range for {self.path}: a sharded set has no groups")
 
     def _require_check(self, check: str | None) -> None:
@@ -305,6 +314,6 @@ def _not_a_set(path: str, manifest: str) -> TorchRecordError:
             "run torchrecord.finalize_shards on it (it names any missing shard)"
         )
     return NotARecordSetError(
-        f"{path}: is a directory, not a record set: a record set is a single file written by write_record, "
-        f"a sharded set a directory with {_manifest.MANIFEST_NAME} (write_shard, finalize_shards)"
+        f"{path}: is a directory{_describe_directory(path)} (a sharded set is a directory with "
+        f"{_manifest.MANIFEST_NAME}: write_shard, finalize_shards)"
     )

@@ -60,28 +60,63 @@ class StreamPlan:
     dropped: int
 
     def cells(self, streams: range, t0: int, t1: int) -> Cells:
-        """The cells of ``streams`` at time steps [t0, t1)."""
-        width = t1 - t0
-        sample = np.full((len(streams), width), -1, np.int64)
-        sequence = np.full((len(streams), width), -1, np.int64)
-        start = np.zeros((len(streams), width), bool)
-        offsets = self.offsets
-        for row, s in enumerate(streams):
-            groups = self.order[s]
-            if not len(groups):
-                continue
-            sizes = offsets[groups + 1] - offsets[groups]
-            ends = np.cumsum(sizes)  # stream time where each of its sequences ends
-            t = np.arange(t0, min(t1, int(ends[-1])), dtype=np.int64)
-            if not len(t):
-                continue
-            which = np.searchsorted(ends, t, side="right")
-            within = t - (ends[which] - sizes[which])
-            g = groups[which]
-            sample[row, : len(t)] = offsets[g] + within
-            sequence[row, : len(t)] = g
-            start[row, : len(t)] = within == 0
+        """The cells of ``streams`` at time steps [t0, t1), found for all streams at once."""
+        table = self._table(streams)
+        rows = len(streams)
+        t = np.arange(t0, t1, dtype=np.int64)
+        valid = t[None, :] < table.lengths[:, None]
+        if not len(table.ends):
+            valid[:] = False
+        sample = np.full((rows, len(t)), -1, np.int64)
+        sequence = np.full((rows, len(t)), -1, np.int64)
+        start = np.zeros((rows, len(t)), bool)
+        if valid.any():
+            r, c = np.nonzero(valid)
+            times = t[c]
+            # one sorted key per (stream row, end of one of its sequences): a single searchsorted finds every cell
+            which = np.searchsorted(table.keys, r * table.span + times, side="right")
+            within = times - (table.ends[which] - table.sizes[which])
+            g = table.groups[which]
+            sample[r, c] = self.offsets[g] + within
+            sequence[r, c] = g
+            start[r, c] = within == 0
         return Cells(sample, sequence, start)
+
+    def _table(self, streams: range) -> _StreamTable:
+        cache: dict[tuple[int, int, int], _StreamTable] = self.__dict__.setdefault("_tables", {})
+        key = (streams.start, streams.stop, streams.step)
+        table = cache.get(key)
+        if table is None:
+            table = cache[key] = _StreamTable.build(self, streams)
+        return table
+
+
+@dataclass(frozen=True)
+class _StreamTable:
+    """The sequences of some streams, concatenated, for vectorised cell lookups (built once per plan)."""
+
+    groups: np.ndarray  # group index of each entry, streams one after the other
+    sizes: np.ndarray  # frames of each entry
+    ends: np.ndarray  # stream time where each entry ends
+    keys: np.ndarray  # row * span + ends: sorted
+    lengths: np.ndarray  # frames per stream row
+    span: int
+
+    @classmethod
+    def build(cls, plan: StreamPlan, streams: range) -> _StreamTable:
+        offsets = plan.offsets
+        parts = [plan.order[s] for s in streams]
+        groups = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        sizes = offsets[groups + 1] - offsets[groups]
+        counts = np.array([len(g) for g in parts], np.int64)
+        row = np.repeat(np.arange(len(parts), dtype=np.int64), counts)
+        firsts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(parts) else np.zeros(0, np.int64)
+        total = np.cumsum(sizes)
+        before = np.concatenate(([0], total))[firsts] if len(groups) else np.zeros(len(parts), np.int64)
+        ends = total - np.repeat(before, counts)  # cumulative within each stream
+        lengths = np.array([int(plan.lengths[s]) for s in streams], np.int64)
+        span = int(lengths.max()) + 1 if len(lengths) else 1
+        return cls(groups.astype(np.int64), sizes, ends, row * span + ends, lengths, span)
 
 
 def plan_streams(

@@ -34,6 +34,7 @@ class SkippedSample:
     error: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The skipped sample as plain data (as stored in the metadata)."""
         return {"index": self.index, "error": self.error}
 
 

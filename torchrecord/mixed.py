@@ -197,6 +197,7 @@ class MixedDataset(IterableDataset[Any]):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (shared with persistent workers)."""
         return int(self._epoch.item())
 
     def _detect_distributed(self) -> tuple[int, int]:

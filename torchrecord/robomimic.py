@@ -125,6 +125,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
 
     @property
     def cache(self) -> str | None:
+        """The cache mode in use: ``"low_dim"``, ``"all"`` or None."""
         return self.core.cache
 
     def __len__(self) -> int:
@@ -167,7 +168,8 @@ class WindowDataset(IterableDataset[Any]):
     Args:
         path, obs_keys, dataset_keys, frame_stack, seq_length, pad_frame_stack,
             pad_seq_length, get_pad_mask, goal_mode, cache, filter_by_attribute,
-            load_next_obs: as in :class:`SequenceDataset`.
+            load_next_obs: as in :class:`SequenceDataset` (``hdf5_cache_mode`` is
+            an alias of ``cache``, as there).
         shuffle: a new window order every epoch (False: stored order).
         seed: the base seed of the order.
         batch_size: yield batches of this many windows (dicts of tensors
@@ -260,6 +262,7 @@ class WindowDataset(IterableDataset[Any]):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (shared with persistent workers)."""
         return int(self._epoch.item())
 
     @property
@@ -298,7 +301,10 @@ class WindowDataset(IterableDataset[Any]):
         return int(max(self.batch_size or 1, min(self.shuffle_buffer, cap)))
 
     def reader_windows(self, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
-        """The window indices one reader visits this epoch, buffer by buffer, in order (a pure plan)."""
+        """The window indices one reader visits this epoch, buffer by buffer, in order (a pure plan).
+
+        ``worker`` of ``num_workers`` names the reader (DataLoader workers of this rank).
+        """
         rank, world = self._world()
         count = len(self.core)
         block = self.block_size or _partition.auto_block_size(count)

@@ -91,6 +91,7 @@ class Schema:
     ) -> list[int]:
         """Check one more sample against the schema, widening shapes that vary.
 
+        ``tree`` and ``leaves`` are the sample's structure and leaf signatures,
         ``where`` names the sample in error messages (``"path: sample 17"``),
         ``first`` the sample that fixed the schema. Returns the positions of the
         fields whose shape was widened by this sample.

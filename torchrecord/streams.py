@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _dtypes, _resume
+from torchrecord._ipc import one_storage
 from torchrecord._kinds import as_tensor, split_columns
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
@@ -44,10 +46,13 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
     Workers: use ``DataLoader(ds, batch_size=None, num_workers=n)`` (in-order
     delivery, the default). Worker w builds only the batches t with
-    ``t % n == w``, seeking each stream's cursor to its frames, so every frame is
-    read once and batches are built in parallel across time steps; the DataLoader
-    hands them out in order, so the result is identical for any number of workers.
-    :meth:`check_loader` refuses a DataLoader that would break that.
+    ``t % n == w``, so batches are built in parallel across time steps; the
+    DataLoader hands them out in order, so the result is identical for any number
+    of workers. :meth:`check_loader` refuses a DataLoader that would break that.
+    Each frame is read once, by the worker whose batch holds it: a reader reads
+    the frames of up to 64 of its batches at once, sorted into runs (one cursor
+    seek per run). A worker's small batches cross to the main process as one
+    shared-memory block (``_ipc.one_storage``).
 
     Args:
         path: a grouped record set.
@@ -115,6 +120,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self._resume: dict[str, Any] | None = None
         self._next_step = 0
         self.records_read = 0  # records this process read (for tests and benchmarks)
+        self._template: Any = None  # a transformed frame, to shape batches that hold padding only
 
     # -- configuration ------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -123,6 +129,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (shared with persistent workers)."""
         return int(self._epoch.item())
 
     def _world(self) -> tuple[int, int]:
@@ -210,35 +217,51 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             first = start + worker
         layout = FixedLayout.of_file(self.file)
         self._next_step = first
-        for t in range(first, len(self), num_workers):
-            t0 = t * self.steps
-            cells = plan.cells(streams, t0, min(t0 + self.steps, total))
-            batch = self._build(cells, layout, t)
-            self._next_step = t + num_workers
-            yield batch
+        mine = range(first, len(self), num_workers)
+        per_read = self._batches_per_read(layout)
+        in_worker = get_worker_info() is not None
+        i = 0
+        while i < len(mine):
+            group = mine[i : i + (1 if i == 0 else per_read)]  # the first batch alone: it comes sooner
+            i += len(group)
+            cells = [plan.cells(streams, t * self.steps, min(t * self.steps + self.steps, total)) for t in group]
+            grids = [_Grid.of(c, self.steps) for c in cells]
+            chunks = self._read_many([g.samples for g in grids], layout)
+            for t, c, grid, chunk in zip(group, cells, grids, chunks):
+                batch = self._build(c, grid, chunk, layout)
+                self._next_step = t + num_workers
+                yield one_storage(batch) if in_worker else batch
+
+    def _batches_per_read(self, layout: FixedLayout | None) -> int:
+        """How many of a worker's batches one read serves: about 8 MiB of frames, at most 64 batches.
+
+        Reading several batches at once sorts their frames into long runs (one
+        cursor seek per run, not per frame), which is what makes ``steps=1`` fast.
+        """
+        frame_bytes = layout.length // max(1, layout.rows) if layout is not None else 16 << 10
+        per_batch = max(1, frame_bytes * self.batch_size * self.steps)
+        return int(max(1, min(64, (8 << 20) // per_batch)))
 
     def _streams(self) -> range:
         """The streams this rank plays: [rank * B, (rank + 1) * B)."""
         rank = self._world()[0]
         return range(rank * self.batch_size, (rank + 1) * self.batch_size)
 
-    def _build(self, cells: Cells, layout: FixedLayout | None, t: int) -> dict[str, Any]:
+    def _build(self, cells: Cells, grid: _Grid, chunk: Any, layout: FixedLayout | None) -> dict[str, Any]:
         b, width = cells.sample.shape
         steps = self.steps
-        mask = np.zeros((b, steps), bool)
-        mask[:, :width] = cells.mask
-        flat = np.flatnonzero(mask)
-        wanted = np.full((b, steps), -1, np.int64)
-        wanted[:, :width] = cells.sample
-        samples = wanted.reshape(-1)[flat]
-        chunk = self._read(samples, layout, t)
+        mask, flat = grid.mask, grid.flat
         if layout is not None and self.transform is None:
             data = self._scatter_columns(chunk, flat, b * steps, (b, steps))
         else:
             frames = list(split_columns(chunk, self.file.schema)) if layout is not None else list(chunk)
             if self.transform is not None:
                 frames = [self.transform(s) for s in frames]
-            data = _collate_cells(frames, flat, b * steps, (b, steps))
+            if frames:
+                self._template = frames[0]
+                data = _collate_cells(frames, flat, b * steps, (b, steps))
+            else:  # every cell is padding: zeros shaped like a (transformed) frame
+                data = _padding_cells(self._frame_template(), b * steps, (b, steps))
         sequence = np.full((b, steps), -1, np.int64)
         sequence[:, :width] = cells.sequence
         start = np.zeros((b, steps), bool)
@@ -250,9 +273,34 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             "sequence": torch.from_numpy(sequence),
         }
 
-    def _read(self, samples: np.ndarray, layout: FixedLayout | None, t: int) -> list[Any]:
-        """The stored samples ``samples`` (in that order) through the read layer: one run per cursor seek."""
-        if not len(samples):  # every cell of this batch is padding (this rank's streams have ended)
+    def _frame_template(self) -> Any:
+        """A transformed frame: the last one built, or else the set's first frame transformed."""
+        if self._template is None:
+            frame = self.file[0]
+            self._template = self.transform(frame) if self.transform is not None else frame
+        return self._template
+
+    def _read_many(self, wanted: list[np.ndarray], layout: FixedLayout | None) -> list[Any]:
+        """The stored samples of several batches (each array in its order), read together in index order."""
+        every = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
+        order = np.argsort(every, kind="stable")
+        chunk = self._read(every[order], layout)
+        position = np.empty(len(every), np.int64)
+        position[order] = np.arange(len(every), dtype=np.int64)
+        out: list[Any] = []
+        lo = 0
+        for samples in wanted:
+            rows = position[lo : lo + len(samples)]
+            lo += len(samples)
+            if layout is not None:
+                out.append([column[rows] for column in chunk])
+            else:
+                out.append([chunk[j] for j in rows.tolist()])
+        return out
+
+    def _read(self, samples: np.ndarray, layout: FixedLayout | None) -> list[Any]:
+        """The stored samples ``samples`` (sorted) through the read layer: one cursor seek per run."""
+        if not len(samples):  # every cell is padding (this rank's streams have ended)
             if layout is None:
                 return []
             return [
@@ -331,6 +379,39 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             self._resume = {"step": int(s["next_step"]), "worker": s.get("worker"), "num_workers": s.get("num_workers")}
         else:
             self._resume = {"step": min(int(s["next_step"]) for s in kept), "worker": None, "num_workers": None}
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Where one batch's valid cells are: mask [B, steps], their flat positions, and their stored samples."""
+
+    mask: np.ndarray
+    flat: np.ndarray
+    samples: np.ndarray
+
+    @classmethod
+    def of(cls, cells: Cells, steps: int) -> _Grid:
+        b, width = cells.sample.shape
+        mask = np.zeros((b, steps), bool)
+        mask[:, :width] = cells.mask
+        flat = np.flatnonzero(mask)
+        wanted = np.full((b, steps), -1, np.int64)
+        wanted[:, :width] = cells.sample
+        return cls(mask, flat, wanted.reshape(-1)[flat])
+
+
+def _padding_cells(template: Any, cells: int, lead: tuple[int, int]) -> Any:
+    """A batch of padding only, shaped like ``template`` (a transformed frame): zeros, or None in lists."""
+    tree, leaves = flatten(template)
+    out: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            out.append(torch.zeros((*lead, *leaf.shape), dtype=leaf.dtype))
+        elif isinstance(leaf, (np.ndarray, np.generic, int, float, bool)) and np.asarray(leaf).dtype != object:
+            out.append(torch.zeros((*lead, *np.shape(leaf)), dtype=torch.from_numpy(np.asarray(leaf)).dtype))
+        else:
+            out.append([[None] * lead[1] for _ in range(lead[0])])
+    return unflatten(tree, out)
 
 
 def _collate_cells(frames: list[Any], flat: np.ndarray, cells: int, lead: tuple[int, int]) -> Any:
