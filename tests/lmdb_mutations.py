@@ -28,6 +28,7 @@ import random
 import shutil
 import struct
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,11 +51,13 @@ from torchrecord._lmdb_check import (
     check_structure,
     describe,
 )
-from torchrecord.errors import TorchRecordError
+from torchrecord.errors import TorchRecordError, VariableShapeWarning
 
-PATHS = ("check", "verify", "file", "dataset", "dataset_verify")
-LIBLMDB_PATHS = ("verify", "file", "dataset", "dataset_verify")
-DATA_PATHS = ("file", "dataset", "dataset_verify")
+PATHS = ("check", "verify", "file", "dataset", "dataset_verify", "file_checked", "dataset_checked")
+LIBLMDB_PATHS = ("verify", "file", "dataset", "dataset_verify", "file_checked", "dataset_checked")
+DATA_PATHS = ("file", "dataset", "dataset_verify", "file_checked", "dataset_checked")
+#: the paths that must never crash or hang: verify and the readers with check="structure"
+SAFE_PATHS = ("check", "verify", "file_checked", "dataset_checked")
 OUTCOMES = ("error", "correct", "crash", "hang", "wrong", "other")
 BAD = ("crash", "hang", "wrong")
 
@@ -108,7 +111,9 @@ class Base:
 
 
 def _write(samples: list[Any], path: str, kwargs: dict[str, Any]) -> None:
-    torchrecord.write_record(samples, path, shuffle=False, progress=False, metadata=_USER_METADATA, **kwargs)
+    with warnings.catch_warnings():  # the mixed set's shapes vary on purpose
+        warnings.simplefilter("ignore", VariableShapeWarning)
+        torchrecord.write_record(samples, path, shuffle=False, progress=False, metadata=_USER_METADATA, **kwargs)
 
 
 def build_bases(directory: str) -> list[Base]:
@@ -528,12 +533,13 @@ def _read_path(path_name: str, file: str, base: Base) -> list[str]:
         if path_name == "verify":
             report = torchrecord.verify(file, progress=False)
             return ["correct", ""] if report.ok else ["error", str(report.first_error)[:300]]
-        if path_name == "file":
-            got = [canonical(s) for s in torchrecord.RecordFile(file)]
+        check = "structure" if path_name.endswith("_checked") else None
+        if path_name.startswith("file"):
+            got = [canonical(s) for s in torchrecord.RecordFile(file, check=check)]
             if got == base.canonical:
                 return ["correct", ""]
         else:
-            ds = torchrecord.RecordDataset(file, shuffle=False, verify=path_name == "dataset_verify")
+            ds = torchrecord.RecordDataset(file, shuffle=False, verify=path_name == "dataset_verify", check=check)
             got = [canonical(s) for s in ds]
             if Counter(got) == base.counts:
                 return ["correct", ""]
@@ -595,6 +601,14 @@ class Campaign:
     def missed(self) -> list[FileResult]:
         return [f for f in self.files if f.missed]
 
+    def failures(self) -> dict[str, int]:
+        """What the campaign must not see: crashes, hangs and other exceptions in the safe paths
+        (verify, the structural check, the readers with check="structure"); wrong data in any path."""
+        safe = Counter(f.outcomes[p][0] for f in self.files for p in SAFE_PATHS if p in f.outcomes)
+        wrong = sum(1 for f in self.files for p in PATHS if f.outcomes.get(p, ("", ""))[0] == "wrong")
+        return {"crash": safe["crash"], "hang": safe["hang"], "other": safe["other"], "wrong": wrong,
+                "missed": len(self.missed())}
+
     def render(self) -> str:
         lines = [f"{len(self.files)} mutated files, {self.seconds:.0f} s"]
         for path in PATHS:
@@ -611,6 +625,14 @@ class Campaign:
                      f"flagged by check_structure: {sum(not f.missed for f in bad)}; missed: {len(self.missed())}")
         for f in self.missed()[:20]:
             lines.append(f"  MISSED #{f.index} {f.base} {f.kind}: {f.description} -> {f.outcomes}")
+        failures = self.failures()
+        lines.append(f"{', '.join(SAFE_PATHS)}: {failures['crash']} crashes, {failures['hang']} hangs, "
+                     f"{failures['other']} other exceptions; wrong data in any read path: {failures['wrong']}")
+        for f in self.files:
+            bad = {p: o for p, o in f.outcomes.items()
+                   if o[0] == "wrong" or (p in SAFE_PATHS and o[0] in ("crash", "hang", "other"))}
+            if bad:
+                lines.append(f"  FAILED #{f.index} {f.base} {f.kind}: {f.description} -> {bad}")
         return "\n".join(lines)
 
 

@@ -154,8 +154,8 @@ def test_every_mutation_kind_has_an_example_that_fails_clearly(kind: str, bases:
             assert message.startswith(f"{path}: damaged LMDB structure at ")
             assert "page" in message and StructureError.HINT in message
             return
-        except NotARecordSetError as exc:  # page 0 without LMDB's magic: not LMDB at all
-            assert kind == "meta_field" and str(exc).startswith(path)
+        except NotARecordSetError as exc:  # page 0 without LMDB's magic, or less than two pages: not LMDB at all
+            assert kind in ("meta_field", "truncate") and str(exc).startswith(path)
     pytest.fail(f"no {kind} mutation among the first files was flagged")
 
 
@@ -384,18 +384,18 @@ def test_vectorized_and_scalar_checks_agree_on_every_mutated_file(bases: list[Ba
 
 
 def _assert_campaign(files: int, tmp_path: Path) -> None:
+    """0 crashes, hangs or other exceptions in verify, the check and the readers with check="structure";
+    0 wrong data in every read path; the check flags every file a liblmdb path crashed, hung or misread on."""
     campaign = run_campaign(files, str(tmp_path / "campaign"))
     print(campaign.render())
-    check = campaign.totals("check")
-    assert check["crash"] == check["hang"] == check["other"] == 0, campaign.render()
-    assert campaign.missed() == [], campaign.render()
+    assert campaign.failures() == {"crash": 0, "hang": 0, "other": 0, "wrong": 0, "missed": 0}, campaign.render()
     assert len(campaign.files) == files and {f.kind for f in campaign.files} == set(KINDS)
 
 
-def test_mutation_campaign_100_files(tmp_path: Path) -> None:
-    _assert_campaign(105, tmp_path)
+def test_mutation_campaign_45_files(tmp_path: Path) -> None:
+    _assert_campaign(45, tmp_path)  # every kind on every base once
 
 
 @pytest.mark.slow
-def test_mutation_campaign_2000_files(tmp_path: Path) -> None:
-    _assert_campaign(2010, tmp_path)
+def test_mutation_campaign_300_files(tmp_path: Path) -> None:
+    _assert_campaign(300, tmp_path)  # the full campaign: python scripts/mutation_campaign.py --files 2000

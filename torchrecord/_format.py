@@ -37,12 +37,19 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MAX_DBS",
+    "MAX_FIELD_BYTES",
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_CONTAINERS",
     "MAX_RANK",
+    "MAX_SAMPLES_PER_RECORD",
     "META_DB",
     "META_KEY",
     "PLAIN_VERSION",
     "RECORDS_DB",
+    "check_kind",
     "check_metadata",
+    "check_metadata_size",
+    "check_path",
     "check_schema",
     "decode_key",
     "encode_key",
@@ -69,6 +76,14 @@ CRC_DB = b"crc32"
 META_DB = b"meta"
 META_KEY = b"metadata"
 MAX_DBS = 4
+#: The most samples one record may hold (``write_record`` refuses more).
+MAX_SAMPLES_PER_RECORD = 1 << 24
+#: The largest byte size of one field of one sample (NumPy's arrays stop below 2**63 bytes).
+MAX_FIELD_BYTES = 1 << 62
+#: The largest metadata map, in bytes of msgpack and in maps and arrays it holds: decoding
+#: it costs up to about 70 bytes of Python objects per byte, in every reader process.
+MAX_METADATA_BYTES = 16 << 20
+MAX_METADATA_CONTAINERS = 1 << 20
 #: The highest rank of a field readers accept (below NumPy's limit on dimensions).
 MAX_RANK = 32
 
@@ -111,9 +126,41 @@ def pack_metadata(meta: dict[str, Any]) -> bytes:
 
 
 def unpack_metadata(raw: bytes, path: str) -> dict[str, Any]:
-    """Decode the metadata map, refusing anything but plain msgpack data (no ext types)."""
+    """Decode the metadata map, refusing anything but plain msgpack data (no ext types).
+
+    Bounded before anything is built: at most :data:`MAX_METADATA_BYTES` bytes and
+    :data:`MAX_METADATA_CONTAINERS` maps and arrays (an empty map is one byte of
+    msgpack but about 70 bytes of Python), so a crafted metadata record cannot make
+    every reader process allocate gigabytes.
+    """
+    if len(raw) > MAX_METADATA_BYTES:
+        raise FormatError(
+            f"{path}: the metadata is {len(raw)} bytes, more than the {MAX_METADATA_BYTES} torchrecord reads "
+            f"(and writes); the file is damaged or was not written by torchrecord: {_REWRITE}"
+        )
+    budget = [MAX_METADATA_CONTAINERS]
+
+    def count(container: Any) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooMany
+        return container
+
     try:
-        meta = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_no_ext, max_bin_len=1 << 30)
+        meta = msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_no_ext,
+            object_hook=count,
+            list_hook=count,
+            max_bin_len=MAX_METADATA_BYTES,
+        )
+    except _TooMany:
+        raise FormatError(
+            f"{path}: the metadata holds more than {MAX_METADATA_CONTAINERS} maps and arrays, more than torchrecord "
+            f"reads (and writes); the file is damaged or was not written by torchrecord: {_REWRITE}"
+        ) from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise NotARecordSetError(
             f"{path}: metadata is not valid msgpack ({exc}); the file is damaged: {_REWRITE}"
@@ -123,6 +170,23 @@ def unpack_metadata(raw: bytes, path: str) -> dict[str, Any]:
             f"{path}: metadata does not describe a torchrecord record set; check the path"
         )
     return meta
+
+
+class _TooMany(Exception):
+    """Raised inside msgpack's hooks when the metadata holds too many containers."""
+
+
+def check_metadata_size(packed: bytes, containers: int) -> None:
+    """ValueError unless packed metadata of ``containers`` maps and arrays is within what readers read."""
+    if len(packed) > MAX_METADATA_BYTES:
+        raise ValueError(
+            f"the metadata packs to {len(packed)} bytes, more than the {MAX_METADATA_BYTES} readers accept; "
+            "keep large data in records or files beside the set"
+        )
+    if containers > MAX_METADATA_CONTAINERS:
+        raise ValueError(
+            f"the metadata holds {containers} maps and lists, more than the {MAX_METADATA_CONTAINERS} readers accept"
+        )
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -163,6 +227,18 @@ def open_identified(path: str) -> tuple[lmdb.Environment, tuple[int, int]]:
             return env, (after.st_dev, after.st_ino)
         env.close()  # replaced while it was being opened: open the new file
     raise RecordNotFoundError(f"{path}: the file keeps being replaced while it is opened; try again")
+
+
+def check_path(path: str) -> None:
+    """RecordNotFoundError / NotARecordSetError for a missing path, a directory or an empty file."""
+    _stat(path)
+
+
+def check_kind(path: str) -> None:
+    """NotARecordSetError naming what the file is when it is a common non-record-set format (an image...)."""
+    kind = _sniff(path)
+    if kind is not None:
+        raise NotARecordSetError(f"{path}: is {kind}, not a torchrecord record set; {_CONVERT.format(path=path)}")
 
 
 def _stat(path: str) -> os.stat_result:
@@ -324,8 +400,10 @@ def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
     if not _is_int(count) or count < 0:
         raise FormatError(f"{path}: metadata count {count!r} is not a record count; {_REWRITE}")
     per_record = meta.get("samples_per_record", 1)
-    if not _is_int(per_record) or per_record < 1:
-        raise FormatError(f"{path}: metadata samples_per_record {per_record!r} is not >= 1; {_REWRITE}")
+    if not _is_int(per_record) or not 1 <= per_record <= MAX_SAMPLES_PER_RECORD:
+        raise FormatError(
+            f"{path}: metadata samples_per_record {per_record!r} is not in 1..{MAX_SAMPLES_PER_RECORD}; {_REWRITE}"
+        )
     records = meta.get("records", count)
     if not _is_int(records) or records != -(-count // per_record):
         raise FormatError(
@@ -414,3 +492,8 @@ def _check_field(fld: Any, path: str) -> None:
         raise FormatError(f"{where}: shape {shape!r} holds something other than sizes >= 0; {_REWRITE}")
     if kind in _SCALAR_KINDS and shape:
         raise FormatError(f"{where}: a Python {kind} with shape {shape!r}; {_REWRITE}")
+    size = _dtypes.by_name(str(dtype)).itemsize
+    for d in shape:
+        size *= d or 1
+    if size >= MAX_FIELD_BYTES:
+        raise FormatError(f"{where}: shape {shape!r} is {size} bytes per sample, more than an array holds; {_REWRITE}")

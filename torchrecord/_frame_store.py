@@ -151,7 +151,7 @@ class FrameStore:
         """Fields ``names`` of the records in ``runs``, ``step`` records at a time, in run order."""
         file = self.file
         if self._layout is None:
-            self._layout = (FixedLayout.build(file.schema, file.samples_per_record),)
+            self._layout = (FixedLayout.of_file(file),)
         layout = self._layout[0]
         share = Share(runs, 0, 0, 0, 0, shuffle=False, window=step)
         reader = ShareReader(file, share, layout=layout, verify=self.verify)

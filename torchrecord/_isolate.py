@@ -28,14 +28,14 @@ import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import msgpack
 
 from torchrecord import errors
 from torchrecord.errors import StructureError, TorchRecordError
 
-__all__ = ["ChildOutcome", "run_each_in_child", "run_in_child", "run_isolated"]
+__all__ = ["ChildOutcome", "run_each_in_child", "run_each_isolated", "run_in_child", "run_isolated"]
 
 #: bytes of the child's standard error kept for the report (liblmdb's assertion text)
 _STDERR_TAIL = 2000
@@ -126,6 +126,40 @@ def run_isolated(
     outcome = run_in_child(fn, *args, timeout=timeout, memory_limit=memory_limit)
     if outcome.status == "returned":
         return outcome.value
+    _raise_for(outcome, name, timeout, memory_limit)
+
+
+def run_each_isolated(
+    fn: Callable[[Any], Any],
+    items: Sequence[Any],
+    *,
+    timeout: float,
+    each: Callable[[Any], None],
+    memory_limit: int | None = None,
+    name: str = "the file",
+) -> None:
+    """``fn(item)`` for each item, in order, all in one forked child; ``each(value)`` gets each result
+    as it arrives (e.g. to move a progress bar).
+
+    The first call that does not return ends it all: the child is killed and the
+    outcome raised as :func:`run_isolated` raises it (:class:`StructureError` for a
+    signal, a timeout of one call, or an exhausted memory limit). An exception from
+    ``each`` also kills the child and propagates.
+    """
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+
+    def handle(outcome: ChildOutcome) -> None:
+        if outcome.status != "returned":
+            _raise_for(outcome, name, timeout, memory_limit)
+        each(outcome.value)
+
+    if items:
+        _one_child(fn, items, timeout, memory_limit, handle)
+
+
+def _raise_for(outcome: ChildOutcome, name: str, timeout: float, memory_limit: int | None) -> NoReturn:
+    """Raise what an outcome other than ``"returned"`` means (see :func:`run_isolated`)."""
     last_line = outcome.stderr.strip().splitlines()[-1:] if outcome.stderr.strip() else []
     said = f" (it said: {last_line[0][:300]})" if last_line else ""
     if outcome.status == "signal":
@@ -149,9 +183,16 @@ def run_isolated(
 
 
 def _one_child(
-    fn: Callable[[Any], Any], items: Sequence[Any], timeout: float, memory_limit: int | None
+    fn: Callable[[Any], Any],
+    items: Sequence[Any],
+    timeout: float,
+    memory_limit: int | None,
+    each: Callable[[ChildOutcome], None] | None = None,
 ) -> list[ChildOutcome]:
-    """Fork one child for ``items``; the outcomes of those it got through (at least one)."""
+    """Fork one child for ``items``; the outcomes of those it got through (at least one).
+
+    ``each`` sees every outcome as it comes; if it raises, the child is killed.
+    """
     read_end, write_end = os.pipe()
     outcomes: list[ChildOutcome] = []
     with tempfile.TemporaryFile() as stderr_file:
@@ -172,6 +213,8 @@ def _one_child(
                 seconds = time.monotonic() - start
                 if message is not None:
                     outcomes.append(_outcome(message, seconds))
+                    if each is not None:
+                        each(outcomes[-1])
                     continue
                 if ended:  # the child died (or exited) during this call
                     status = _wait(pid, time.monotonic() + timeout)
@@ -183,6 +226,8 @@ def _one_child(
                 else:
                     outcomes.append(ChildOutcome("exited", exit_code=os.WEXITSTATUS(status),
                                                  stderr=_tail(stderr_file), seconds=seconds))
+                if each is not None:
+                    each(outcomes[-1])
                 break
             else:
                 finished = True

@@ -12,6 +12,7 @@ nothing is ever misread.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 from torchrecord import _dtypes
 from torchrecord._codec import decode_leaves, encode_payloads
 from torchrecord._compress import Expander, has_compression
-from torchrecord.errors import CorruptRecordError
+from torchrecord.errors import CorruptRecordError, FormatError
 from torchrecord.schema import Field, LeafSignature, Schema
 
 __all__ = ["FixedLayout"]
@@ -77,6 +78,32 @@ class FixedLayout:
         if has_compression(fields):
             object.__setattr__(layout, "expander", Expander(layout))
         return layout
+
+    @classmethod
+    def of_file(cls, file: Any) -> FixedLayout | None:
+        """The layout of a record set's records (a RecordFile or sharded set), or None if not fixed.
+
+        Sized by what the set holds, never by a claim alone: a set whose only record
+        is a short chunk (fewer samples than ``samples_per_record``) gets the layout
+        of that chunk, so ``write_record(samples_per_record=10**5)`` of 2,000 samples
+        costs 2,000 samples of probes, not 10**5; and a full record must fit in the
+        set's bytes (FormatError otherwise: the shapes claimed are false).
+        """
+        schema, k = file.schema, int(file.samples_per_record)
+        if not schema.fields or not schema.is_fixed:
+            return None
+        count = int(file.metadata["count"])
+        held = min(k, max(1, count))  # samples of the first record
+        per_sample = sum(
+            _dtypes.by_name(f.dtype).itemsize * math.prod(int(d or 0) for d in f.shape) for f in schema.fields
+        )
+        if held * per_sample > file.size_bytes:
+            raise FormatError(
+                f"{file.path}: the schema claims {per_sample} bytes per sample, {held * per_sample} in the first "
+                f"record, but the set has {file.size_bytes} bytes; it is damaged: copy it again or rewrite it"
+            )
+        # chunked records keep a leading axis, also a chunk of one sample: at least 2 rows then
+        return cls.build(schema, 1 if k == 1 else max(2, held))
 
     def signatures(self) -> list[LeafSignature]:
         return _signatures(self.fields)

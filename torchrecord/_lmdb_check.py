@@ -280,7 +280,10 @@ class _Walker:
         if not MIN_PAGE_SIZE <= psize <= MAX_PAGE_SIZE or psize & (psize - 1):
             self.fail(f"page size {psize} is not a power of two in {MIN_PAGE_SIZE}..{MAX_PAGE_SIZE}", 0, "meta page")
         if self.size < 2 * psize:
-            self.fail(f"the file has {self.size} bytes, less than its two {psize}-byte meta pages (truncated?)")
+            raise NotARecordSetError(  # as liblmdb sees it (and every reader says it)
+                f"{self.path}: {self.size} bytes, less than the two {psize}-byte meta pages of an LMDB file: "
+                "not an LMDB file (or truncated to its first page); copy it again from its source"
+            )
         psize1, flags1, free1, main1, last1, txnid1 = self._meta(1, psize)
         if psize1 != psize:
             self.fail(f"page size {psize1} differs from meta page 0's {psize}", 1, "meta page")

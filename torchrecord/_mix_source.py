@@ -147,10 +147,17 @@ class FileSource(Source):
     Args:
         file: a path or a :class:`~torchrecord.record_file.RecordFile`.
         verify: check every record's CRC-32 as it is read.
+        check: ``"structure"``: check the file's LMDB page structure first (see :class:`RecordFile`).
     """
 
-    def __init__(self, file: str | os.PathLike[str] | RecordFile, *, verify: bool = False) -> None:
-        self.file = file if isinstance(file, RecordFile) else RecordFile(file)
+    def __init__(
+        self, file: str | os.PathLike[str] | RecordFile, *, verify: bool = False, check: str | None = None
+    ) -> None:
+        if isinstance(file, RecordFile):
+            file._require_check(check)
+            self.file = file
+        else:
+            self.file = RecordFile(file, check=check)
         self.verify = verify
         self._layout: tuple[FixedLayout | None] | None = None
         self._info: SourceInfo | None = None
@@ -178,7 +185,7 @@ class FileSource(Source):
     def layout(self) -> FixedLayout | None:
         """The set's fixed layout, or None when its schema is not fixed."""
         if self._layout is None:
-            self._layout = (FixedLayout.build(self.file.schema, self.file.samples_per_record),)
+            self._layout = (FixedLayout.of_file(self.file),)
         return self._layout[0]
 
     def open(self) -> None:

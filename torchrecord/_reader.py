@@ -151,7 +151,9 @@ class ShareReader:
     def _fixed_windows(self, walks: _ShardWalks) -> Any:
         layout = self.layout
         assert layout is not None
-        reader = FixedWindowReader(layout, self.share.window)
+        # sized by the samples this reader will hold at once, never by a claim (a batch_size of 10**7
+        # on a set of 2,000 samples makes a window of 10**7 positions, of which 2,000 are filled)
+        reader = FixedWindowReader(layout, min(self.share.window, self.share.total))
 
         def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
             win, rec, row = reader.read([(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces])

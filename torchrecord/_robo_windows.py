@@ -64,6 +64,7 @@ class RoboWindows:
         filter_by_attribute: str | None,
         load_next_obs: bool,
         verify: bool = False,
+        check: str | None = None,
     ) -> None:
         if cache not in CACHE_MODES:
             raise ValueError(f"cache (hdf5_cache_mode) must be 'all', 'low_dim' or None, got {cache!r}")
@@ -71,7 +72,7 @@ class RoboWindows:
             raise ValueError(f"goal_mode must be None or 'last', got {goal_mode!r}")
         if goal_mode == "last" and not load_next_obs:
             raise ValueError("goal_mode='last' needs load_next_obs=True (the goal is the demo's last next_obs)")
-        file = RecordFile(path)
+        file = RecordFile(path, check=check)
         robo = RoboSet.open(file)
         self.path, self.robo, self.spec = file.path, robo, spec
         self.obs_keys, self.dataset_keys = tuple(obs_keys), tuple(dataset_keys)

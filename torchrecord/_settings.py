@@ -58,6 +58,8 @@ class WriteSettings:
         if k is not None and k < 1:
             raise ValueError(f"samples_per_record must be >= 1 (or None: automatic), got {k}")
         _compress.parse_option(self.compression, self.compression_level)
+        if k is not None and k > _format.MAX_SAMPLES_PER_RECORD:
+            raise ValueError(f"samples_per_record must be from 1 to {_format.MAX_SAMPLES_PER_RECORD}, got {k}")
         _check_seed(self.seed)
         if self.metadata is not None and not isinstance(self.metadata, dict):
             raise TypeError("metadata must be a dict of msgpack-able values")
@@ -137,8 +139,21 @@ def check_storable(value: Any, where: str, depth: int = 0) -> None:
 
 
 def check_packs(meta: dict[str, Any], where: str) -> None:
-    """The last word: msgpack itself packs ``meta`` (ValueError otherwise)."""
+    """The last word: msgpack itself packs ``meta`` within the size readers accept (ValueError otherwise)."""
     try:
-        _format.pack_metadata(meta)
+        packed = _format.pack_metadata(meta)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ValueError(f"{where} cannot be stored: {type(exc).__name__}: {exc}") from None
+    try:
+        _format.check_metadata_size(packed, _containers(meta))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _containers(value: Any) -> int:
+    """Maps and lists in ``value`` (nesting is bounded by :func:`check_storable`)."""
+    if isinstance(value, dict):
+        return 1 + sum(_containers(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return 1 + sum(_containers(v) for v in value)
+    return 0

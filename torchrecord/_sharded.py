@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from torchrecord import _manifest
+from torchrecord._checked import parse_check
 from torchrecord._format import _describe_directory
 from torchrecord._remote import ShardCache, fetch_manifest, is_url
 from torchrecord._subset import position as subset_position
@@ -52,6 +53,8 @@ class ShardedSet(RecordFile):
             finished with are evicted beyond it (None: no limit).
         subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
             reads a subset of a sharded set.
+        check: ``"structure"``: check each shard's LMDB page structure before it is
+            first opened in a process (see :class:`RecordFile`).
     """
 
     def __init__(
@@ -61,8 +64,12 @@ class ShardedSet(RecordFile):
         subset: Any = None,
         cache_dir: str | None = None,
         cache_limit: int | None = None,
+        check: str | None = None,
     ) -> None:
         self.path = os.fsdecode(path)
+        self._check = parse_check(check)
+        self._checked = None
+        self._lenient_count = False
         if subset is not None:
             raise ValueError(
                 f"{self.path}: subset= is not supported on a sharded set's RecordFile; "
@@ -183,7 +190,7 @@ class ShardedSet(RecordFile):
             if is_url(self.path):
                 rf = self._fetched(s)
             else:
-                rf = RecordFile(os.path.join(self._base(), entry["name"]))
+                rf = RecordFile(os.path.join(self._base(), entry["name"]), check=self._check)
             local = rf.path
             if rf.set_id != entry["set_id"] or len(rf) != entry["count"]:
                 raise FormatError(
@@ -198,10 +205,10 @@ class ShardedSet(RecordFile):
         """Shard ``s`` of a remote set, fetched into the cache and opened."""
         cache = self._remote()
         try:
-            rf = RecordFile(cache.fetch(s))
+            rf = RecordFile(cache.fetch(s), check=self._check)
             len(rf)  # open it now: its mapping outlives an eviction by another process
         except RecordNotFoundError:  # evicted by another reader between the fetch and the open
-            rf = RecordFile(cache.fetch(s))
+            rf = RecordFile(cache.fetch(s), check=self._check)
             len(rf)
         return rf
 
@@ -270,6 +277,13 @@ class ShardedSet(RecordFile):
         """IndexError: a sharded set has no groups (write_shard does not take group_by)."""
         raise IndexError(f"group index {g} out of range for {self.path}: a sharded set has no groups")
 
+    def _require_check(self, check: str | None) -> None:
+        """Turn on ``check`` for every shard opened from now on."""
+        check = parse_check(check)
+        if check is not None and self._check is None:
+            self._check = check
+            self._files = {}
+
     def close(self) -> None:
         """Forget the opened shards (they open again on next use)."""
         self._files = {}
@@ -280,10 +294,12 @@ class ShardedSet(RecordFile):
 
     def __getstate__(self) -> dict[str, Any]:
         # the manifest travels with the set, so every worker reads the same snapshot of it
-        return {"path": self.path, "cache_dir": self.cache_dir, "cache_limit": self.cache_limit, "m": self._manifest}
+        return {"path": self.path, "cache_dir": self.cache_dir, "cache_limit": self.cache_limit, "m": self._manifest,
+                "check": self._check}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], cache_dir=state["cache_dir"], cache_limit=state["cache_limit"])  # type: ignore[misc]
+        self.__init__(state["path"], cache_dir=state["cache_dir"], cache_limit=state["cache_limit"],  # type: ignore[misc]
+                      check=state.get("check"))
         self._manifest = state["m"]
 
 

@@ -111,12 +111,18 @@ class Walk:
         n = stop - first
         if n <= 0:
             return []
-        with lmdb_errors(self.path):
-            values = self._read(self._cursor, first, stop, self.path)
-            if self._crc_cursor is not None:
-                crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
-                for i, (value, stored) in enumerate(zip(values, crcs)):
-                    check_crc(value, stored, f"{self.path}: record {first + i}")
+        try:
+            with lmdb_errors(self.path):
+                values = self._read(self._cursor, first, stop, self.path)
+                if self._crc_cursor is not None:
+                    crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
+                    for i, (value, stored) in enumerate(zip(values, crcs)):
+                        check_crc(value, stored, f"{self.path}: record {first + i}")
+        except MemoryError:  # a damaged node can claim a value of gigabytes: py-lmdb cannot copy it
+            raise CorruptRecordError(
+                f"{self.path}: records {first} to {stop - 1}: LMDB returned a value larger than the memory "
+                "available; the file is probably damaged: run torchrecord.verify on it"
+            ) from None
         self.records_read += n
         return values
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _glue, _order, _partition, _resume
+from torchrecord._checked import parse_check
 from torchrecord._items import SAMPLE_CHUNK, Items
 from torchrecord._kinds import collate_samples
 from torchrecord._layout import FixedLayout
@@ -103,6 +104,12 @@ class RecordDataset(IterableDataset[Any]):
             saved on and is refused by another.
         rank, world_size: override what ``torch.distributed`` reports.
         verify: check each record's CRC-32 as it is read (ChecksumError on mismatch).
+        check: ``"structure"`` for files of unknown provenance: LMDB's page
+            structure is checked in pure Python when the dataset is made, so a
+            damaged file raises :class:`~torchrecord.errors.StructureError` here
+            instead of killing a reader; workers do not check it again unless
+            the file changed (see :class:`RecordFile`, and docs/GUARANTEES.md
+            for the cost). A :class:`RecordFile` given as ``path`` is checked too.
         cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
             local folder its shards are fetched to, and the bytes of shards it
             keeps (see :class:`~torchrecord._sharded.ShardedSet`).
@@ -133,7 +140,7 @@ class RecordDataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | RecordFile,
+        path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | RecordFile,
         *,
         shuffle: bool = True,
         shuffle_buffer: int = 8192,
@@ -151,6 +158,7 @@ class RecordDataset(IterableDataset[Any]):
         loader_batch_size: int | None = None,
         subset: Any = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        check: str | None = None,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
@@ -176,9 +184,12 @@ class RecordDataset(IterableDataset[Any]):
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0 (it seeds NumPy's SeedSequence), got {seed!r}")
-        self.file = path if isinstance(path, RecordFile) else RecordFile(
-            path, cache_dir=cache_dir, cache_limit=cache_limit
-        )
+        check = parse_check(check)
+        if isinstance(path, RecordFile):
+            self.file = path
+            path._require_check(check)
+        else:
+            self.file = RecordFile(path, cache_dir=cache_dir, cache_limit=cache_limit, check=check)
         # a bad path fails here, in the main process, not at len() or in a worker; nothing stays open
         count = int(self.file.check()["count"])
         self._subset: Subset | None = None
@@ -525,5 +536,5 @@ class RecordDataset(IterableDataset[Any]):
     def _fixed_layout(self) -> FixedLayout | None:
         key = (self.file.path, self.file.samples_per_record)
         if self._layout_cache is None or self._layout_cache[0] != key:
-            self._layout_cache = (key, FixedLayout.build(self.file.schema, self.file.samples_per_record))
+            self._layout_cache = (key, FixedLayout.of_file(self.file))
         return self._layout_cache[1]

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _mix_plan, _order, _partition, _resume
+from torchrecord._checked import parse_check
 from torchrecord._kinds import collate_samples, split_columns, stack_columns
 from torchrecord._mix_resume import MIX_POSITION_KIND, MIX_STATE_KIND, reader_units_of
 from torchrecord._mix_source import FileSource, Source, SourceInfo, shared_schema
@@ -96,6 +97,10 @@ class MixedDataset(IterableDataset[Any]):
             readers delay the mixer); a read still running after 10 ms (a stalled
             source) stops counting, and the next one starts.
         verify: check every record's CRC-32 as it is read.
+        check: ``"structure"``: check each file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`).
+            A :class:`RecordFile` source made with ``check="structure"`` carries
+            its own check.
 
     :meth:`stats` reports this process's time to the first batch, draws read per
     source, waits, deferrals and the realised share of every source.
@@ -132,7 +137,11 @@ class MixedDataset(IterableDataset[Any]):
         read_ahead_bytes: int = 64 << 20,
         threads: int = 8,
         verify: bool = False,
+        check: str | None = None,
     ) -> None:
+        check = parse_check(check)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be 'exact' or 'ready', got {policy!r}")
         if stop not in _mix_plan.STOPS:
@@ -155,7 +164,8 @@ class MixedDataset(IterableDataset[Any]):
             names = []
         if not given:
             raise ValueError("sources is empty: give at least one record set")
-        self.sources: list[Source] = [s if isinstance(s, Source) else FileSource(s, verify=verify) for s in given]
+        self.sources: list[Source] = [s if isinstance(s, Source) else FileSource(s, verify=verify, check=check)
+                                     for s in given]
         with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
             self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
         self.names = names or [info.name for info in self.infos]

@@ -75,6 +75,8 @@ class SequenceDataset(Dataset[dict[str, Any]]):
         hdf5_use_swmr: ignored (accepted for drop-in use).
         hdf5_normalize_obs: only False is supported.
         verify: check each record's CRC-32 as it is read.
+        check: ``"structure"``: check the file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`).
 
     The dataset pickles without its cache (a spawn worker fills its own).
     """
@@ -98,6 +100,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
         hdf5_use_swmr: bool = True,
         hdf5_normalize_obs: bool = False,
         verify: bool = False,
+        check: str | None = None,
     ) -> None:
         _check_unsupported(hdf5_normalize_obs)
         self.core = RoboWindows(
@@ -111,6 +114,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
             filter_by_attribute=filter_by_attribute,
             load_next_obs=load_next_obs,
             verify=verify,
+            check=check,
         )
         self.core.store.fill()
 
@@ -179,6 +183,8 @@ class WindowDataset(IterableDataset[Any]):
         block_size: windows per block of the per-epoch block order (default:
             about windows/256, within [16, 4096]).
         verify: check each record's CRC-32 as it is read.
+        check: ``"structure"``: check the file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`).
 
     ``len()`` is the number of items (batches, or windows) each rank yields per epoch.
 
@@ -214,6 +220,7 @@ class WindowDataset(IterableDataset[Any]):
         block_size: int | None = None,
         hdf5_cache_mode: Any = _UNSET,
         verify: bool = False,
+        check: str | None = None,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size!r}")
@@ -238,6 +245,7 @@ class WindowDataset(IterableDataset[Any]):
             filter_by_attribute=filter_by_attribute,
             load_next_obs=load_next_obs,
             verify=verify,
+            check=check,
         )
         self.shuffle, self.seed, self.batch_size, self.drop_last = shuffle, seed, batch_size, drop_last
         self.transform, self.shuffle_buffer, self.block_size = transform, shuffle_buffer, block_size

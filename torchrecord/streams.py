@@ -66,13 +66,15 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         transform: called on each frame's decoded sample before batching.
         rank, world_size: override what ``torch.distributed`` reports.
         verify: check each record's CRC-32 as it is read.
+        check: ``"structure"``: check the file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`).
 
     ``len()`` is the number of batches per rank per epoch, the same on every rank.
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | RecordFile,
         batch_size: int,
         *,
         steps: int = 1,
@@ -83,6 +85,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         rank: int | None = None,
         world_size: int | None = None,
         verify: bool = False,
+        check: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -90,13 +93,17 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             raise ValueError(f"steps must be >= 1, got {steps}")
         if tail not in ("pad", "drop"):
             raise ValueError(f"tail must be 'pad' or 'drop', got {tail!r}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
-        self.file = RecordFile(path)
+        if isinstance(path, RecordFile):
+            self.file = path
+            path._require_check(check)
+        else:
+            self.file = RecordFile(path, check=check)
         if self.file.groups is None:
             raise ValueError(
                 f"{self.file.path}: the set has no groups; write it with write_record(..., group_by=...) "
@@ -208,7 +215,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         total = plan.steps_per_epoch
         if first is None:
             first = start + worker
-        layout = FixedLayout.build(self.file.schema, self.file.samples_per_record)
+        layout = FixedLayout.of_file(self.file)
         self._next_step = first
         mine = range(first, len(self), num_workers)
         per_read = self._batches_per_read(layout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,14 +10,16 @@ from typing import Any
 import lmdb
 
 from torchrecord import _format
+from torchrecord._isolate import run_each_isolated, run_isolated
+from torchrecord._lmdb_check import StructureInfo, check_structure
 from torchrecord._manifest import file_digest
+from torchrecord._remote import is_url
 from torchrecord._sharded import ShardedSet
 from torchrecord._walk import PIECE, Walk, check_crc
-from torchrecord.errors import CorruptRecordError, TorchRecordError
+from torchrecord.errors import CorruptRecordError, FormatError, NotARecordSetError, TorchRecordError
 from torchrecord.record_file import RecordFile
 
 __all__ = ["VerifyReport", "check_crc", "verify"]
-
 
 
 @dataclass
@@ -52,20 +55,39 @@ class VerifyReport:
             self.errors.append((index, message))
 
 
+#: Records each call in the checking process verifies (its progress step and timeout unit).
+CHUNK = 16 * PIECE
+#: Seconds one chunk may take in the checking process before the file is reported as damaged.
+CHUNK_TIMEOUT = 600.0
+
+
 def verify(
-    path: str | os.PathLike[str],
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
     *,
     progress: bool | None = None,
     max_errors: int = 20,
     cache_dir: str | None = None,
+    timeout: float = CHUNK_TIMEOUT,
 ) -> VerifyReport:
     """Check every record of a record set: present, checksum matches, reads back per the schema.
+
+    Safe on any file, whatever its provenance: LMDB's page structure is checked in
+    pure Python first (:func:`~torchrecord._lmdb_check.check_structure`: page
+    numbers, node pointers and sizes, overflow runs, branch children, key order, no
+    page reached twice), before anything maps the file; then the records are read
+    with liblmdb in a forked child process, so that a damage the structural check
+    did not foresee kills that child, not the caller. Either way the damage is a
+    :class:`~torchrecord.errors.StructureError`. Nothing the metadata claims is
+    trusted beyond what the file holds (see ``torchrecord._claims``).
 
     Args:
         path: the record set.
         progress: show a tqdm bar (None: only on a terminal).
         max_errors: how many (index, message) pairs the report keeps.
         cache_dir: where a remote sharded set's shards are fetched to.
+        timeout: seconds the checking process may spend on one chunk of
+            4,096 records before the file is reported as damaged (liblmdb
+            looping on it).
 
     A sharded set is verified shard by shard (record indices run on over the
     shards, messages name the shard's file), and each shard file's SHA-256 is
@@ -78,64 +100,145 @@ def verify(
     Raises:
         RecordNotFoundError, NotARecordSetError, VersionError, CorruptRecordError:
             the set cannot be opened at all (see below).
+        StructureError: LMDB's page structure is damaged (found by the check, or
+            the checking process died on the file).
 
-    Opening problems (missing file, not a record set, newer version, truncated file)
-    raise; per-record problems are counted in the report, which names the first bad
-    index. Records are read with the same cursor walk as every reader, a piece at a
-    time; a piece the walk refuses (a missing key, a page LMDB cannot read) is
-    checked again record by record with keyed gets in fresh transactions, so one
-    bad page does not hide the rest.
+    Opening problems (missing file, not a record set, newer version, truncated file,
+    damaged page structure, a count the file cannot hold) raise; per-record problems
+    are counted in the report, which names the first bad index. Records are read
+    with the same cursor walk as every reader, a piece at a time; a piece the walk
+    refuses (a missing key, a page LMDB cannot read) is checked again record by
+    record with keyed gets in fresh transactions, so one bad record does not hide
+    the rest.
     """
     rf = RecordFile(path, cache_dir=cache_dir)
     if isinstance(rf, ShardedSet):
-        return _verify_shards(rf, progress, max_errors)
-    env, records_db = rf.environment()
-    count = rf.num_records
-    crc_db = rf.crc_db
-    report = VerifyReport(rf.path)
-    bar = _bar(count, progress)
-    present = 0  # records found (or unreadable) under their keys, to tell stray keys from missing ones
+        return _verify_shards(rf, progress, max_errors, timeout)
+    return _verify_file(rf.path, progress, max_errors, timeout)[0]
+
+
+def _verify_file(
+    path: str, progress: bool | None, max_errors: int, timeout: float
+) -> tuple[VerifyReport, dict[str, Any]]:
+    """Verify one file; the report, and the file's count and set_id as the checking process read them."""
+    info = _checked_structure(path)
+    described: dict[str, Any] = run_isolated(_open_in_child, path, timeout=timeout, name=path)
+    count = int(described["records"])
+    report = VerifyReport(path)
+    present = [0]  # records found (or unreadable) under their keys, to tell stray keys from missing ones
+    bars: list[Any] = []  # made after the fork: no progress-bar thread in the checking process
+
+    def merge(result: dict[str, Any]) -> None:
+        for index, message in result["errors"]:
+            report._fail(int(index), str(message), max_errors)
+        report.bad += int(result["bad"]) - len(result["errors"])
+        present[0] += int(result["present"])
+        report.records += int(result["records"])
+        if not bars:
+            bars.append(_bar(count, progress))
+        bars[0].update(int(result["records"]))
+
+    chunks = [(first, min(count, first + CHUNK)) for first in range(0, count, CHUNK)]
     try:
-        for first in range(0, count, PIECE):
-            stop = min(count, first + PIECE)
-            try:
-                with Walk(env, records_db, rf.path, keyed=True) as walk:
-                    values = walk.records(first, stop)
-                    if crc_db is not None:
-                        with Walk(env, crc_db, f"{rf.path} (checksums)", keyed=True) as crc_walk:
-                            crcs: list[Any] = crc_walk.records(first, stop)
-                    else:
-                        crcs = [None] * len(values)
-            except TorchRecordError:
-                present += _one_by_one(rf, env, records_db, crc_db, first, stop, report, max_errors)
-            else:
-                present += len(values)
-                for index, (value, stored) in enumerate(zip(values, crcs), first):
-                    _check_record(rf, index, value, stored, crc_db is not None, report, max_errors)
-            report.records += stop - first
-            bar.update(stop - first)
-        _check_extra(env, records_db, count, present, report, max_errors)
+        run_each_isolated(functools.partial(_verify_chunk, path, max_errors), chunks, timeout=timeout,
+                          each=merge, name=path)
     finally:
-        bar.close()
-    return report
+        for bar in bars:
+            bar.close()
+    records_db = info.databases.get(_format.RECORDS_DB)
+    entries = records_db.entries if records_db is not None else 0
+    _check_extra(entries, count, present[0], report, max_errors)
+    return report, described
 
 
-def _verify_shards(sharded: ShardedSet, progress: bool | None, max_errors: int) -> VerifyReport:
-    """verify each shard; record indices run on over the shards, and each file must match its SHA-256."""
+def _checked_structure(path: str) -> StructureInfo:
+    """check_structure, with the messages of a reader for what is not a record set at all."""
+    _format.check_path(path)
+    try:
+        return check_structure(path)
+    except NotARecordSetError:
+        _format.check_kind(path)
+        raise
+
+
+#: the checking process's RecordFile, opened by its first call
+_CHILD: dict[str, RecordFile] = {}
+
+
+def _child_file(path: str) -> RecordFile:
+    rf = _CHILD.get(path)
+    if rf is None:
+        rf = RecordFile(path)
+        rf._lenient_count = True  # a count claiming missing records: each is reported
+        rf.environment()
+        _CHILD[path] = rf
+    return rf
+
+
+def _open_in_child(path: str) -> dict[str, Any]:
+    """Open the file, read and check its metadata (runs in the checking process): its records, samples, set_id."""
+    rf = _child_file(path)
+    return {"records": rf.num_records, "count": len(rf), "set_id": rf.set_id}
+
+
+def _verify_chunk(path: str, max_errors: int, chunk: tuple[int, int]) -> dict[str, Any]:
+    """Verify records [first, stop) (runs in the checking process): a msgpack-able partial report."""
+    first, stop = chunk
+    rf = _child_file(path)
+    env, records_db = rf.environment()
+    crc_db = rf.crc_db
+    part = VerifyReport(path)
+    present = 0
+    for lo in range(first, stop, PIECE):
+        hi = min(stop, lo + PIECE)
+        try:
+            with Walk(env, records_db, path, keyed=True) as walk:
+                values = walk.records(lo, hi)
+                if crc_db is not None:
+                    with Walk(env, crc_db, f"{path} (checksums)", keyed=True) as crc_walk:
+                        crcs: list[Any] = crc_walk.records(lo, hi)
+                else:
+                    crcs = [None] * len(values)
+        except TorchRecordError:
+            present += _one_by_one(rf, env, records_db, crc_db, lo, hi, part, max_errors)
+        else:
+            present += len(values)
+            for index, (value, stored) in enumerate(zip(values, crcs), lo):
+                _check_record(rf, index, value, stored, crc_db is not None, part, max_errors)
+    return {"records": stop - first, "present": present, "bad": part.bad,
+            "errors": [[i, m] for i, m in part.errors]}
+
+
+def _verify_shards(sharded: ShardedSet, progress: bool | None, max_errors: int, timeout: float) -> VerifyReport:
+    """verify each shard; record indices run on over the shards, and each file must match its SHA-256.
+
+    A shard is never opened in this process: its path (a remote shard is fetched first)
+    goes to the same isolated check as a single file.
+    """
     report = VerifyReport(sharded.path)
     base = 0
     for s, entry in enumerate(sharded.manifest["shards"]):
-        shard = sharded.shard(s)
-        sub = verify(shard.path, progress=progress, max_errors=max_errors)
+        remote = is_url(sharded.path)
+        local = sharded._remote().fetch(s) if remote else os.path.join(sharded._base(), entry["name"])
+        try:
+            sub, described = _verify_file(local, progress, max_errors, timeout)
+        finally:
+            if remote:
+                sharded.release(s)
+        if described["set_id"] != entry["set_id"] or described["count"] != entry["count"]:
+            raise FormatError(
+                f"{local}: shard {s} is not the file the manifest lists (set_id {described['set_id']}, "
+                f"{described['count']} samples; the manifest says {entry['set_id']}, {entry['count']}): it was "
+                "rewritten after the set was finalized; run torchrecord.finalize_shards again"
+            )
         report.records += sub.records
         for index, message in sub.errors:
             report._fail(base + index, message, max_errors)
         report.bad += sub.bad - len(sub.errors)
-        if sub.ok and file_digest(shard.path) != (entry["sha256"], entry["bytes"]):
-            message = f"{shard.path}: the file's SHA-256 or size differs from the manifest's; copy it again"
+        if sub.ok and file_digest(local) != (entry["sha256"], entry["bytes"]):
+            message = f"{local}: the file's SHA-256 or size differs from the manifest's; copy it again"
             report._fail(base, message, max_errors)
         base += sub.records
-        sharded.release(s)
     return report
 
 
@@ -190,16 +293,9 @@ def _one_by_one(
     return present
 
 
-def _check_extra(
-    env: lmdb.Environment, db: Any, count: int, present: int, report: VerifyReport, max_errors: int
-) -> None:
+def _check_extra(entries: int, count: int, present: int, report: VerifyReport, max_errors: int) -> None:
     """Count keys that are not records 0..count-1 (e.g. records added in place beyond the count)."""
-    try:
-        with env.begin() as txn:
-            extra = int(txn.stat(db)["entries"]) - present
-    except lmdb.Error as exc:
-        report._fail(count, f"{report.path}: LMDB cannot count the records ({exc})", max_errors)
-        return
+    extra = entries - present
     if extra > 0:
         report._fail(
             count,

@@ -1,0 +1,128 @@
+"""What reading files of unknown provenance costs: the structural check and the key checks.
+
+``python -m benchmarks.checks --workloads small-images tiny-vectors --scale 0.2``
+
+For each workload (the same generated samples as ``benchmarks.run``, written with
+``write_record``), side by side in interleaved rounds, medians over the rounds:
+
+* ``check_structure``: the pure-Python LMDB page-structure check that
+  ``check="structure"`` and ``verify`` run, in seconds and seconds per 100 MB;
+* the cursor walk over every record with its key checks (each key read compared with
+  the index expected, in bulk per piece of 256) against the same walk without them,
+  alone and in a whole epoch: the cost of never returning duplicated or skipped records;
+* one epoch of ``RecordDataset(batch_size=B)`` (no workers: the reading process's own
+  cost) with ``check=None`` and with ``check="structure"``, each made afresh and the
+  check's per-process memo cleared, so every epoch pays the check once, as a new
+  training process would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torchrecord
+from benchmarks.loaders.torchrecord_loader import record_key, write_records
+from benchmarks.workloads import WORKLOADS, load_workload
+from torchrecord import _checked
+from torchrecord import _walk as _walk_module
+from torchrecord._format import encode_key
+from torchrecord._lmdb_check import check_structure
+from torchrecord._walk import Walk
+
+__all__ = ["main"]
+
+
+def _unchecked(cursor: Any, first: int, stop: int, path: str) -> list[Any]:
+    """The cursor walk's read of records [first, stop) without its key checks (the baseline)."""
+    cursor.set_range(encode_key(first))
+    return [v for _, v in islice(cursor.iternext(keys=True, values=True), stop - first)]
+
+
+@contextlib.contextmanager
+def _keys_unchecked() -> Iterator[None]:
+    """Readers made inside skip the key checks (a benchmark baseline only)."""
+    checked = _walk_module._read_checked
+    _walk_module._read_checked = _unchecked  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _walk_module._read_checked = checked  # type: ignore[assignment]
+
+
+def _walk(path: str, keys_checked: bool) -> int:
+    """Read every record's value through the cursor walk, a piece at a time; returns the records read."""
+    rf = torchrecord.RecordFile(path)
+    env, db = rf.environment()
+    with contextlib.nullcontext() if keys_checked else _keys_unchecked(), Walk(env, db, path) as walk:
+        return sum(len(values) for _, values in walk.pieces([(0, rf.num_records)]))
+
+
+def _epoch(path: str, batch_size: int, check: str | None, keys_checked: bool = True) -> int:
+    _checked._PASSED.clear()  # a new process: nothing checked yet
+    with contextlib.nullcontext() if keys_checked else _keys_unchecked():
+        ds = torchrecord.RecordDataset(path, batch_size=batch_size, check=check)
+        return sum(len(labels) for _, labels in ds)
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=["small-images", "tiny-vectors"], choices=list(WORKLOADS))
+    parser.add_argument("--scale", type=float, default=0.2, help="multiply every workload's size (default 0.2)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median; default 5)")
+    parser.add_argument("--data-dir", default="/tmp/torchrecord-bench", help="cache of generated data")
+    args = parser.parse_args(argv)
+    for name in args.workloads:
+        data = load_workload(WORKLOADS[name], args.scale, Path(args.data_dir))
+        dest = data.root / f"checks-{record_key()}"
+        path = dest / "data.tr"
+        if not path.exists():
+            dest.mkdir(parents=True, exist_ok=True)
+            write_records(data, dest)
+        size = path.stat().st_size
+        print(f"{name}: {data.count:,} samples, {size / 1e6:,.1f} MB, batch {data.batch_size}; "
+              f"{args.rounds} rounds, medians")
+        file = str(path)
+        configs: dict[str, Callable[[], Any]] = {
+            "check_structure": lambda f=file: check_structure(f),
+            "walk, keys checked": lambda f=file: _walk(f, True),
+            "walk, keys not checked": lambda f=file: _walk(f, False),
+            "epoch, check=None": lambda f=file, b=data.batch_size: _epoch(f, b, None),
+            "epoch, keys not checked": lambda f=file, b=data.batch_size: _epoch(f, b, None, False),
+            'epoch, check="structure"': lambda f=file, b=data.batch_size: _epoch(f, b, "structure"),
+        }
+        for fn in configs.values():  # warm the page cache and the imports
+            fn()
+        seconds: dict[str, list[float]] = {k: [] for k in configs}
+        for _ in range(args.rounds):
+            for label, fn in configs.items():
+                seconds[label].append(_time(fn))
+        median = {k: statistics.median(v) for k, v in seconds.items()}
+        for label, s in median.items():
+            print(f"  {label:<28} {s * 1e3:9.1f} ms")
+        check = median["check_structure"]
+        print(f"  check_structure: {check / (size / 1e8):.3f} s per 100 MB, "
+              f"{check / data.count * 1e6:.2f} us per record")
+        keys = median["walk, keys checked"] / median["walk, keys not checked"]
+        epoch_keys = median["epoch, check=None"] / median["epoch, keys not checked"]
+        print(f"  key checks: walk x{keys:.3f} ({(keys - 1) * 100:+.1f}%), "
+              f"epoch x{epoch_keys:.3f} ({(epoch_keys - 1) * 100:+.1f}%)")
+        epoch = median['epoch, check="structure"'] / median["epoch, check=None"]
+        print(f'  check="structure": epoch x{epoch:.3f} ({(epoch - 1) * 100:+.1f}%, once per process)')
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
