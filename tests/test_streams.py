@@ -37,7 +37,7 @@ LENGTHS = [int(x) for x in np.random.default_rng(0).integers(1, 40, size=30)]
 @pytest.fixture(scope="module")
 def stream_set(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("streams") / "seqs.tr"
-    write_record(_sequences(LENGTHS), path, group_by="seq", seed=3, progress=False)
+    write_record(_sequences(LENGTHS), path, group_by="seq", seed=3, samples_per_record=1, progress=False)
     return str(path)
 
 

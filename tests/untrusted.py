@@ -24,6 +24,7 @@ def write_set(path: Path, n: int = 600, size: int = 48, **kwargs: Any) -> str:
     """n samples of (uint8[size] holding i % 251, i), in order, with checksums."""
     kwargs.setdefault("shuffle", False)
     kwargs.setdefault("progress", False)
+    kwargs.setdefault("samples_per_record", 1)  # record i holds sample i: the tests damage records by index
     samples = [(torch.full((size,), i % 251, dtype=torch.uint8), i) for i in range(n)]
     torchrecord.write_record(samples, path, **kwargs)
     return str(path)
