@@ -22,7 +22,7 @@ files are gone. The next write to the same target removes the files of every
 write whose lock it can take. A live writer's lock cannot be taken, whatever
 its PID means here: one in another PID namespace (another container) or on
 another host of a shared file system is never disturbed. Temporaries without a
-lock file (left by torchrecord before 0.5) are judged by PID, as they were then.
+lock file (left by earlier torchrecord versions) are judged by PID, as they were then.
 """
 
 from __future__ import annotations
@@ -265,8 +265,8 @@ def remove_stale_temporaries(target: str) -> list[str]:
 
     A write is stale when its lock file can be locked (its writer, wherever it
     ran, has exited); a live write's lock cannot be taken. Files of a write
-    with no lock file at all come from torchrecord before 0.5 and are judged by
-    their PID.
+    with no lock file at all come from an earlier torchrecord version and are
+    judged by their PID.
     """
     directory, name = os.path.split(os.path.abspath(target))
     pattern = re.compile(r"^(\." + re.escape(name) + r"\.tmp-(\d+)-[0-9a-f]+)")
