@@ -30,12 +30,14 @@ ever mixes records of two record sets.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import lmdb
 
@@ -72,8 +74,28 @@ _IDLE: OrderedDict[tuple[int, int], Handle] = OrderedDict()
 #: by a Handle or a transaction; a file must never be opened a second time
 _LIVE: weakref.WeakValueDictionary[tuple[int, int], lmdb.Environment] = weakref.WeakValueDictionary()
 _OWNER = os.getpid()
+#: guards the registry: readers open files from several threads (MixedDataset's read-ahead)
+_LOCK = threading.RLock()
 
 
+def _reset_lock() -> None:
+    global _LOCK
+    _LOCK = threading.RLock()  # a forked child: another thread may have held the parent's
+
+
+os.register_at_fork(after_in_child=_reset_lock)
+
+
+def _locked(fn: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> T:
+        with _LOCK:
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@_locked
 def acquire(path: str, prefer: tuple[int, int] | None = None) -> Handle:
     """A reference to the open handle of the file at ``path`` in this process, opening it if needed.
 
@@ -103,6 +125,7 @@ def acquire(path: str, prefer: tuple[int, int] | None = None) -> Handle:
     return _take(handle)
 
 
+@_locked
 def release(handle: Handle, hard: bool) -> None:
     """Give back one reference to ``handle``; the last one drops it (``hard``) or leaves it idle."""
     if not handle.usable() or handle.refs <= 0:
@@ -118,18 +141,21 @@ def release(handle: Handle, hard: bool) -> None:
         _drop(_IDLE.popitem(last=False)[1])
 
 
+@_locked
 def drop_idle() -> None:
     """Drop every idle environment (no RecordFile holds it) of this process."""
     while _IDLE:
         _drop(_IDLE.popitem(last=False)[1])
 
 
+@_locked
 def open_count() -> int:
     """Environments this process has open (held, idle, or kept open by a transaction)."""
     _forget_inherited()
     return len(_LIVE)
 
 
+@_locked
 def read_closed(path: str, read: Callable[[lmdb.Environment], T]) -> T:
     """``read(env)`` on the file at ``path``, leaving nothing open that was not open before.
 

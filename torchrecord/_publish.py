@@ -40,6 +40,7 @@ import time
 
 import lmdb
 
+from torchrecord._lmdb_writer import space_hint
 from torchrecord.errors import RecordExistsError, TorchRecordError, WriteError
 
 __all__ = ["LOCK_SUFFIX", "Publisher", "as_write_error", "remove_stale_temporaries"]
@@ -227,15 +228,13 @@ def _hold_lock(lock_path: str, target: str) -> int:
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise WriteError(f"{target}: cannot create the write's lock file {lock_path}: {exc}") from exc
-    try:
-        with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP...: no locks here (see above)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while another writer probes it (microseconds)
+        raise WriteError(
+            f"{target}: cannot create the write's lock file {lock_path}: {exc}{space_hint(lock_path)}"
+        ) from exc
+    with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP...: no locks here (see above)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while another writer probes it (microseconds)
+    with contextlib.suppress(OSError):  # who holds it, for people; a full disk fails the write just after
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-    except OSError as exc:
-        os.close(fd)
-        _remove(lock_path)
-        raise WriteError(f"{target}: cannot write the write's lock file {lock_path}: {exc}") from exc
     _HELD.add(fd)
     return fd
 
