@@ -37,7 +37,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import lmdb
 
@@ -47,6 +47,8 @@ from torchrecord.errors import RecordNotFoundError, TooManyOpenFilesError
 __all__ = ["IDLE_LIMIT", "Handle", "acquire", "read_closed", "release"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: Idle environments (no RecordFile holds them) a process keeps open for reuse.
 IDLE_LIMIT = 32
@@ -86,9 +88,9 @@ def _reset_lock() -> None:
 os.register_at_fork(after_in_child=_reset_lock)
 
 
-def _locked(fn: Callable[..., T]) -> Callable[..., T]:
+def _locked(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> T:
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
         with _LOCK:
             return fn(*args, **kwargs)
 
