@@ -217,14 +217,16 @@ class RecordFile:
     @property
     def metadata(self) -> dict[str, Any]:
         """The metadata map (format version, count, schema, seed, user metadata...)."""
-        self._open()
+        if self._meta is None:  # read once: a RecordFile reads one set (see RecordReplacedError)
+            self._open()
         assert self._meta is not None
         return self._meta
 
     @property
     def schema(self) -> Schema:
         """The field schema: names, kinds, dtypes and shapes."""
-        self._open()
+        if self._schema is None:
+            self._open()
         assert self._schema is not None
         return self._schema
 
