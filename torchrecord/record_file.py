@@ -488,6 +488,7 @@ class RecordFile:
         A set written before ``set_id`` existed gets ``"legacy-"`` followed by 32
         hex digits of the SHA-256 of its raw metadata bytes: stable for that file.
         """
-        self._open()
+        if self._meta is None or self._pin is None:
+            self._open()
         assert self._pin is not None
         return self._pin
