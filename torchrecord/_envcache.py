@@ -44,7 +44,7 @@ import lmdb
 from torchrecord._format import open_identified
 from torchrecord.errors import RecordNotFoundError, TooManyOpenFilesError
 
-__all__ = ["IDLE_LIMIT", "Handle", "acquire", "read_closed", "release"]
+__all__ = ["IDLE_LIMIT", "Handle", "acquire", "drop_idle", "read_closed", "release"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -148,13 +148,6 @@ def drop_idle() -> None:
     """Drop every idle environment (no RecordFile holds it) of this process."""
     while _IDLE:
         _drop(_IDLE.popitem(last=False)[1])
-
-
-@_locked
-def open_count() -> int:
-    """Environments this process has open (held, idle, or kept open by a transaction)."""
-    _forget_inherited()
-    return len(_LIVE)
 
 
 @_locked
