@@ -304,7 +304,7 @@ def _write_then_exit(
 
 #: (event, function, occurrence) -> what the target holds after a SIGKILL there
 KILL_POINTS = {
-    "before anything": (("call", "_remove_stale_temporaries", 1), "old"),
+    "before anything": (("call", "remove_stale_temporaries", 1), "old"),
     "first sample": (("call", "__getitem__", 1), "old"),
     "mid-stream": (("call", "__getitem__", 700), "old"),
     "before the 3rd commit": (("c_call", "Transaction.commit", 3), "old"),

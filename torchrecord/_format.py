@@ -11,6 +11,7 @@ three named databases:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import struct
@@ -28,6 +29,7 @@ from torchrecord.errors import (
     IncompleteRecordSetError,
     NotARecordSetError,
     RecordNotFoundError,
+    TooManyOpenFilesError,
     VersionError,
 )
 
@@ -338,8 +340,33 @@ def _open_lmdb(path: str) -> lmdb.Environment:
         raise NotARecordSetError(
             f"{path}: not an LMDB file, so not a torchrecord record set; check the path, or {_REWRITE}"
         ) from None
-    except lmdb.Error as exc:
-        raise NotARecordSetError(f"{path}: cannot open as LMDB ({exc}); {_REWRITE}") from None
+    except (lmdb.Error, OSError) as exc:
+        if _out_of_descriptors(path, exc):
+            raise TooManyOpenFilesError(
+                errno.EMFILE,
+                f"{path}: cannot open the record set: too many open files in this process ({exc}). The file is "
+                "not at fault: close RecordFiles you no longer need (rf.close(), or a with block), or raise the "
+                "limit on open files (ulimit -n; resource.setrlimit(resource.RLIMIT_NOFILE, ...))",
+            ) from None
+        if isinstance(exc, lmdb.Error):
+            raise NotARecordSetError(f"{path}: cannot open as LMDB ({exc}); {_REWRITE}") from None
+        raise
+
+
+def _out_of_descriptors(path: str, exc: BaseException) -> bool:
+    """Whether opening ``path`` failed because no file descriptor was left (EMFILE, ENFILE).
+
+    py-lmdb reports it as a plain ``lmdb.Error`` without an errno, so an ``open(2)``
+    of the same path tells.
+    """
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as probe:
+        return probe.errno in (errno.EMFILE, errno.ENFILE)
+    os.close(fd)
+    return False
 
 
 def _check_length(env: lmdb.Environment, path: str, size: int) -> None:

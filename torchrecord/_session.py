@@ -3,7 +3,7 @@
 ``write_record`` (which pulls samples from a source) and ``RecordWriter`` (to
 which samples are pushed) both run a :class:`WriteSession`:
 
-    Publisher      the hidden temporary beside the target, the atomic rename, cleanup
+    Publisher      the hidden temporary beside the target, its lock, the atomic move, cleanup
     LmdbAppender   the temporary LMDB file: growing map, bounded commits
     Admission      schema, on_error policy, group contiguity
     Packer         records of one sample or of chunks of K samples
@@ -80,13 +80,18 @@ class WriteSession:
         self.publisher = Publisher(target, overwrite)
         self.spool: Spool | None = None
         self._bar: Any = None
-        self.appender = LmdbAppender(
-            self.publisher.temp,
-            initial_map_size=settings.initial_map_size,
-            commit_bytes=settings.commit_bytes,
-            checksums=settings.checksums,
-            name=target,
-        )
+        self.set_id = new_set_id()
+        try:
+            self.appender = LmdbAppender(
+                self.publisher.temp,
+                initial_map_size=settings.initial_map_size,
+                commit_bytes=settings.commit_bytes,
+                checksums=settings.checksums,
+                name=target,
+            )
+        except BaseException:
+            self.publisher.discard()
+            raise
         try:
             self.tracker = GroupTracker(target) if self.key is not None else None
             self.admission = Admission(
@@ -179,6 +184,9 @@ class WriteSession:
             before_publish(self.publisher.temp)
         self.publisher.publish()
         written = RecordFile(self.target)
+        # it reads this write's set: should another writer replace the path, opening it raises
+        # RecordReplacedError instead of reading that other set
+        written._pin = self.set_id
         written.__dict__["_write_summary"] = summary  # the whole summary (the metadata keeps a bounded one)
         return written
 
@@ -240,7 +248,7 @@ class WriteSession:
             "checksum": "crc32" if s.checksums else None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "user": s.metadata or {},
-            "set_id": new_set_id(),
+            "set_id": self.set_id,
         }
         if compressor is not None:
             meta["compression"] = compressor.report()

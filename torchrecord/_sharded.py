@@ -285,8 +285,10 @@ class ShardedSet(RecordFile):
             self._files = {}
 
     def close(self) -> None:
-        """Forget the opened shards (they open again on next use)."""
-        self._files = {}
+        """Close the opened shards (they open again on next use)."""
+        files, self._files = self._files, {}
+        for rf in files.values():
+            rf.close()
 
     def __enter__(self) -> ShardedSet:
         self.manifest  # noqa: B018  (read and checked now)

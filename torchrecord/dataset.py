@@ -522,10 +522,17 @@ class RecordDataset(IterableDataset[Any]):
         return self._counted(items.of(reader, start))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
-        """Count each item before it is yielded, so state_dict() always says what was handed out."""
-        for item in items:
-            self._yielded += 1
-            yield item
+        """Count each item before it is yielded, so state_dict() always says what was handed out.
+
+        When the pass ends (or the iterator is dropped), the file is let go: it
+        stays in the process's small cache of idle files rather than held open.
+        """
+        try:
+            for item in items:
+                self._yielded += 1
+                yield item
+        finally:
+            self.file._let_go(hard=False)
 
     def _window_size(self) -> int:
         layout = self._fixed_layout()

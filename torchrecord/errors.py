@@ -6,6 +6,7 @@ or ``except ValueError`` keeps working::
 
     TorchRecordError
     ├── RecordNotFoundError      (also FileNotFoundError)  no record set at the path
+    │   └── RecordReplacedError                            the path holds another set than this RecordFile's
     ├── RecordExistsError        (also FileExistsError)    target exists, overwrite=False
     ├── FormatError              (also ValueError)         the file is not what it should be
     │   ├── NotARecordSetError                             not LMDB, or no torchrecord metadata
@@ -17,6 +18,7 @@ or ``except ValueError`` keeps working::
     ├── SchemaError              (also ValueError)         a sample differs from the first one
     ├── SourceError                                        the source failed at sample i, or is unusable
     ├── WriteError               (also OSError)            the write failed (disk full, ...)
+    ├── TooManyOpenFilesError    (also OSError)            the process ran out of file descriptors
     └── FetchError               (also OSError)            a remote shard or manifest could not be fetched
 
     TorchRecordWarning           (a UserWarning)
@@ -39,9 +41,11 @@ __all__ = [
     "NotARecordSetError",
     "RecordExistsError",
     "RecordNotFoundError",
+    "RecordReplacedError",
     "SchemaError",
     "SourceError",
     "StructureError",
+    "TooManyOpenFilesError",
     "TorchRecordError",
     "TorchRecordWarning",
     "VariableShapeWarning",
@@ -56,6 +60,17 @@ class TorchRecordError(Exception):
 
 class RecordNotFoundError(TorchRecordError, FileNotFoundError):
     """No record set exists at the given path."""
+
+
+class RecordReplacedError(RecordNotFoundError):
+    """The path now holds another record set than the one this RecordFile reads.
+
+    A RecordFile reads one record set: the one its writer published (the
+    RecordFile ``write_record`` returns), or the one it first opened. When
+    another write replaced the file at the path since, re-opening it (after
+    ``close()``, or in a process it was pickled to) raises this instead of
+    reading the other set.
+    """
 
 
 class RecordExistsError(TorchRecordError, FileExistsError):
@@ -97,6 +112,14 @@ class SourceError(TorchRecordError):
 
 class WriteError(TorchRecordError, OSError):
     """Writing the record set failed (for example the disk is full)."""
+
+
+class TooManyOpenFilesError(TorchRecordError, OSError):
+    """The process has no file descriptor left (EMFILE) or the system none (ENFILE) to open a set.
+
+    Raised instead of blaming the file: close RecordFiles no longer needed
+    (``close()`` or a ``with`` block), or raise the limit (``ulimit -n``).
+    """
 
 
 class FetchError(TorchRecordError, OSError):

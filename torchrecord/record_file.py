@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from torchrecord._subset import position as subset_position
 from torchrecord._subset import resolve as resolve_subset
 from torchrecord._summary import WriteSummary
 from torchrecord._walk import PIECE, Walk, record_runs
-from torchrecord.errors import CorruptRecordError, NotARecordSetError, StructureError
+from torchrecord.errors import CorruptRecordError, NotARecordSetError, RecordReplacedError, StructureError
 from torchrecord.schema import Schema
 
 __all__ = ["RecordFile"]
@@ -38,9 +39,19 @@ class RecordFile:
     cursor.
 
     The LMDB environment is opened on first use, read-only and without a lock
-    file, and re-opened after a fork; a RecordFile pickles as its path (and
-    subset) alone, so it can be handed to DataLoader workers under fork, spawn or
-    forkserver.
+    file, and re-opened after a fork; a RecordFile pickles as its path, subset
+    and identity alone, so it can be handed to DataLoader workers under fork,
+    spawn or forkserver.
+
+    A RecordFile reads one record set: the one its writer published (for the
+    RecordFile ``write_record`` returns) or the one it first opened. While it is
+    open it keeps reading that set even if the path is replaced (a snapshot);
+    re-opened after :meth:`close`, or in a process it was pickled to, it
+    raises :class:`~torchrecord.errors.RecordReplacedError` if the path now
+    holds another set. :meth:`close` (or leaving a ``with`` block) releases the
+    file's descriptor and mapping once no other RecordFile of this process uses
+    the file and no iteration over it is running; a RecordFile dropped without
+    ``close`` leaves its file in a small per-process cache of idle files.
 
     ``RecordFile(path)`` of a sharded set (a directory, a ``manifest.json`` or a
     URL; see :func:`torchrecord.write_shard`) returns a
@@ -75,6 +86,11 @@ class RecordFile:
         >>> val = RecordFile("train.tr", subset=range(9000, 10000))  # doctest: +SKIP
     """
 
+    # defaults for a subclass (ShardedSet) that does not run RecordFile.__init__
+    _handle: _envcache.Handle | None = None
+    _finalizer: weakref.finalize[Any, Any] | None = None
+    _pin: str | None = None
+
     def __new__(
         cls, path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | None = None, **kwargs: Any
     ) -> RecordFile:
@@ -98,7 +114,10 @@ class RecordFile:
         self._check = _checked.parse_check(check)
         self._checked: _checked.Identity | None = None  # the file that passed the structural check
         self._lenient_count = False  # verify: the count may claim missing records (each is reported)
-        self._handle: _envcache.Handle | None = None
+        self._handle = None
+        self._finalizer = None  # gives the handle back when this object is dropped
+        self._inode: tuple[int, int] | None = None  # the file read before: kept while this process has it open
+        self._pin = None  # the set_id of the set this RecordFile reads, once known
         self._meta: dict[str, Any] | None = None
         self._schema: Schema | None = None
         self._records_db: Any = None
@@ -114,7 +133,17 @@ class RecordFile:
         handle = self._handle
         if handle is not None and handle.usable():
             return handle.env
+        self._let_go(hard=False)  # an inherited handle (forked): a no-op besides forgetting it
         handle = self._acquire()
+        try:
+            self._attach(handle)
+        except BaseException:
+            _envcache.release(handle, hard=False)
+            raise
+        return handle.env
+
+    def _attach(self, handle: _envcache.Handle) -> None:
+        """Read the metadata through ``handle`` (a reference this RecordFile now owns) and keep it."""
         env = handle.env
         try:
             meta = _format.read_metadata(env, self.path)
@@ -123,10 +152,41 @@ class RecordFile:
         except lmdb.Error as exc:
             raise NotARecordSetError(f"{self.path}: missing database ({exc})") from None
         _claims.check_claims(env, self._records_db, meta, self.path, slack=self._lenient_count)
-        self._handle, self._meta = handle, meta
+        self._pin = self._check_identity(env, meta)
+        self._handle, self._meta, self._inode = handle, meta, handle.inode
+        self._finalizer = weakref.finalize(self, _envcache.release, handle, False)
+        self._finalizer.atexit = False
         schema = meta.get("schema")
         self._schema = Schema.from_dict(schema) if schema is not None else Schema({"t": "leaf"}, [])
-        return env
+
+    def _check_identity(self, env: lmdb.Environment, meta: dict[str, Any]) -> str:
+        """The set_id of the set in ``env``; RecordReplacedError if this RecordFile reads another set."""
+        found = meta.get("set_id")
+        if not (isinstance(found, str) and found):
+            with _format.lmdb_errors(self.path), env.begin() as txn:
+                raw = txn.get(_format.META_KEY, db=env.open_db(_format.META_DB, create=False))
+            found = set_id_of(meta, bytes(raw or b""))
+        if self._pin is not None and found != self._pin:
+            raise RecordReplacedError(
+                f"{self.path}: holds another record set now (set_id {found}) than the one this RecordFile reads "
+                f"(set_id {self._pin}): the file was replaced after it was written or first opened (a write with "
+                f"overwrite=True). Open RecordFile({self.path!r}) again to read the set now there"
+            )
+        return found
+
+    def _let_go(self, hard: bool) -> None:
+        """Give back this RecordFile's reference to its environment (``hard``: drop it if it was the last).
+
+        Not hard (a reader's pass ended): the file stays in the process's small
+        cache of idle files, so the next use finds it, and its snapshot, again
+        unless the cache needed the room.
+        """
+        finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None and finalizer.detach() is not None and self._handle is not None:
+            _envcache.release(self._handle, hard)
+        self._handle = None
+        self._records_db = self._crc_db = None
+        self.__dict__.pop("_group_offsets", None)
 
     def check(self) -> dict[str, Any]:
         """Open the file, read and check its metadata and databases, and close it again; returns the metadata.
@@ -156,12 +216,13 @@ class RecordFile:
     def _acquire(self) -> _envcache.Handle:
         """This process's handle of the file; with ``check="structure"`` only after the file passed the check."""
         if self._check is None:
-            return _envcache.acquire(self.path)
+            return _envcache.acquire(self.path, self._inode)
         for _ in range(3):
             self._checked = _checked.ensure(self.path, self._checked)
-            handle = _envcache.acquire(self.path)
+            handle = _envcache.acquire(self.path, self._inode)
             if _checked.identity(self.path) == self._checked:  # the file opened is the file checked
                 return handle
+            _envcache.release(handle, hard=False)
         raise StructureError(f"{self.path}: the file keeps changing while it is opened; try again when it is not")
 
     def _read_description(self, env: lmdb.Environment) -> dict[str, Any]:
@@ -173,20 +234,34 @@ class RecordFile:
         except lmdb.Error as exc:
             raise NotARecordSetError(f"{self.path}: missing database ({exc})") from None
         _claims.check_claims(env, records_db, meta, self.path, slack=self._lenient_count)
+        if self._pin is not None:
+            self._check_identity(env, meta)
         return meta
 
     def close(self) -> None:
-        """Forget the environment (it re-opens on next use; the process shares one per file)."""
-        self._handle = None
+        """Release the file: its descriptor and mapping are freed unless another RecordFile of this
+        process uses it, or an iteration over it is still running (then when that ends).
+
+        The RecordFile stays usable: it opens the file again on next use (and
+        raises RecordReplacedError if the path holds another set by then).
+        """
+        self._let_go(hard=True)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "subset": self._subset, "check": self._check, "checked": self._checked}
+        return {
+            "path": self.path,
+            "subset": self._subset,
+            "check": self._check,
+            "checked": self._checked,
+            "set_id": self._pin,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])  # type: ignore[misc]
         self._subset = state.get("subset")  # already resolved: no need to open here
         # the structural check passed where this copy was made: not again unless the file changed
         self._check, self._checked = state.get("check"), state.get("checked")
+        self._pin = state.get("set_id")
 
     def __enter__(self) -> RecordFile:
         self._open()
@@ -199,14 +274,16 @@ class RecordFile:
     @property
     def metadata(self) -> dict[str, Any]:
         """The metadata map (format version, count, schema, seed, user metadata...)."""
-        self._open()
+        if self._meta is None:  # read once: a RecordFile reads one set (see RecordReplacedError)
+            self._open()
         assert self._meta is not None
         return self._meta
 
     @property
     def schema(self) -> Schema:
         """The field schema: names, kinds, dtypes and shapes."""
-        self._open()
+        if self._schema is None:
+            self._open()
         assert self._schema is not None
         return self._schema
 
@@ -479,13 +556,10 @@ class RecordFile:
         A set written before ``set_id`` existed gets ``"legacy-"`` followed by 32
         hex digits of the SHA-256 of its raw metadata bytes: stable for that file.
         """
-        meta = self.metadata
-        if isinstance(meta.get("set_id"), str) and meta["set_id"]:
-            return str(meta["set_id"])
-        env = self.environment()[0]
-        with _format.lmdb_errors(self.path), env.begin() as txn:
-            raw = txn.get(_format.META_KEY, db=env.open_db(_format.META_DB, create=False))
-        return set_id_of(meta, bytes(raw or b""))
+        if self._meta is None or self._pin is None:
+            self._open()
+        assert self._pin is not None
+        return self._pin
 
 
 def _integer(value: Any, what: str, path: str) -> int:

@@ -152,7 +152,8 @@ def write_shard(
         extra={"shard": info},
         before_publish=take_digest,
     )
-    note = {"shard": shard, "num_shards": num_shards, "set_id": rf.set_id, "count": len(rf), **digest}
+    # this write's identity and count, not read back from the path (a duplicate writer may have replaced it)
+    note = {"shard": shard, "num_shards": num_shards, "set_id": rf._pin, "count": rf.write_summary.count, **digest}
     _manifest.write_json_atomic(_manifest.note_path(target), note)
     if finalize and _all_written(folder, num_shards):
         with contextlib.suppress(IncompleteRecordSetError):  # a shard vanished meanwhile: not ours to finalize

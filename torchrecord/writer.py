@@ -80,6 +80,8 @@ def write_record(
             ``IgnoredOptionWarning`` (pass a ``DataLoader`` over it as the
             source to read it in parallel).
         overwrite: replace an existing record set at ``path`` (atomically).
+            Without it the write never replaces anything: if another writer
+            publishes at ``path`` first, this one raises ``RecordExistsError``.
         progress: show a tqdm bar (if tqdm is installed); ``None`` shows it only
             on a terminal.
         metadata: user metadata stored with the record set (None, bool, int,
@@ -134,10 +136,13 @@ def write_record(
 
     Returns:
         A :class:`RecordFile` for the new record set; its ``write_summary`` says
-        what was skipped and which fields turned variable.
+        what was skipped and which fields turned variable. It reads this write's
+        set: if another write replaced ``path`` before it opens, it raises
+        ``RecordReplacedError`` instead of reading that other set.
 
     Raises:
-        RecordExistsError: ``path`` exists and ``overwrite`` is false.
+        RecordExistsError: ``path`` exists and ``overwrite`` is false (also when
+            another writer published there while this one was writing).
         SourceError: the source raised at a sample (``on_error="raise"``), every
             sample failed or more than ``max_skipped`` did, or a group came back
             after another one.
@@ -224,7 +229,8 @@ class RecordWriter:
     rename; leaving it by an exception, calling :meth:`abort`, or an error in
     ``append`` removes everything written and leaves ``path`` as it was (the
     previous set there, or nothing). A writer killed mid-way (SIGKILL) leaves
-    only a hidden temporary file, removed by the next write to ``path``.
+    only hidden files (a temporary and its lock file), removed by the next write
+    to ``path`` once its lock is free.
 
     With ``shuffle=True`` the samples are spooled to a temporary file beside
     ``path`` and written at close in an order seeded by ``seed`` (the same
