@@ -27,7 +27,7 @@ def _advisor_threads() -> list[threading.Thread]:
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("advise") / "images.tr"
     samples = [(torch.full((3, 40, 40), i % 251, dtype=torch.uint8), i) for i in range(400)]
-    torchrecord.write_record(samples, path, progress=False)
+    torchrecord.write_record(samples, path, progress=False, samples_per_record=1)
     return path
 
 

@@ -52,9 +52,16 @@ def field_bytes(field: dict[str, Any] | Any) -> int | None:
 
 
 def fixed_sample_bytes(fields: list[Any]) -> int:
-    """Bytes every sample stores at least: its fixed-size numeric fields, 2 per string field."""
+    """Bytes every sample stores at least: its fixed-size numeric fields, 2 per string or compressed field.
+
+    A compressed field can shrink to a few bytes (zstd stores a run of zeros in a
+    handful), so it counts as little as a string.
+    """
     total = 0
     for f in fields:
+        if _get(f, "compression"):
+            total += _STRING_BYTES
+            continue
         size = field_bytes(f)
         if size is not None:
             total += size

@@ -95,7 +95,9 @@ class FixedLayout:
         count = int(file.metadata["count"])
         held = min(k, max(1, count))  # samples of the first record
         per_sample = sum(
-            _dtypes.by_name(f.dtype).itemsize * math.prod(int(d or 0) for d in f.shape) for f in schema.fields
+            _dtypes.by_name(f.dtype).itemsize * math.prod(int(d or 0) for d in f.shape)
+            for f in schema.fields
+            if f.compression is None  # a compressed field may hold far fewer bytes than its shape
         )
         if held * per_sample > file.size_bytes:
             raise FormatError(
