@@ -44,7 +44,7 @@ import lmdb
 from torchrecord._format import open_identified
 from torchrecord.errors import RecordNotFoundError, TooManyOpenFilesError
 
-__all__ = ["IDLE_LIMIT", "Handle", "acquire", "drop_idle", "read_closed", "release"]
+__all__ = ["Handle", "IDLE_LIMIT", "acquire", "drop_idle", "read_closed", "release"]
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -320,6 +320,7 @@ def _write(
     writer = RecordWriter(
         path, overwrite=overwrite, shuffle=False, group_by=DEMO_FIELD, progress=progress, metadata=meta,
         checksums=checksums, compression=compress[0], compression_level=compress[1],
+        samples_per_record=1,  # one record per time step (the window datasets read frames by record)
     )
     try:
         with tempfile.TemporaryFile(dir=os.path.dirname(os.path.abspath(os.fspath(path)))) as tails:
