@@ -102,6 +102,7 @@ class Advisor:
     def __init__(self, env: lmdb.Environment, db: Any, path: str, record_bytes: int) -> None:
         self.env, self.db, self.record_bytes = env, db, max(1, record_bytes)
         self.advised = 0  # bytes advised so far (for tests and benchmarks)
+        self._pid = os.getpid()
         self._fd = os.open(path, os.O_RDONLY)
         self._size = os.fstat(self._fd).st_size
         self._path = path
@@ -117,7 +118,15 @@ class Advisor:
                 self._jobs.put_nowait(list(runs))
 
     def close(self) -> None:
-        """Stop the thread (after the request it is working on) and close the file."""
+        """Stop the thread (after the request it is working on) and close the file.
+
+        In a forked child the thread does not exist and the queue's lock may be held
+        by it forever: only the file is closed.
+        """
+        if os.getpid() != self._pid:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            return
         with contextlib.suppress(queue.Full):
             self._jobs.put_nowait(None)
         while self._thread.is_alive():

@@ -28,6 +28,7 @@ counted and timed.
 from __future__ import annotations
 
 import heapq
+import os
 import threading
 import time
 from collections import deque
@@ -85,6 +86,7 @@ class ReadAhead:
         self.budget = max(1, int(max_bytes))
         self._rank = np.zeros(len(unit_source), np.int64)  # each unit's place in the sequence
         self._rank[np.asarray(self.sequence, np.int64)] = np.arange(len(self.sequence))
+        self._pid = os.getpid()  # the threads and the lock's holders live in this process only
         lock = threading.Lock()
         self._cv = threading.Condition(lock)  # the readers wait on it for work or a slot
         self._got = threading.Condition(lock)  # the mixer waits on it for its units
@@ -134,7 +136,15 @@ class ReadAhead:
         self._run()
 
     def close(self) -> None:
-        """Stop the threads (a read in progress finishes in the background) and drop what was read."""
+        """Stop the threads (a read in progress finishes in the background) and drop what was read.
+
+        In a forked child (a DataLoader worker that inherited a read-ahead of the
+        parent, closed when the child collects it) there are no threads to stop,
+        and the lock may be held forever by a parent thread that does not exist
+        here: nothing is touched.
+        """
+        if os.getpid() != self._pid:
+            return
         with self._cv:
             self._stop = True
             self._done.clear()

@@ -1,0 +1,80 @@
+"""A forked child never waits on a lock that a thread of its parent held at the fork.
+
+A DataLoader worker forked while the parent iterates a MixedDataset (or reads with
+read-ahead hints) inherits the parent's read-ahead objects with their locks in
+whatever state the parent's threads left them. When the child collects such an
+object and closes it, it must not wait for a thread that does not exist there.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from torchrecord import MixedDataset, RecordFile, _advise, write_record
+from torchrecord._advise import Advisor
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+
+def _in_forked_child(fn: Callable[[], None], timeout: float = 60) -> int | None:
+    """Run ``fn`` in a forked child; its exit code, or None if it was still running after ``timeout``."""
+    child = multiprocessing.get_context("fork").Process(target=fn)
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return None
+    return child.exitcode
+
+
+@pytest.fixture(scope="module")
+def mix_sets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    root = tmp_path_factory.mktemp("forksafe")
+    paths = []
+    for s, n in enumerate([300, 200, 100]):
+        path = str(root / f"s{s}.tr")
+        write_record([(np.full(8, s, np.int64), i) for i in range(n)], path, progress=False)
+        paths.append(path)
+    return paths
+
+
+def test_a_child_closes_an_inherited_read_ahead_whose_lock_was_held(mix_sets: list[str]) -> None:
+    ds = MixedDataset(mix_sets, batch_size=16, seed=1)
+    it = iter(ds)
+    next(it)  # the parent's read-ahead threads are running
+    assert ds._live is not None
+    reader = ds._live["mixer"].reader
+    with reader._cv:  # as a parent reader thread holds it, at the moment of the fork
+
+        def child() -> None:
+            reader.close()  # what collecting the inherited iterator does
+            total = sum(len(batch[1]) for batch in ds)  # and a fresh iteration works
+            os._exit(0 if total == 600 else 3)
+
+        code = _in_forked_child(child)
+    assert code == 0, "the child hung on the parent's lock" if code is None else f"child exit code {code}"
+    assert sum(len(batch[1]) for batch in it) == 600 - 16  # the parent's iteration is untouched
+
+
+@pytest.mark.skipif(not _advise.available(), reason="read-ahead hints need Linux")
+def test_a_child_closes_an_inherited_advisor_whose_queue_lock_was_held(mix_sets: list[str]) -> None:
+    rf = RecordFile(mix_sets[0])
+    env, db = rf.environment()
+    advisor = Advisor(env, db, mix_sets[0], 4096)
+    try:
+        with advisor._jobs.mutex:  # as the advisor thread holds it, at the moment of the fork
+
+            def child() -> None:
+                advisor.close()
+                os._exit(0)
+
+            code = _in_forked_child(child)
+        assert code == 0, "the child hung on the parent's queue lock" if code is None else f"exit code {code}"
+    finally:
+        advisor.close()
