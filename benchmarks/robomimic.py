@@ -12,7 +12,9 @@ Loaders (``--loaders``): robomimic 0.3.0 ``SequenceDataset`` with
 ``hdf5_cache_mode`` None / low_dim / all (shuffled ``DataLoader``), torchrecord's
 map-style ``SequenceDataset`` with each cache mode (shuffled ``DataLoader``) and
 its streaming ``WindowDataset`` with each cache mode (``DataLoader(batch_size=None)``).
-Compressed image fields wait for the storage issue's compression: not measured.
+The ``... zstd`` loaders read a copy of the record set converted with
+``compression="zstd"`` (the camera images compress; fields that do not shrink are
+left alone); needs the ``compress`` extra (skipped without it).
 
 Sweep: batch sizes 16-256 at seq_length 10, seq_length 1-60 at batch 64, workers
 0 and 2, one torch thread. An epoch is ``--steps`` batches (as in the study).
@@ -142,7 +144,8 @@ def build_data(data_dir: Path, demos: int) -> dict[str, Any]:
 
     root = data_dir / f"robomimic-{demos}"
     root.mkdir(parents=True, exist_ok=True)
-    files = {"raw": root / "lift.hdf5", "gzip": root / "lift-gzip.hdf5", "tr": root / "lift.tr"}
+    files = {"raw": root / "lift.hdf5", "gzip": root / "lift-gzip.hdf5", "tr": root / "lift.tr",
+             "tr-zstd": root / "lift-zstd.tr"}
     for kind in ("raw", "gzip"):
         if not files[kind].exists():
             write_lift_like(files[kind], demos, compression="gzip" if kind == "gzip" else None)
@@ -152,7 +155,13 @@ def build_data(data_dir: Path, demos: int) -> dict[str, Any]:
         from_robomimic(files[kind], root / name, overwrite=True, progress=False)
         info[f"convert_{kind}_s"] = time.perf_counter() - start
     (root / "lift-from-gzip.tr").unlink()
-    info["bytes"] = {kind: os.path.getsize(p) for kind, p in files.items()}
+    try:
+        start = time.perf_counter()
+        from_robomimic(files["raw"], files["tr-zstd"], overwrite=True, progress=False, compression="zstd")
+        info["convert_zstd_s"] = time.perf_counter() - start
+    except ImportError:  # no compress extra: the zstd loaders are skipped
+        files.pop("tr-zstd")
+    info["bytes"] = {kind: os.path.getsize(p) for kind, p in files.items() if p.exists()}
     info["files"] = {kind: str(p) for kind, p in files.items()}
     return info
 
@@ -173,19 +182,21 @@ def _robomimic(files: dict[str, str], cache: str | None, params: dict[str, Any])
         return RobomimicSequenceDataset(files["raw"], hdf5_cache_mode=cache, **params)
 
 
-def _sequence(files: dict[str, str], cache: str | None, params: dict[str, Any]) -> Any:
+def _sequence(files: dict[str, str], cache: str | None, params: dict[str, Any], set_: str = "tr") -> Any:
     from torchrecord import SequenceDataset
 
-    return SequenceDataset(files["tr"], cache=cache, **params)
+    return SequenceDataset(files[set_], cache=cache, **params)
 
 
-def _windows(files: dict[str, str], cache: str | None, params: dict[str, Any], batch_size: int) -> Any:
+def _windows(
+    files: dict[str, str], cache: str | None, params: dict[str, Any], batch_size: int, set_: str = "tr"
+) -> Any:
     from torchrecord import WindowDataset
 
-    return WindowDataset(files["tr"], cache=cache, batch_size=batch_size, **params)
+    return WindowDataset(files[set_], cache=cache, batch_size=batch_size, **params)
 
 
-#: loader name -> (map-style maker or None, cache mode)
+#: loader name -> (kind, cache mode); names ending in " zstd" read the zstd-compressed record set
 LOADERS: dict[str, tuple[str, str | None]] = {
     "robomimic None": ("robomimic", None),
     "robomimic low_dim": ("robomimic", "low_dim"),
@@ -196,6 +207,9 @@ LOADERS: dict[str, tuple[str, str | None]] = {
     "torchrecord stream None": ("stream", None),
     "torchrecord stream low_dim": ("stream", "low_dim"),
     "torchrecord stream all": ("stream", "all"),
+    "torchrecord map low_dim zstd": ("map", "low_dim"),
+    "torchrecord stream None zstd": ("stream", None),
+    "torchrecord stream low_dim zstd": ("stream", "low_dim"),
 }
 
 
@@ -218,6 +232,10 @@ def run_loader(name: str, files: dict[str, str], points: list[dict[str, Any]], e
     """Time one loader over the sweep points (in this process); one dict per point."""
     torch.set_num_threads(1)
     kind, cache = LOADERS[name]
+    set_ = "tr-zstd" if name.endswith(" zstd") else "tr"
+    if set_ not in files:
+        return [{**point, "loader": name, "skipped": "no zstd copy (pip install torchrecord[compress])"}
+                for point in points]
     if kind == "robomimic":
         import robomimic.utils.dataset  # noqa: F401  (imported before the baseline, as torchrecord is)
     baseline = _rss()
@@ -236,9 +254,9 @@ def run_loader(name: str, files: dict[str, str], points: list[dict[str, Any]], e
         if kind == "robomimic":
             ds = _robomimic(files, cache, params)
         elif kind == "map":
-            ds = _sequence(files, cache, params)
+            ds = _sequence(files, cache, params, set_)
         else:
-            ds = _windows(files, cache, params, batch_size)
+            ds = _windows(files, cache, params, batch_size, set_)
         row["construct_s"] = time.perf_counter() - start
         rates = []
         for epoch in range(epochs):
@@ -378,14 +396,16 @@ def print_table(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
     base = {(r["batch_size"], r["seq_length"], r["workers"]): r.get("windows_per_s")
             for r in rows if r["loader"] == "robomimic low_dim"}
     print(f"\nfiles: HDF5 raw {_gib(info['bytes']['raw'])} GiB, gzip {_gib(info['bytes']['gzip'])} GiB, "
-          f"record set {_gib(info['bytes']['tr'])} GiB; conversion {info['convert_raw_s']:.1f} s (raw), "
+          f"record set {_gib(info['bytes']['tr'])} GiB"
+          + (f", zstd record set {_gib(info['bytes']['tr-zstd'])} GiB" if "tr-zstd" in info["bytes"] else "")
+          + f"; conversion {info['convert_raw_s']:.1f} s (raw), "
           f"{info['convert_gzip_s']:.1f} s (gzip)")
     print("memory: peak RSS of the loader's process during the point, less its RSS after imports;"
           " workers: the largest worker's peak RSS over the loader's sweep (shared pages included)")
-    print(f"{'loader':<28}{'w':>2}{'B':>5}{'T':>4}{'construct s':>13}{'1st batch s':>13}{'windows/s':>12}"
+    print(f"{'loader':<33}{'w':>2}{'B':>5}{'T':>4}{'construct s':>13}{'1st batch s':>13}{'windows/s':>12}"
           f"{'x rm low_dim':>14}{'peak-base GiB':>15}{'peak worker GiB':>17}")
     for r in rows:
-        head = f"{r['loader']:<28}{r['workers']:>2}{r['batch_size']:>5}{r['seq_length']:>4}"
+        head = f"{r['loader']:<33}{r['workers']:>2}{r['batch_size']:>5}{r['seq_length']:>4}"
         if "skipped" in r:
             print(f"{head}  skipped: {r['skipped']}")
             continue
