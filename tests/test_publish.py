@@ -15,6 +15,7 @@ Real files and real processes throughout.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -315,14 +316,36 @@ def test_a_writer_with_dataloader_workers_killed_leaves_no_live_lock(tmp_path: P
     writer.start()
     assert started.wait(120)
     assert writer.pid is not None
+    workers = _children(writer.pid)
+    assert workers  # the DataLoader's workers, still alive below
     os.kill(writer.pid, signal.SIGKILL)
     writer.join(60)
-    lock = [n for n in os.listdir(tmp_path) if n.endswith(_publish.LOCK_SUFFIX)]
-    assert lock
-    fd = os.open(tmp_path / lock[0], os.O_RDWR)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free at once, workers or not
+        lock = [n for n in os.listdir(tmp_path) if n.endswith(_publish.LOCK_SUFFIX)]
+        assert lock
+        fd = os.open(tmp_path / lock[0], os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free at once, workers or not
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        # an orphaned DataLoader worker can wait forever at exit (its queue's feeder thread
+        # blocks on a full pipe nobody reads), holding the test run's output open
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     torchrecord.write_record(Labelled(10), path, progress=False)
     assert sorted(os.listdir(tmp_path)) == ["set.tr"]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+    return found
