@@ -96,15 +96,19 @@ def _zipped(path: Path, steps: int, transform: Any, parts: int) -> Iterator[dict
         ds.part = (p * B // parts, (p + 1) * B // parts)
         loaders.append(DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork"))
     for pieces in zip(*loaders):
-        yield {
-            "mask": torch.cat([x["mask"] for x in pieces]),
-            "data": {k: torch.cat([x["data"][k] for x in pieces]) for k in pieces[0]["data"]},
-        }
+        batch = {key: torch.cat([x[key] for x in pieces]) for key in ("mask", "start", "sequence")}
+        batch["data"] = {k: torch.cat([x["data"][k] for x in pieces]) for k in pieces[0]["data"]}
+        yield batch
 
 
-def _epoch(batches: Any) -> tuple[float, list[torch.Tensor]]:
+def _fingerprint(batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """What is checked equal across configurations: every frame's data sum, mask, start and sequence."""
+    return batch["data"]["x"].sum(2), batch["mask"], batch["start"], batch["sequence"]
+
+
+def _epoch(batches: Any) -> tuple[float, list[tuple[torch.Tensor, ...]]]:
     start = time.perf_counter()
-    out = [b["data"]["x"].sum((1, 2)) for b in batches]  # a fingerprint per batch, checked below
+    out = [_fingerprint(b) for b in batches]  # checked below
     return time.perf_counter() - start, out
 
 
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     for transform in (None, _spin_20us):
         tname = "20us/frame" if transform else "none"
         for steps in (1, 16):
-            reference: list[torch.Tensor] | None = None
+            reference: list[tuple[torch.Tensor, ...]] | None = None
             configs: list[tuple[str, int, Any]] = []
             for workers in (0, 2):
                 configs.append(("torchrecord StreamDataset", workers, (_stream_loader, workers)))
@@ -136,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                     times.append(t)
                 if reference is None:
                     reference = out
-                same = len(out) == len(reference) and all(torch.equal(a, b) for a, b in zip(out, reference))
+                same = len(out) == len(reference) and all(
+                    all(torch.equal(x, y) for x, y in zip(a, b)) for a, b in zip(out, reference)
+                )
                 median = statistics.median(times)
                 rows.append((tname, steps, name, workers, frames / median, same))
                 print(f"  {tname} steps={steps} {name} w={workers}: {frames / median:,.0f} frames/s", flush=True)

@@ -589,3 +589,70 @@ def test_load_then_batch(make_record: Callable[..., str]) -> None:
 def test_load_is_exported() -> None:
     for name in ("load", "BatchIter", "GroupBatchIter", "SampleList"):
         assert getattr(torchrecord, name) is getattr(memory_module, name)
+
+
+def _fixed(i: int) -> dict[str, Any]:
+    """A sample whose every field has a fixed shape (the fast path), bool and bfloat16 among them."""
+    full = _mixed(i)
+    return {k: full[k] for k in ("x", "half", "meta", "label", "score", "ok")}
+
+
+@pytest.mark.parametrize("samples_per_record", [1, 3, 8])
+@pytest.mark.parametrize("chunk", [4, 1000])
+def test_load_reads_fixed_sets_straight_into_the_result(
+    make_record: Callable[..., str], monkeypatch: pytest.MonkeyPatch, samples_per_record: int, chunk: int
+) -> None:
+    """The direct path (every row, fixed layout): chunks that start inside a record and span windows."""
+    path = make_record([_fixed(i) for i in range(41)], samples_per_record=samples_per_record)
+    monkeypatch.setattr(load_module, "_chunk_size", lambda schema, count: chunk)
+    filled: list[int] = []
+    original = load_module._fill_direct
+
+    def spy(*args: Any) -> Any:
+        result = original(*args)
+        filled.append(result is not None)
+        return result
+
+    monkeypatch.setattr(load_module, "_fill_direct", spy)
+    loaded = load(path)
+    assert filled == [True]
+    _assert_load_matches(path, loaded)
+    assert loaded["half"].dtype == torch.bfloat16 and loaded["meta"]["flags"].dtype == torch.bool
+    part = load(path, fields=["half", "ok"])
+    assert torch.equal(part["half"].view(torch.int16), loaded["half"].view(torch.int16))
+    assert torch.equal(part["ok"], loaded["ok"]) and list(part) == ["half", "ok"]
+    on_meta = load(path, device="meta")
+    assert on_meta["x"].device.type == "meta" and on_meta["x"].shape == (41, 3)
+
+
+def test_load_direct_path_checks_bool_bytes(make_record: Callable[..., str]) -> None:
+    """A stored bool byte other than 0 or 1 is a CorruptRecordError on the direct path too."""
+    import lmdb
+
+    from torchrecord import _format
+    from torchrecord.errors import CorruptRecordError
+
+    path = make_record([{"ok": torch.ones(16, dtype=torch.bool), "n": i} for i in range(5)], samples_per_record=1)
+    env = lmdb.open(path, subdir=False, max_dbs=8, lock=False)
+    with env.begin(write=True) as txn:
+        db = env.open_db(_format.RECORDS_DB, txn=txn, create=False)
+        key, value = next(iter(txn.cursor(db)))
+        assert value.count(b"\x01" * 16) == 1
+        txn.put(key, value.replace(b"\x01" * 16, b"\x01" * 15 + b"\x07"), db=db)
+    env.close()
+    with pytest.raises(CorruptRecordError, match="bool bytes other than 0 and 1"):
+        load(path)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_copy_run_equals_a_fancy_gather(k: int) -> None:
+    from torchrecord._fastread import _copy_run
+
+    rng = np.random.default_rng(k)
+    field = rng.integers(0, 256, (7, k, 3), dtype=np.uint8)
+    flat = field.reshape(7 * k, 3)
+    for first in range(7 * k):
+        for n in range(1, 7 * k - first + 1):
+            dst = np.zeros((n, 3), np.uint8)
+            _copy_run(field, first, dst, k)
+            assert np.array_equal(dst, flat[first : first + n]), (first, n)

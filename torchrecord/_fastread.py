@@ -56,15 +56,16 @@ class FixedWindow:
         self.views = views
 
     def gather(
-        self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray] | None = None, at: int = 0
-    ) -> list[np.ndarray]:
+        self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray | None] | None = None, at: int = 0
+    ) -> list[Any]:
         """Copy the chosen samples' bytes, per field, into (len(rec), sample_bytes) uint8 arrays.
 
         This is the one place where a field's bytes leave a window: each sample is
         copied once, from the window buffer (short records) or straight from the
         LMDB map (long records, kept as views), into the batch. ``out`` (one array
         per field, ``at`` the first row to fill) lets a batch that spans windows be
-        filled in place; without it fresh arrays are made. Returns the arrays filled.
+        filled in place (a None entry leaves that field out); without it fresh arrays
+        are made. Returns the arrays filled.
         """
         n = len(rec)
         if out is None and self.views is None:  # one vectorized gather per field into a fresh array
@@ -72,18 +73,56 @@ class FixedWindow:
         if out is None:
             out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
         if self.views is None:
+            k = self.layout.rows
+            first = _consecutive(rec * k + row) if n else None
             for field, dst in zip(self.fields, out):
-                dst[at : at + n] = field[rec, row]
+                if dst is None:  # a field the caller does not want
+                    continue
+                if first is not None:  # consecutive samples (an unshuffled read): strided copies, in place
+                    _copy_run(field, first, dst[at : at + n], k)
+                else:  # a fancy index gathers into a temporary first
+                    dst[at : at + n] = field[rec, row]
             return list(out)
         views = self.views
         # visit the records in stored order (each to its permuted row): the map is read forwards
         visits = sorted(zip(rec.tolist(), row.tolist(), range(at, at + n)))
         for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
+            if dst is None:
+                continue
             flat = dst.data.cast("B")  # dst is a C-contiguous (rows, size) uint8 array
             for r, j, i in visits:
                 start = off + j * size
                 flat[i * size : (i + 1) * size] = views[r][start : start + size]
         return list(out)
+
+
+def _consecutive(flat: np.ndarray) -> int | None:
+    """The first sample's position when ``flat`` (positions in the window) is a run of consecutive ones."""
+    n = len(flat)
+    if int(flat[-1]) - int(flat[0]) != n - 1 or (n > 1 and not bool((np.diff(flat) == 1).all())):
+        return None
+    return int(flat[0])
+
+
+def _copy_run(field: np.ndarray, first: int, dst: np.ndarray, k: int) -> None:
+    """Copy ``len(dst)`` consecutive samples from window position ``first`` of ``field`` [records, k, size].
+
+    At most three strided copies (the rest of the first record, whole records,
+    the head of the last one) and no temporary.
+    """
+    n = len(dst)
+    rec, row = divmod(first, k)
+    pos = 0
+    if row:
+        m = min(k - row, n)
+        dst[:m] = field[rec, row : row + m]
+        pos, rec = m, rec + 1
+    whole = (n - pos) // k
+    if whole:
+        dst[pos : pos + whole * k].reshape(whole, k, dst.shape[1])[...] = field[rec : rec + whole]
+        pos, rec = pos + whole * k, rec + whole
+    if pos < n:
+        dst[pos:] = field[rec, : n - pos]
 
 
 #: One piece of a window: (the walk of its shard, samples in that shard, start, stop) in shard indices.

@@ -17,6 +17,7 @@ import torch
 
 from torchrecord import _dtypes
 from torchrecord._columns import SampleList
+from torchrecord._reader import ShareReader
 from torchrecord._structure import Tree, unflatten
 from torchrecord.dataset import RecordDataset
 from torchrecord.errors import CorruptRecordError
@@ -83,6 +84,10 @@ def _fill(
     When one chunk holds the whole set and every row is wanted, the chunk's own
     fresh columns are the result (no second copy).
     """
+    if rows is None:
+        direct = _fill_direct(columns, keep, record_file, schema, count, device)
+        if direct is not None:
+            return direct
     if rows is not None:
         order = np.argsort(rows, kind="stable")
         wanted = rows[order]
@@ -109,6 +114,40 @@ def _fill(
     if start != count:
         raise CorruptRecordError(f"{path}: read {start} samples, the metadata says {count}")
     return columns
+
+
+def _fill_direct(
+    columns: list[Any], keep: list[int], record_file: RecordFile, schema: Schema, count: int, device: torch.device
+) -> list[Any] | None:
+    """Read every sample straight into the result columns: each sample copied once, window to result.
+
+    For a set with a fixed layout when every row is wanted (the common case): the
+    reader gathers each window's samples into their rows of the preallocated
+    columns (``ShareReader.indexed_chunks(out=...)``), with no chunk arrays in
+    between. Returns None (nothing read) when the set has no fixed layout or a
+    column is not a tensor; a non-CPU device gets CPU columns moved at the end.
+    """
+    dataset = RecordDataset(record_file, shuffle=False, batch_size=1, rank=0, world_size=1)
+    layout = dataset._fixed_layout()
+    if layout is None or not all(isinstance(c, torch.Tensor) for c in columns):
+        return None
+    cpu = torch.device("cpu")
+    host = columns if device == cpu else [_allocate(schema.fields[i], count, cpu) for i in keep]
+    dest: list[np.ndarray | None] = [None] * len(schema.fields)
+    for column, i in zip(host, keep):
+        if column.numel() * column.element_size() != count * layout.sample_bytes[i]:
+            return None  # cannot happen: the layout and the schema describe the same bytes
+        dest[i] = column.view(torch.uint8).reshape(count, layout.sample_bytes[i]).numpy()
+    reader = ShareReader(dataset.file, dataset.share(0, 1), layout=layout, verify=False)
+    filled = 0
+    try:
+        for _, indices in reader.indexed_chunks(_chunk_size(schema, count), 0, out=dest):
+            filled += len(indices)
+    finally:
+        dataset.file._let_go(hard=False)
+    if filled != count:
+        raise CorruptRecordError(f"{record_file.path}: read {filled} samples, the metadata says {count}")
+    return host if device == cpu else [column.to(device) for column in host]
 
 
 def _adopt(out: Any, column: Any, device: torch.device) -> Any:

@@ -100,11 +100,19 @@ class ShareReader:
         for chunk, _ in self.indexed_chunks(size, start):
             yield chunk
 
-    def indexed_chunks(self, size: int, start: int = 0) -> Iterator[tuple[list[Any], np.ndarray]]:
+    def indexed_chunks(
+        self, size: int, start: int = 0, out: Sequence[np.ndarray | None] | None = None
+    ) -> Iterator[tuple[list[Any], np.ndarray]]:
         """Like :meth:`chunks`, each chunk with the set's sample index of each of its samples (int64).
 
         The indices let an error raised while transforming a sample name it.
+        ``out`` (fixed path only: one C-contiguous uint8 array [share total,
+        sample bytes] per field, None to leave a field out) receives every chunk
+        in its rows, in place of fresh arrays; the chunks are views of it (None
+        for the fields left out). :func:`torchrecord.load` reads into its result so.
         """
+        if out is not None and self.layout is None:
+            raise ValueError("out= needs the fixed-layout path")
         share = self.share
         total = share.total
         if start >= total:
@@ -126,7 +134,7 @@ class ShareReader:
                 walks.advise(plan[0])
             windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
             position = start  # the position of the chunk being assembled
-            chunk = _Chunk(self, min(size, total - position))
+            chunk = _Chunk(self, min(size, total - position), out, position)
             skip = start - first_window * share.window
             for i, pieces in enumerate(plan):
                 taker = windows(first_window + i, pieces, _indices(window_runs[i]))
@@ -140,7 +148,7 @@ class ShareReader:
                     if chunk.full:
                         yield chunk.result()
                         position += chunk.n
-                        chunk = _Chunk(self, min(size, total - position))
+                        chunk = _Chunk(self, min(size, total - position), out, position)
                 walks.done(i)
             if chunk.held:  # cannot happen: the windows cover the share exactly
                 yield chunk.result()
@@ -161,7 +169,9 @@ class ShareReader:
             if order is not None:
                 rec, row, indices = rec[order], row[order], indices[order]
 
-            def gather(sel: slice, out: list[np.ndarray] | None = None, at: int = 0) -> list[np.ndarray]:
+            def gather(
+                sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0
+            ) -> list[Any]:
                 return win.gather(rec[sel], row[sel], out, at)
 
             return _Taken(len(rec), gather, indices)
@@ -198,12 +208,18 @@ class ShareReader:
 
         return window
 
-    def typed(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """The fixed path's gathered uint8 arrays as typed columns [B, ...] (bool bytes checked)."""
+    def typed(self, arrays: Sequence[np.ndarray | None]) -> list[Any]:
+        """The fixed path's gathered uint8 arrays as typed columns [B, ...] (bool bytes checked).
+
+        A None (a field left out of an ``out=`` read) stays None.
+        """
         layout = self.layout
         assert layout is not None
-        typed = [a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, self._shapes)]
-        check_bools(typed, layout.fields, self.file.path)
+        typed = [
+            None if a is None else a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, self._shapes)
+        ]
+        kept = [(a, f) for a, f in zip(typed, layout.fields) if a is not None]
+        check_bools([a for a, _ in kept], [f for _, f in kept], self.file.path)
         return typed
 
     @property
@@ -220,12 +236,17 @@ class _Chunk:
     whole chunk, so every sample is copied once (no joining copy).
     """
 
-    def __init__(self, reader: ShareReader, n: int) -> None:
+    def __init__(
+        self, reader: ShareReader, n: int, dest: Sequence[np.ndarray | None] | None = None, position: int = 0
+    ) -> None:
         self.reader, self.n = reader, n
         self.held = 0
         self.parts: list[Any] = []
         self.indices: list[np.ndarray] = []
-        self.out: list[np.ndarray] | None = None
+        # the rows of the caller's arrays this chunk fills (ShareReader.indexed_chunks's out=)
+        self.out: list[Any] | None = (
+            None if dest is None else [None if d is None else d[position : position + n] for d in dest]
+        )
 
     @property
     def full(self) -> bool:
@@ -234,7 +255,7 @@ class _Chunk:
     def take(self, taker: _Taken) -> None:
         """Take as many samples from ``taker`` as this chunk still needs."""
         n = min(self.n - self.held, taker.remaining)
-        if self.reader.layout is None or (self.held == 0 and n == self.n):
+        if self.reader.layout is None or (self.held == 0 and n == self.n and self.out is None):
             part, indices = taker.take(n)
             self.parts.append(part)
         else:
@@ -248,7 +269,10 @@ class _Chunk:
         """The chunk (typed columns, or decoded samples) and the sample index of each sample."""
         indices = self.indices[0] if len(self.indices) == 1 else np.concatenate(self.indices)
         if self.reader.layout is not None:
-            arrays = [a[: self.held] for a in self.out] if self.out is not None else self.parts[0]
+            if self.out is not None:
+                arrays = [None if a is None else a[: self.held] for a in self.out]
+            else:
+                arrays = self.parts[0]
             return self.reader.typed(arrays), indices
         return [sample for part in self.parts for sample in part], indices
 
@@ -381,7 +405,7 @@ class _Taken:
         self.offset += n
         return self.get(sel), self.indices[sel]
 
-    def take_into(self, n: int, out: list[np.ndarray], at: int) -> np.ndarray:
+    def take_into(self, n: int, out: Sequence[np.ndarray | None], at: int) -> np.ndarray:
         """Gather the next n samples into ``out`` from row ``at`` (fixed path); returns their indices."""
         sel = slice(self.offset, self.offset + n)
         self.offset += n
