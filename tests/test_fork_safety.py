@@ -78,3 +78,47 @@ def test_a_child_closes_an_inherited_advisor_whose_queue_lock_was_held(mix_sets:
         assert code == 0, "the child hung on the parent's queue lock" if code is None else f"exit code {code}"
     finally:
         advisor.close()
+
+
+def test_a_fork_waits_for_lmdb_calls_in_flight_on_other_threads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """py-lmdb waits, when an environment is closed, for the calls in flight on it: one that another
+    thread was inside at the fork never ends in the child. A fork waits until no background thread is
+    inside ``lmdb_calls()`` (before the gate: the child hung in ``env.close()``)."""
+    import threading
+
+    import lmdb
+
+    from torchrecord._forkgate import lmdb_calls
+
+    env = lmdb.open(str(tmp_path / "busy"), map_size=1 << 24)
+    holding, release, inside = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_write_lock() -> None:
+        txn = env.begin(write=True)
+        holding.set()
+        release.wait()
+        txn.abort()
+
+    def read_in_the_background() -> None:  # in flight in py-lmdb (GIL released) until the holder lets go
+        with lmdb_calls():
+            inside.set()
+            env.begin(write=True).abort()
+
+    threading.Thread(target=hold_the_write_lock, daemon=True).start()
+    assert holding.wait(10)
+    reader = threading.Thread(target=read_in_the_background, daemon=True)
+    reader.start()
+    assert inside.wait(10)
+    threading.Timer(0.5, release.set).start()  # the fork below waits for this
+
+    def child() -> None:
+        env.close()  # what the child's registry does with the environments it inherited
+        os._exit(0)
+
+    try:
+        assert _in_forked_child(child, timeout=30) == 0
+        assert release.is_set()  # the fork happened after the region ended
+    finally:
+        release.set()
+        reader.join(10)
+        env.close()

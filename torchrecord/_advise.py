@@ -28,6 +28,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from torchrecord._forkgate import lmdb_calls
 from torchrecord._format import encode_key
 
 __all__ = ["Advisor", "available", "hint_span", "map_base"]
@@ -143,7 +144,7 @@ class Advisor:
             runs = self._jobs.get()
             if runs is None:
                 return
-            with contextlib.suppress(lmdb.Error, OSError, ValueError):
+            with contextlib.suppress(lmdb.Error, OSError, ValueError), lmdb_calls():
                 self._advise(runs)
 
     def _advise(self, runs: list[Run]) -> None:

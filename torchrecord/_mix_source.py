@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from torchrecord._forkgate import lmdb_calls
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
 from torchrecord._walk import Walk, record_runs
@@ -189,10 +190,14 @@ class FileSource(Source):
         return self._layout[0]
 
     def open(self) -> None:
-        with _OPEN_LOCK:
+        with _OPEN_LOCK, lmdb_calls():
             self.file.environment()
 
     def read(self, runs: Sequence[Run], columns: bool) -> Chunk:
+        with lmdb_calls():  # read-ahead threads call this: a fork waits for the read to end
+            return self._read(runs, columns)
+
+    def _read(self, runs: Sequence[Run], columns: bool) -> Chunk:
         runs = [(a, b) for a, b in runs if b > a]
         n = sum(b - a for a, b in runs)
         file = self.file
