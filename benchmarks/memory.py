@@ -56,7 +56,7 @@ GROUPS_PER_BATCH = 64
 
 BARE, BATCH_ITER, DATALOADER = "bare randperm+index_select", "BatchIter", "DataLoader(TensorDataset)"
 BARE_GROUPS, GROUP_ITER, POST = "bare group loop", "GroupBatchIter", "post's GroupBatchIter"
-LOAD, RECORD_DATASET = "load()", "RecordDataset batch mode"
+LOAD, RECORD_DATASET, FRESH = "load()", "RecordDataset batch mode", "fresh memory (empty + fill)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -160,6 +160,21 @@ class _Load(Epochs):
         return [torchrecord.load(self.path)]
 
 
+class _FreshMemory(Epochs):
+    """The floor of anything that returns new [N, ...] tensors: allocate them and write every byte once.
+
+    A RecordDataset epoch recycles its batch buffers; ``load()`` cannot: its result
+    is new memory the size of the set, and the first write to each page costs a
+    fault and a zeroed page (on this VM also the host backing it on first touch).
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.shapes = [(x.shape, x.dtype), (y.shape, y.dtype)]
+
+    def epoch(self, index: int) -> Iterable[Any]:
+        return [tuple(torch.empty(shape, dtype=dtype).fill_(1) for shape, dtype in self.shapes)]
+
+
 class _RecordDataset(Epochs):
     """Batch-mode RecordDataset in a DataLoader without workers (the README's best configuration)."""
 
@@ -226,6 +241,7 @@ def _load_section(data: WorkloadData, rounds: int) -> list[Measurement]:
     configs: list[tuple[Measurement, Epochs]] = [
         (_measurement(data, RECORD_DATASET), _RecordDataset(path, data.batch_size)),
         (_measurement(data, LOAD), _Load(path)),
+        (_measurement(data, FRESH), _FreshMemory(*_tensors(data))),
     ]
     run_rounds(configs, rounds, _log)
     return [m for m, _ in configs]

@@ -94,10 +94,7 @@ def evict(path: str) -> float | None:
     The kernel keeps pages that a process maps, so this process's own mapping of
     the file (torchrecord keeps one environment per file) is closed first.
     """
-    handle = _envcache._OPEN.pop(os.path.realpath(path), None)  # benchmark only: a private cache
-    if handle is not None:
-        handle.closed = True
-        handle.env.close()
+    _envcache.drop_idle()  # the readers of the last round are done: their environments are idle
     gc.collect()
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -627,8 +627,8 @@ class Campaign:
         for f in self.missed()[:20]:
             lines.append(f"  MISSED #{f.index} {f.base} {f.kind}: {f.description} -> {f.outcomes}")
         failures = self.failures()
-        lines.append(f"{', '.join(SAFE_PATHS)}: {failures['crash']} crashes, {failures['hang']} hangs, "
-                     f"{failures['other']} other exceptions; wrong data in any read path: {failures['wrong']}")
+        lines.append(f"{', '.join(SAFE_PATHS)}: {failures['crash']} crashes, {failures['hang']} hangs; in any read "
+                     f"path: {failures['other']} other exceptions, {failures['wrong']} wrong data")
         for f in self.files:
             bad = {p: o for p, o in f.outcomes.items()
                    if o[0] == "wrong" or (p in SAFE_PATHS and o[0] in ("crash", "hang", "other"))}

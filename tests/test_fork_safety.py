@@ -122,3 +122,19 @@ def test_a_fork_waits_for_lmdb_calls_in_flight_on_other_threads(tmp_path) -> Non
         release.set()
         reader.join(10)
         env.close()
+
+
+def test_mixed_dataset_reads_start_no_advisor_threads(mix_sets: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-ahead thread's read must not wait for another thread of its own: a fork waits for the
+    read, and that thread (the read's cold-read advisor) waited for the fork (the suite deadlocked)."""
+    started: list[str] = []
+    real = Advisor.__init__
+
+    def counting(self: Advisor, *args: object, **kwargs: object) -> None:
+        started.append(str(args[2]) if len(args) > 2 else "?")
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Advisor, "__init__", counting)
+    total = sum(len(batch[1]) for batch in MixedDataset(mix_sets, batch_size=16, seed=1))
+    assert total == 600
+    assert started == []

@@ -210,7 +210,9 @@ class _WindowBuilder:
         length = self.layout.length
         n = len(values)
         if (row0 + n) * length > len(self.buffer):
-            grown = np.empty((row0 + n) * length, np.uint8)
+            # at least doubled: a window of many short pieces (StreamDataset's runs of frames in
+            # records of many samples) grew it piece by piece, copying it whole each time (quadratic)
+            grown = np.empty(max((row0 + n) * length, 2 * len(self.buffer)), np.uint8)
             grown[: row0 * length] = self.buffer[: row0 * length]
             self.buffer = grown
         out = self.buffer.data

@@ -9,7 +9,10 @@ forked while the parent's read-ahead threads were reading hung; so did the test
 suite). Background threads make their py-lmdb calls inside :func:`lmdb_calls`;
 a fork first waits until no other thread is inside one, and none enters until
 the fork is done. The regions hold no waits on anything but LMDB and the disk,
-so a fork waits at most for one read to finish.
+so a fork waits at most for one read to finish. A region must never wait for
+another thread that may itself enter a region (it would wait for the fork,
+which waits for the region): MixedDataset's source reads start no cold-read
+advisor thread for that reason.
 """
 
 from __future__ import annotations

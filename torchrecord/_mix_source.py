@@ -206,13 +206,16 @@ class FileSource(Source):
             if layout is None:
                 raise ValueError(f"{file.path}: the set's schema is not fixed; it cannot be read as columns")
             share = Share(tuple(runs), 0, 0, 0, 0, shuffle=False, window=max(1, n))
-            typed = next(ShareReader(file, share, layout=layout, verify=self.verify).chunks(max(1, n)), None)
+            # no read-ahead hints: their thread would be joined inside this read, which a fork waits for
+            reader = ShareReader(file, share, layout=layout, verify=self.verify, advise=False)
+            typed = next(reader.chunks(max(1, n)), None)
             if typed is None:
                 return Chunk(0, columns=[np.zeros((0, *(d or 0 for d in f.shape))) for f in layout.fields])
             return Chunk(n, columns=typed, nbytes=sum(int(c.nbytes) for c in typed))
         if file.samples_per_record > 1:
             share = Share(tuple(runs), 0, 0, 0, 0, shuffle=False, window=max(1, n))
-            samples = list(next(ShareReader(file, share, layout=None, verify=self.verify).chunks(max(1, n)), []))
+            reader = ShareReader(file, share, layout=None, verify=self.verify, advise=False)
+            samples = list(next(reader.chunks(max(1, n)), []))
             return Chunk(n, samples=samples, nbytes=n * self.describe().bytes_per_sample)
         env, db = file.environment()
         values: list[Any] = []

@@ -78,10 +78,17 @@ class ShareReader:
         share: what to read.
         layout: the set's fixed layout, or None for the generic (protobuf) path.
         verify: check every record's CRC-32 as it is read.
+        advise: ask the kernel to read each next window ahead (a background
+            thread per shard, ``torchrecord._advise``); False for one-off reads
+            made on a read-ahead thread (MixedDataset's sources), which must not
+            wait for another thread of their own.
     """
 
-    def __init__(self, file: RecordFile, share: Share, *, layout: FixedLayout | None, verify: bool = False) -> None:
+    def __init__(
+        self, file: RecordFile, share: Share, *, layout: FixedLayout | None, verify: bool = False, advise: bool = True
+    ) -> None:
         self.file, self.share, self.layout, self.verify = file, share, layout, verify
+        self.advise = advise
         self.offsets = file.shard_offsets
         self.records_read = 0
 
@@ -130,7 +137,7 @@ class ShareReader:
         buffers = layout is not None and (layout.length >= JOIN_LIMIT or layout.expander is not None)
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
-            if plan:
+            if plan and self.advise:
                 walks.advise(plan[0])
             windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
             position = start  # the position of the chunk being assembled
@@ -140,7 +147,8 @@ class ShareReader:
                 taker = windows(first_window + i, pieces, _indices(window_runs[i]))
                 # the kernel reads the next window while this one is handed out (asked after this
                 # window's walk, so its pages do not queue behind the next window's)
-                walks.advise(plan[i + 1] if i + 1 < len(plan) else [])
+                if self.advise:
+                    walks.advise(plan[i + 1] if i + 1 < len(plan) else [])
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:

@@ -65,7 +65,9 @@ def record_key(samples_per_record: int = 1) -> str:
 def write_records(data: WorkloadData, dest: Path, samples_per_record: int = 1) -> Path:
     """Write the workload with write_record into ``dest/data.tr``."""
     path = dest / "data.tr"
-    extra: dict[str, Any] = {"samples_per_record": samples_per_record} if samples_per_record > 1 else {}
+    # K=1 stated too: write_record packs small samples on its own when samples_per_record is left out, and
+    # the unpacked loaders and raw-limit (one value per sample) need one sample per record
+    extra: dict[str, Any] = {"samples_per_record": samples_per_record} if supports_samples_per_record() else {}
     torchrecord.write_record(ArraySamples(data.features, data.labels), path, progress=False, **extra)
     return path
 
