@@ -125,7 +125,8 @@ def _fill_direct(
     reader gathers each window's samples into their rows of the preallocated
     columns (``ShareReader.indexed_chunks(out=...)``), with no chunk arrays in
     between. Returns None (nothing read) when the set has no fixed layout or a
-    column is not a tensor; a non-CPU device gets CPU columns moved at the end.
+    column is not a tensor; for another device the samples are read into CPU
+    columns first, then copied into the device's.
     """
     dataset = RecordDataset(record_file, shuffle=False, batch_size=1, rank=0, world_size=1)
     layout = dataset._fixed_layout()
@@ -147,7 +148,10 @@ def _fill_direct(
         dataset.file._let_go(hard=False)
     if filled != count:
         raise CorruptRecordError(f"{record_file.path}: read {filled} samples, the metadata says {count}")
-    return host if device == cpu else [column.to(device) for column in host]
+    if device != cpu:  # into the columns already allocated there: no second device copy
+        for column, staged in zip(columns, host):
+            column.copy_(staged)
+    return columns
 
 
 def _adopt(out: Any, column: Any, device: torch.device) -> Any:
