@@ -139,7 +139,9 @@ def measure_writes(data: WorkloadData, scratch: Path) -> WriteResult:
     per_sample = ArraySamples(data.features, data.labels)
     columns = TensorDataset(torch.from_numpy(data.features), torch.from_numpy(data.labels))
     start = time.perf_counter()
-    torchrecord.write_record(per_sample, record, progress=False)
+    # K=1 stated: left out, write_record packs small samples itself, and the raw append below must
+    # store one value per sample (what a hand-written LMDB writer does)
+    torchrecord.write_record(per_sample, record, progress=False, samples_per_record=1)
     tr_seconds = time.perf_counter() - start
     file_bytes = os.path.getsize(record)
     values = _stored_values(record)
