@@ -11,9 +11,10 @@ rounds, medians; the first round is a warm-up and is not counted):
   limit with a new array per batch, the bare cursor walk, and the simplest
   shuffling reader there is (hold a window of zero-copy values, copy them in a
   random order into a new array per batch).
-* ``tiny-write``: ``write_record`` of a ``TensorDataset`` of 500,000 x
-  float32[16] + label (automatic packing, pre-shuffled), split into its parts
-  the same way, beside a raw LMDB append of one 72-byte value per sample.
+* ``tiny-write``: ``write_record`` of 500,000 x float32[16] + label (automatic
+  packing, pre-shuffled) from a ``TensorDataset`` and from a per-sample source
+  (``dataset[i]`` builds each sample, as ``benchmarks.run``'s), split into their
+  parts the same way, beside a raw LMDB append of one 72-byte value per sample.
 
 The parts are wall time inside the named functions (nested calls counted once,
 in the outermost part named); "other" is the rest of the epoch or write.
@@ -36,8 +37,8 @@ import torch
 
 import torchrecord
 from benchmarks.loaders.torchrecord_loader import record_key, write_records
-from benchmarks.workloads import WORKLOADS, load_workload
-from torchrecord import _fastread, _lmdb_writer, _packing, _sources, _walk
+from benchmarks.workloads import WORKLOADS, ArraySamples, load_workload
+from torchrecord import _fastread, _fastwrite, _lmdb_writer, _packing, _sources, _walk
 from torchrecord._format import encode_keys
 
 __all__ = ["main"]
@@ -169,24 +170,29 @@ def _first_values(env: lmdb.Environment, db: Any, n: int) -> Iterator[bytes]:
 def _tiny_write(rounds: int) -> None:
     n = 500_000
     generator = torch.Generator().manual_seed(0)
-    source = torch.utils.data.TensorDataset(
-        torch.randn(n, 16, generator=generator), torch.randint(0, 10, (n,), generator=generator)
-    )
+    features = torch.randn(n, 16, generator=generator)
+    labels = torch.randint(0, 10, (n,), generator=generator)
+    sources = {
+        "TensorDataset": torch.utils.data.TensorDataset(features, labels),
+        "per-sample source": ArraySamples(features.numpy(), labels.numpy()),
+    }
     values = [bytes(72)] * n  # what a raw append of one 72-byte value per sample stores
     parts = _Parts()
-    parts.time(_sources, "_rows_of", "pre-shuffle: gather the source's rows in the shuffled order")
+    parts.time(ArraySamples, "__getitem__", "the source: dataset[i] for every i")
+    parts.time(_fastwrite.FastEncoder, "columns", "per-sample sources: samples checked and stacked into columns")
+    parts.time(_sources, "_rows_of", "TensorDataset: gather its rows in the shuffled order")
     parts.time(_packing._Layouts, "records", "packing: columns into records of K samples")
-    parts.time(_lmdb_writer.LmdbAppender, "flush", "LMDB: put the records, commit")
-    parts.time(_lmdb_writer.LmdbAppender, "finish", "LMDB: metadata, commit, sync to disk")
-    split: list[dict[str, float]] = []
+    parts.time(_lmdb_writer.LmdbAppender, "flush", "LMDB: put the records, commit (before the end)")
+    parts.time(_lmdb_writer.LmdbAppender, "finish", "LMDB: put the last records and the metadata, commit, sync")
+    splits: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
     with tempfile.TemporaryDirectory() as tmp:
         counter = iter(range(10**9))
 
-        def write() -> None:
+        def write(name: str) -> None:
             parts.seconds.clear()
             start = time.perf_counter()
-            torchrecord.write_record(source, Path(tmp) / f"w{next(counter)}.tr", progress=False)
-            split.append(dict(parts.seconds, total=time.perf_counter() - start))
+            torchrecord.write_record(sources[name], Path(tmp) / f"w{next(counter)}.tr", progress=False)
+            splits[name].append(dict(parts.seconds, total=time.perf_counter() - start))
 
         def raw_append() -> None:
             env = lmdb.open(str(Path(tmp) / f"raw{next(counter)}"), map_size=1 << 30, subdir=True)
@@ -196,13 +202,16 @@ def _tiny_write(rounds: int) -> None:
             env.close()
 
         try:
-            times = _median_rounds({"raw LMDB append, 1 value per sample": raw_append, "write_record": write}, rounds)
+            cases: dict[str, Callable[[], Any]] = {"raw LMDB append, 1 value per sample": raw_append}
+            cases.update({f"write_record, {name}": functools.partial(write, name) for name in sources})
+            times = _median_rounds(cases, rounds)
         finally:
             parts.restore()
-    print(f"== tiny-write: TensorDataset of {n:,} x float32[16] + label, median of {rounds} writes")
+    print(f"== tiny-write: {n:,} x float32[16] + label (automatic packing, pre-shuffled), median of {rounds} writes")
     _table(times, n, "samples")
-    print("write_record, by part (median):")
-    _split_table(split[1:])
+    for name, split in splits.items():
+        print(f"write_record, {name}, by part (median):")
+        _split_table(split[1:])
 
 
 def _table(times: dict[str, list[float]], count: int, unit: str) -> None:
@@ -214,7 +223,7 @@ def _table(times: dict[str, list[float]], count: int, unit: str) -> None:
 
 def _split_table(split: list[dict[str, float]]) -> None:
     total = statistics.median(s["total"] for s in split)
-    labels = [label for label in split[0] if label != "total"]
+    labels = list(dict.fromkeys(label for s in split for label in s if label != "total"))
     named = 0.0
     for label in labels:
         seconds = statistics.median(s.get(label, 0.0) for s in split)

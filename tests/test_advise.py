@@ -70,7 +70,45 @@ def test_map_base_finds_where_the_file_is_mapped(images: Path) -> None:
     assert map_base(12345, str(images)) is None
 
 
-def test_reading_stops_every_advisor_thread(images: Path) -> None:
+def _count_advisors(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    started: list[str] = []
+    real = Advisor.__init__
+
+    def counting(self: Advisor, *args: object) -> None:
+        started.append(str(args[2]))
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Advisor, "__init__", counting)
+    return started
+
+
+def test_resident_sees_whether_a_file_is_in_the_page_cache(tmp_path: Path) -> None:
+    path = tmp_path / "sparse.bin"
+    with open(path, "wb") as f:
+        f.truncate(4 << 20)  # a hole: no page of it is cached until it is read
+    assert not _advise.resident(str(path))
+    assert path.read_bytes() == bytes(4 << 20)
+    assert _advise.resident(str(path))
+    empty = tmp_path / "empty.bin"
+    empty.touch()
+    assert not _advise.resident(str(empty))
+    assert not _advise.resident(str(tmp_path / "missing.bin"))
+
+
+def test_a_file_in_the_page_cache_gets_no_advisor(images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _advise.resident(str(images))  # just written
+    started = _count_advisors(monkeypatch)
+    ds = torchrecord.RecordDataset(images, batch_size=32, shuffle_buffer=64, seed=0)
+    assert sorted(int(y) for _, labels in ds for y in labels) == list(range(400))
+    assert started == []
+    monkeypatch.setattr(_advise, "resident", lambda path: False)  # as for a file out of the cache
+    assert sorted(int(y) for _, labels in ds for y in labels) == list(range(400))
+    assert started == [str(images)]
+
+
+def test_reading_stops_every_advisor_thread(images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_advise, "resident", lambda path: False)  # advise even though the file is cached
+    started = _count_advisors(monkeypatch)
     before = len(_advisor_threads())
     ds = torchrecord.RecordDataset(images, batch_size=32, shuffle_buffer=64, seed=0)
     assert sorted(int(y) for _, labels in ds for y in labels) == list(range(400))
@@ -81,6 +119,7 @@ def test_reading_stops_every_advisor_thread(images: Path) -> None:
     while len(_advisor_threads()) > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(_advisor_threads()) == before
+    assert len(started) == 2  # both readers advised, and both advisors stopped
 
 
 def test_hints_can_be_turned_off(images: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,11 +14,14 @@ pages and the overflow pages of long values) lie in one stretch of the file:
 two cursor seeks (first and last record) give it. A stretch much longer than
 the run's records (a file written some other way) is not advised. Hints are
 only hints: a failure is ignored, and nothing here can change what is read.
+A file already in the page cache (:func:`resident`) gets no advisor at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import queue
 import threading
@@ -31,7 +34,7 @@ import numpy as np
 from torchrecord._forkgate import lmdb_calls
 from torchrecord._format import encode_key
 
-__all__ = ["Advisor", "available", "hint_span", "map_base"]
+__all__ = ["Advisor", "available", "hint_span", "map_base", "resident"]
 
 _PAGE = 4096
 #: a stretch longer than this many times its records' bytes (plus slack) is not advised
@@ -39,6 +42,10 @@ _MAX_SPREAD = 2
 _SLACK = 1 << 20
 #: bytes per posix_fadvise call (a single call for a much larger range reads only part of it)
 _PIECE = 2 << 20
+
+#: pages of a file whose residency :func:`resident` samples, and the share of them that must be cached
+_SAMPLED_PAGES = 64
+_RESIDENT_SHARE = 0.9
 
 Run = tuple[int, int]
 
@@ -48,6 +55,44 @@ def available() -> bool:
     return hasattr(os, "posix_fadvise") and os.path.exists("/proc/self/maps") and (
         os.environ.get("TORCHRECORD_READAHEAD", "1") != "0"
     )
+
+
+def resident(path: str) -> bool:
+    """True when ``path`` is in the page cache: at least 90% of 64 pages spread over it (``mincore``).
+
+    A warm file needs no read-ahead, and advising it costs the reader (a thread
+    taking turns with it, the kernel walking its cache): a read over the
+    large-image set of ``benchmarks.profiles`` spent 27-40 ms of a 170 ms epoch
+    walking records with the advisor running, 15 ms without it. False where
+    unknown (not Linux, an empty file, an error): the reader then advises.
+    """
+    try:
+        mincore = ctypes.CDLL(None, use_errno=True).mincore
+        mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return False
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+                view = np.frombuffer(mapped, np.uint8)
+                try:
+                    pages = -(-size // mmap.PAGESIZE)
+                    chosen = np.unique(np.linspace(0, pages - 1, _SAMPLED_PAGES).astype(np.int64))
+                    state = np.zeros(1, np.uint8)
+                    cached = 0
+                    for page in chosen.tolist():
+                        address = view.ctypes.data + page * mmap.PAGESIZE
+                        if mincore(ctypes.c_void_p(address), mmap.PAGESIZE, state.ctypes.data) != 0:
+                            return False
+                        cached += int(state[0]) & 1
+                finally:
+                    del view  # the map cannot close while an array still exports it
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError, ValueError, TypeError):
+        return False
+    return cached >= _RESIDENT_SHARE * len(chosen)
 
 
 def hint_span(lo: int, hi: int, expected: int, size: int) -> tuple[int, int] | None:

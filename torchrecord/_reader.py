@@ -319,6 +319,7 @@ class _ShardWalks:
         self.counts = np.diff(file.shard_offsets).tolist()
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
         self._advisors: dict[int, Advisor] = {}
+        self._warm: set[int] = set()  # shards found in the page cache: no read-ahead hints
         self.records_read = 0
         self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
         order: list[int] = []  # the shards in the order they are needed (a remote set fetches ahead)
@@ -350,9 +351,14 @@ class _ShardWalks:
             if s in self._walks or self.set.num_shards == 1:
                 runs.setdefault(s, []).append((start, stop))
         for s, sample_runs in runs.items():
+            if s in self._warm:
+                continue
             advisor = self._advisors.get(s)
             if advisor is None:
                 file, walk = self.file(s), self.walk(s)
+                if _advise.resident(file.path):  # checked once per shard and reader (an epoch, a worker)
+                    self._warm.add(s)
+                    continue
                 record_bytes = os.path.getsize(file.path) // max(1, file.num_records)
                 try:
                     advisor = self._advisors[s] = Advisor(walk.env, walk.db, file.path, record_bytes)
