@@ -45,6 +45,7 @@ from benchmarks.machine import describe_machine, versions
 from benchmarks.post_groups import PostGroupBatchIter
 from benchmarks.timing import Measurement, run_rounds
 from benchmarks.workloads import WORKLOADS, Workload, WorkloadData, load_workload
+from torchrecord._load import host_empty
 
 __all__ = ["WIDE", "Target", "main", "parse_args"]
 
@@ -166,13 +167,15 @@ class _FreshMemory(Epochs):
     A RecordDataset epoch recycles its batch buffers; ``load()`` cannot: its result
     is new memory the size of the set, and the first write to each page costs a
     fault and a zeroed page (on this VM also the host backing it on first touch).
+    Allocated as ``load()`` allocates (``torchrecord._load.host_empty``: NumPy's
+    allocator, transparent huge pages), the cheapest fresh memory found here.
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.shapes = [(x.shape, x.dtype), (y.shape, y.dtype)]
+        self.shapes = [(tuple(x.shape), x.dtype), (tuple(y.shape), y.dtype)]
 
     def epoch(self, index: int) -> Iterable[Any]:
-        return [tuple(torch.empty(shape, dtype=dtype).fill_(1) for shape, dtype in self.shapes)]
+        return [tuple(host_empty(shape, dtype).fill_(1) for shape, dtype in self.shapes)]
 
 
 class _RecordDataset(Epochs):

