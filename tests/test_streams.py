@@ -74,6 +74,27 @@ def test_plan_covers_every_frame_once_in_whole_sequences(streams: int, tail: str
     assert plan.lengths.max() - plan.lengths.min() <= lengths.max()
 
 
+@pytest.mark.parametrize("tail", ["pad", "drop"])
+def test_cells_of_many_batches_at_once_equal_each_batch_alone(tail: str) -> None:
+    """One lookup for a worker's group of batches (steps t, t + n, ...; a short last batch; padding)."""
+    lengths = np.random.default_rng(7).integers(1, 40, size=60)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    plan = plan_streams(offsets, streams=6, seed=2, epoch=1, tail=tail)
+    total, steps = plan.steps_per_epoch, 7
+    for streams in (range(0, 3), range(3, 6)):
+        for workers in (1, 3):
+            spans = [(t * steps, min(t * steps + steps, total)) for t in range(1, -(-total // steps), workers)]
+            together = plan.cells_many(streams, spans)
+            assert len(together) == len(spans)
+            for (t0, t1), cells in zip(spans, together):
+                alone = plan.cells(streams, t0, t1)
+                for got, want in zip(
+                    (cells.sample, cells.sequence, cells.start), (alone.sample, alone.sequence, alone.start)
+                ):
+                    assert got.shape == want.shape and np.array_equal(got, want)
+    assert plan.cells_many(range(0, 3), []) == []
+
+
 def test_plan_changes_per_epoch_and_is_pure() -> None:
     offsets = np.concatenate(([0], np.cumsum(np.arange(1, 30))))
     a = plan_streams(offsets, streams=4, seed=0, epoch=0)

@@ -61,9 +61,26 @@ class StreamPlan:
 
     def cells(self, streams: range, t0: int, t1: int) -> Cells:
         """The cells of ``streams`` at time steps [t0, t1), found for all streams at once."""
+        return self.cells_at(streams, np.arange(t0, t1, dtype=np.int64))
+
+    def cells_many(self, streams: range, spans: list[tuple[int, int]]) -> list[Cells]:
+        """The cells of several batches (time steps [t0, t1) each), found with one lookup for them all."""
+        if not spans:
+            return []
+        times = np.concatenate([np.arange(t0, t1, dtype=np.int64) for t0, t1 in spans])
+        every = self.cells_at(streams, times)
+        out: list[Cells] = []
+        lo = 0
+        for t0, t1 in spans:
+            hi = lo + (t1 - t0)
+            out.append(Cells(every.sample[:, lo:hi], every.sequence[:, lo:hi], every.start[:, lo:hi]))
+            lo = hi
+        return out
+
+    def cells_at(self, streams: range, t: np.ndarray) -> Cells:
+        """The cells of ``streams`` at the time steps ``t`` (int64, any order), found for all at once."""
         table = self._table(streams)
         rows = len(streams)
-        t = np.arange(t0, t1, dtype=np.int64)
         valid = t[None, :] < table.lengths[:, None]
         if not len(table.ends):
             valid[:] = False

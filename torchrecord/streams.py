@@ -155,7 +155,11 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             offsets = self.file.groups
             assert offsets is not None
             plan = plan_streams(
-                offsets, streams=world * self.batch_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                offsets,
+                streams=world * self.batch_size,
+                seed=self.seed,
+                epoch=self.epoch,
+                shuffle=self.shuffle,
                 tail=self.tail,
             )
             self._plan_cache = (key, plan)
@@ -224,7 +228,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         while i < len(mine):
             group = mine[i : i + (1 if i == 0 else per_read)]  # the first batch alone: it comes sooner
             i += len(group)
-            cells = [plan.cells(streams, t * self.steps, min(t * self.steps + self.steps, total)) for t in group]
+            cells = plan.cells_many(streams, [(t * self.steps, min(t * self.steps + self.steps, total)) for t in group])
             grids = [_Grid.of(c, self.steps) for c in cells]
             chunks = self._read_many([g.samples for g in grids], layout)
             for t, c, grid, chunk in zip(group, cells, grids, chunks):
