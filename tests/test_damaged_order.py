@@ -78,7 +78,14 @@ def _dataset_batches(path: str) -> list[Any]:
 def _dataloader_workers(path: str) -> list[Any]:
     ds = torchrecord.RecordDataset(path, seed=3)
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
-    return list(loader)
+    batches = iter(loader)
+    try:
+        return list(batches)
+    finally:
+        # this runs in an isolated child that leaves with os._exit: stop and join the workers first. A
+        # worker still starting when its parent died took init (PID 1) for its parent, so torch's
+        # watchdog never saw the death, and it waited for work forever (orphans seen after full runs)
+        batches._shutdown_workers()  # type: ignore[attr-defined]
 
 
 READS = [_record_file, _random_access, _dataset, _dataset_batches, _dataloader_workers]
