@@ -10,8 +10,6 @@ Linux only (``posix_fadvise``, ``mincore``); elsewhere the section is skipped.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
 import multiprocessing
 import os
@@ -22,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from torchrecord._advise import cached_pages
+
 __all__ = ["ColdResult", "Eviction", "available", "evict", "resident_fraction", "run_in_child", "time_cold"]
 
 T = TypeVar("T")
@@ -31,48 +31,17 @@ def available() -> str | None:
     """Why cold reads cannot be measured here, or None if they can."""
     if not sys.platform.startswith("linux") or not hasattr(os, "posix_fadvise"):
         return "needs Linux (posix_fadvise and mincore)"
-    if ctypes.util.find_library("c") is None:
-        return "no C library found for mincore"
+    if cached_pages(__file__) is None:
+        return "mincore cannot be asked here"
     return None
 
 
-def _libc() -> Any:
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    return libc
-
-
-def _resident_pages(libc: Any, path: Path) -> tuple[int, int]:
-    """(pages in the page cache, pages) of one file."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0, 0
-    pages = -(-size // mmap.PAGESIZE)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return 0, pages
-        try:
-            vec = ctypes.create_string_buffer(pages)
-            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-                return 0, pages
-            return sum(b & 1 for b in vec.raw), pages
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), size)
-    finally:
-        os.close(fd)
-
-
 def resident_fraction(files: Sequence[Path]) -> float:
-    """The fraction of the files' pages now in the page cache (mincore)."""
-    libc = _libc()
+    """The fraction of the files' pages now in the page cache (``mincore``, as the readers ask it)."""
     cached = total = 0
     for path in files:
-        c, t = _resident_pages(libc, path)
+        counts = cached_pages(str(path))
+        c, t = counts if counts is not None else (0, -(-path.stat().st_size // mmap.PAGESIZE))
         cached, total = cached + c, total + t
     return cached / total if total else 0.0
 

@@ -26,28 +26,18 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from benchmarks.robomimic import DATASET_KEYS, OBS_KEYS
 from torchrecord import WindowDataset
+from torchrecord._structure import flatten, unflatten
 
 __all__ = ["main"]
 
 
-def _nbytes(x: Any) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, dict):
-        return sum(_nbytes(v) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(v) for v in x)
-    return 0
+def _nbytes(batch: Any) -> int:
+    return sum(x.numel() * x.element_size() for x in flatten(batch)[1] if isinstance(x, torch.Tensor))
 
 
-def _clone(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.clone()
-    if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_clone(v) for v in x)
-    return x
+def _clone(batch: Any) -> Any:
+    tree, leaves = flatten(batch)
+    return unflatten(tree, [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves])
 
 
 class _Prebuilt(IterableDataset[Any]):

@@ -26,8 +26,6 @@ median over rounds (at least 3).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import gc
 import json
 import os
@@ -44,6 +42,7 @@ import torch
 
 import torchrecord
 from torchrecord import _envcache
+from torchrecord._advise import cached_pages
 
 __all__ = ["main", "rendered_images", "resident_fraction"]
 
@@ -52,40 +51,13 @@ EXPLICIT_K = (16, 64, 256)
 
 
 # -- page cache ---------------------------------------------------------------------------
-def _libc() -> Any:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return libc
-
-
 def resident_fraction(path: str) -> float | None:
-    """The fraction of the file's pages in the page cache (mincore), or None where it cannot be asked."""
-    try:
-        libc = _libc()
-    except OSError:
+    """The fraction of the file's pages in the page cache (``mincore``), or None where it cannot be asked."""
+    counts = cached_pages(path)
+    if counts is None:
         return None
-    size = os.path.getsize(path)
-    if not size:
-        return 1.0
-    page = os.sysconf("SC_PAGE_SIZE")
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return None
-        try:
-            pages = -(-size // page)
-            vec = (ctypes.c_ubyte * pages)()
-            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-                return None
-            return float(np.frombuffer(vec, np.uint8).astype(bool).mean())
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), size)
-    finally:
-        os.close(fd)
+    cached, pages = counts
+    return cached / pages if pages else 1.0
 
 
 def evict(path: str) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -86,13 +87,18 @@ def test_resident_sees_whether_a_file_is_in_the_page_cache(tmp_path: Path) -> No
     path = tmp_path / "sparse.bin"
     with open(path, "wb") as f:
         f.truncate(4 << 20)  # a hole: no page of it is cached until it is read
+    pages = (4 << 20) // mmap.PAGESIZE
     assert not _advise.resident(str(path))
+    assert _advise.cached_pages(str(path)) == (0, pages)
     assert path.read_bytes() == bytes(4 << 20)
     assert _advise.resident(str(path))
+    assert _advise.cached_pages(str(path)) == (pages, pages)
+    assert _advise.cached_pages(str(path), 64) == (64, 64)
     empty = tmp_path / "empty.bin"
     empty.touch()
-    assert not _advise.resident(str(empty))
+    assert not _advise.resident(str(empty)) and _advise.cached_pages(str(empty)) == (0, 0)
     assert not _advise.resident(str(tmp_path / "missing.bin"))
+    assert _advise.cached_pages(str(tmp_path / "missing.bin")) is None
 
 
 def test_a_file_in_the_page_cache_gets_no_advisor(images: Path, monkeypatch: pytest.MonkeyPatch) -> None:

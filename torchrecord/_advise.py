@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import queue
@@ -34,7 +35,7 @@ import numpy as np
 from torchrecord._forkgate import lmdb_calls
 from torchrecord._format import encode_key
 
-__all__ = ["Advisor", "available", "hint_span", "map_base", "resident"]
+__all__ = ["Advisor", "available", "cached_pages", "hint_span", "map_base", "resident"]
 
 _PAGE = 4096
 #: a stretch longer than this many times its records' bytes (plus slack) is not advised
@@ -57,8 +58,55 @@ def available() -> bool:
     )
 
 
+@functools.cache
+def _mincore() -> Any:
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return mincore
+
+
+def cached_pages(path: str, sample: int | None = None) -> tuple[int, int] | None:
+    """(pages of ``path`` in the page cache, pages examined), asked with ``mincore`` (Linux).
+
+    Every page, or ``sample`` pages spread evenly over the file. None where it
+    cannot be asked (no ``mincore``, an unreadable file); ``(0, 0)`` for an empty one.
+    """
+    try:
+        mincore = _mincore()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return 0, 0
+            pages = -(-size // mmap.PAGESIZE)
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+                view = np.frombuffer(mapped, np.uint8)
+                try:
+                    base = view.ctypes.data
+                    if sample is None:
+                        state = np.zeros(pages, np.uint8)
+                        if mincore(ctypes.c_void_p(base), size, state.ctypes.data) != 0:
+                            return None
+                        return int((state & 1).sum()), pages
+                    chosen = np.unique(np.linspace(0, pages - 1, sample).astype(np.int64)).tolist()
+                    state = np.zeros(1, np.uint8)
+                    cached = 0
+                    for page in chosen:
+                        address = ctypes.c_void_p(base + page * mmap.PAGESIZE)
+                        if mincore(address, mmap.PAGESIZE, state.ctypes.data) != 0:
+                            return None
+                        cached += int(state[0]) & 1
+                    return cached, len(chosen)
+                finally:
+                    del view  # the map cannot close while an array still exports it
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError, ValueError, TypeError):
+        return None
+
+
 def resident(path: str) -> bool:
-    """True when ``path`` is in the page cache: at least 90% of 64 pages spread over it (``mincore``).
+    """True when ``path`` is in the page cache: at least 90% of 64 pages spread over it.
 
     A warm file needs no read-ahead, and advising it costs the reader (a thread
     taking turns with it, the kernel walking its cache): a read over the
@@ -66,33 +114,8 @@ def resident(path: str) -> bool:
     walking records with the advisor running, 15 ms without it. False where
     unknown (not Linux, an empty file, an error): the reader then advises.
     """
-    try:
-        mincore = ctypes.CDLL(None, use_errno=True).mincore
-        mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                return False
-            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
-                view = np.frombuffer(mapped, np.uint8)
-                try:
-                    pages = -(-size // mmap.PAGESIZE)
-                    chosen = np.unique(np.linspace(0, pages - 1, _SAMPLED_PAGES).astype(np.int64))
-                    state = np.zeros(1, np.uint8)
-                    cached = 0
-                    for page in chosen.tolist():
-                        address = view.ctypes.data + page * mmap.PAGESIZE
-                        if mincore(ctypes.c_void_p(address), mmap.PAGESIZE, state.ctypes.data) != 0:
-                            return False
-                        cached += int(state[0]) & 1
-                finally:
-                    del view  # the map cannot close while an array still exports it
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError, ValueError, TypeError):
-        return False
-    return cached >= _RESIDENT_SHARE * len(chosen)
+    counts = cached_pages(path, _SAMPLED_PAGES)
+    return counts is not None and counts[1] > 0 and counts[0] >= _RESIDENT_SHARE * counts[1]
 
 
 def hint_span(lo: int, hi: int, expected: int, size: int) -> tuple[int, int] | None:
