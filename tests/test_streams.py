@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections import Counter
@@ -83,16 +84,23 @@ def test_cells_of_many_batches_at_once_equal_each_batch_alone(tail: str) -> None
     total, steps = plan.steps_per_epoch, 7
     for streams in (range(0, 3), range(3, 6)):
         for workers in (1, 3):
-            spans = [(t * steps, min(t * steps + steps, total)) for t in range(1, -(-total // steps), workers)]
-            together = plan.cells_many(streams, spans)
-            assert len(together) == len(spans)
-            for (t0, t1), cells in zip(spans, together):
+            starts = [t * steps for t in range(1, -(-total // steps), workers)]
+            together = plan.batch_cells(streams, starts, steps)
+            assert together.sample.shape == (len(starts), 3, steps)
+            for j, t0 in enumerate(starts):
+                t1 = min(t0 + steps, total)
                 alone = plan.cells(streams, t0, t1)
-                for got, want in zip(
-                    (cells.sample, cells.sequence, cells.start), (alone.sample, alone.sequence, alone.start)
+                width = t1 - t0
+                for got, want, pad in (
+                    (together.sample[j], alone.sample, -1),
+                    (together.sequence[j], alone.sequence, -1),
+                    (together.start[j], alone.start, False),
                 ):
-                    assert got.shape == want.shape and np.array_equal(got, want)
-    assert plan.cells_many(range(0, 3), []) == []
+                    assert got.flags.c_contiguous
+                    assert np.array_equal(got[:, :width], want)
+                    assert (got[:, width:] == pad).all()  # past the epoch's last step: padding
+    empty = plan.batch_cells(range(0, 3), [], steps)
+    assert empty.sample.shape == (0, 3, steps)
 
 
 def test_plan_changes_per_epoch_and_is_pure() -> None:
@@ -156,6 +164,40 @@ def test_any_number_of_workers_gives_identical_batches(stream_set: str, context:
             for key in ("mask", "start", "sequence"):
                 assert torch.equal(a[key], b[key]), (n, key)
             assert torch.equal(a["data"]["x"], b["data"]["x"])
+
+
+def _packed_variants() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"samples_per_record": 5}]
+    if importlib.util.find_spec("cramjam") is not None:
+        out.append({"samples_per_record": 5, "compression": "zstd"})
+    return out
+
+
+@pytest.mark.parametrize("kw", _packed_variants(), ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_packed_records_give_the_same_batches(stream_set: str, tmp_path: Path, kw: dict[str, Any]) -> None:
+    """Frames read as whole packed records (each record of a worker's group once), with and without a transform."""
+    path = tmp_path / "packed.tr"
+    write_record(_sequences(LENGTHS), path, group_by="seq", seed=3, progress=False, **kw)
+
+    def double(s: dict[str, Any]) -> dict[str, Any]:
+        return {"y": torch.from_numpy(s["x"] * 2)}
+
+    for steps in (1, 3):
+        for transform in (None, double):
+            reference = list(StreamDataset(stream_set, B, steps=steps, seed=2, transform=transform))
+            packed = StreamDataset(path, B, steps=steps, seed=2, transform=transform, verify=True)
+            got = list(DataLoader(packed, batch_size=None, num_workers=2)) if steps == 3 else list(packed)
+            assert len(got) == len(reference)
+            if transform is None:
+                _check_batches(got, steps)
+            for a, b in zip(got, reference):
+                for key in ("mask", "start", "sequence"):
+                    assert torch.equal(a[key], b[key])
+                assert a["data"].keys() == b["data"].keys()
+                for name in a["data"]:
+                    assert torch.equal(a["data"][name], b["data"][name])
+            if steps == 1:  # read in this process: every record at least once, never more than its frames
+                assert -(-sum(LENGTHS) // 5) <= packed.records_read < sum(LENGTHS)
 
 
 def test_every_frame_is_read_once_over_workers(stream_set: str) -> None:

@@ -13,6 +13,7 @@ from the map into the batch.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -164,6 +165,25 @@ class FixedWindowReader:
         self._recycled.append((window.buffer, weakref.ref(window)))
         empty = np.zeros(0, np.int64)
         return window, np.concatenate(recs) if recs else empty, np.concatenate(rows) if rows else empty
+
+    def read_records(self, parts: Sequence[tuple[Walk, int, np.ndarray]]) -> FixedWindow:
+        """The window holding whole records: per part (an open walk, samples in its shard, sorted record indices).
+
+        Records are looked up by key (:meth:`Walk.records_at`) and held in the
+        order given, part after part: record ``j`` of the window is the j-th index given.
+        """
+        build = _WindowBuilder(self.layout, self._buffer())
+        for walk, count, records in parts:
+            if not len(records):
+                continue
+            values = walk.records_at(records)
+            breaks = np.flatnonzero(np.diff(records) != 1) + 1
+            bounds = [0, *breaks.tolist(), len(records)]
+            for a, e in itertools.pairwise(bounds):  # consecutive records: one piece (the builder names each)
+                build.add(int(records[a]), values[a:e], count, walk.path)
+        window = build.finish()
+        self._recycled.append((window.buffer, weakref.ref(window)))
+        return window
 
     def _buffer(self) -> np.ndarray:
         # reuse the storage of a window nobody holds any more: no fresh pages to fault in

@@ -24,7 +24,7 @@ _TAG = 0x73747265  # "stre"
 
 @dataclass(frozen=True)
 class Cells:
-    """The cells of one batch of one rank: [B, steps] arrays.
+    """The cells of one batch of one rank: [B, steps] arrays (or [batches, B, steps] for several).
 
     Attributes:
         sample: the stored sample index of each cell (-1 on padding).
@@ -63,19 +63,22 @@ class StreamPlan:
         """The cells of ``streams`` at time steps [t0, t1), found for all streams at once."""
         return self.cells_at(streams, np.arange(t0, t1, dtype=np.int64))
 
-    def cells_many(self, streams: range, spans: list[tuple[int, int]]) -> list[Cells]:
-        """The cells of several batches (time steps [t0, t1) each), found with one lookup for them all."""
-        if not spans:
-            return []
-        times = np.concatenate([np.arange(t0, t1, dtype=np.int64) for t0, t1 in spans])
-        every = self.cells_at(streams, times)
-        out: list[Cells] = []
-        lo = 0
-        for t0, t1 in spans:
-            hi = lo + (t1 - t0)
-            out.append(Cells(every.sample[:, lo:hi], every.sequence[:, lo:hi], every.start[:, lo:hi]))
-            lo = hi
-        return out
+    def batch_cells(self, streams: range, starts: list[int], steps: int) -> Cells:
+        """The cells of several batches of ``steps`` time steps from each of ``starts``: arrays [batches, B, steps].
+
+        Found with one lookup for them all. Cells past a stream's end (or past the
+        epoch's last step) are padding. Each batch's arrays are contiguous.
+        """
+        rows, n = len(streams), len(starts)
+        t = (np.asarray(starts, np.int64)[:, None] + np.arange(steps, dtype=np.int64)).reshape(-1)
+        past = int(self.lengths.max()) if len(self.lengths) else 0  # a time step no stream reaches
+        t = np.where(t < self.steps_per_epoch, t, past)  # the epoch ends there (tail="drop": before some streams)
+        every = self.cells_at(streams, t)
+
+        def by_batch(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a.reshape(rows, n, steps).transpose(1, 0, 2))
+
+        return Cells(by_batch(every.sample), by_batch(every.sequence), by_batch(every.start))
 
     def cells_at(self, streams: range, t: np.ndarray) -> Cells:
         """The cells of ``streams`` at the time steps ``t`` (int64, any order), found for all at once."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,11 +12,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from torchrecord import _dtypes, _resume
+from torchrecord import _resume
+from torchrecord._fastread import FixedWindowReader
 from torchrecord._ipc import one_storage
 from torchrecord._kinds import as_tensor, split_columns
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
+from torchrecord._record_block import RecordBlock
 from torchrecord._stream_plan import Cells, StreamPlan, plan_streams
 from torchrecord._structure import flatten, unflatten
 from torchrecord.record_file import RecordFile
@@ -216,7 +217,6 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """
         plan = self.plan()
         streams = self._streams()
-        total = plan.steps_per_epoch
         if first is None:
             first = start + worker
         layout = FixedLayout.of_file(self.file)
@@ -224,15 +224,20 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         mine = range(first, len(self), num_workers)
         per_read = self._batches_per_read(layout)
         in_worker = get_worker_info() is not None
+        reader: FixedWindowReader | None = None  # recycles its window buffer from group to group
         i = 0
         while i < len(mine):
             group = mine[i : i + (1 if i == 0 else per_read)]  # the first batch alone: it comes sooner
             i += len(group)
-            cells = plan.cells_many(streams, [(t * self.steps, min(t * self.steps + self.steps, total)) for t in group])
-            grids = [_Grid.of(c, self.steps) for c in cells]
-            chunks = self._read_many([g.samples for g in grids], layout)
-            for t, c, grid, chunk in zip(group, cells, grids, chunks):
-                batch = self._build(c, grid, chunk, layout)
+            cells = plan.batch_cells(streams, [t * self.steps for t in group], self.steps)
+            if layout is not None:
+                if reader is None:
+                    reader = FixedWindowReader(layout, cells.sample.size)
+                chunks = self._read_block(cells.sample, layout, reader)
+            else:
+                chunks = self._read_many([c[c >= 0] for c in cells.sample.reshape(len(group), -1)])
+            for j, (t, chunk) in enumerate(zip(group, chunks)):
+                batch = self._build(cells, j, chunk, layout)
                 self._next_step = t + num_workers
                 yield one_storage(batch) if in_worker else batch
 
@@ -251,30 +256,30 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         rank = self._world()[0]
         return range(rank * self.batch_size, (rank + 1) * self.batch_size)
 
-    def _build(self, cells: Cells, grid: _Grid, chunk: Any, layout: FixedLayout | None) -> dict[str, Any]:
-        b, width = cells.sample.shape
-        steps = self.steps
-        mask, flat = grid.mask, grid.flat
-        if layout is not None and self.transform is None:
-            data = self._scatter_columns(chunk, flat, b * steps, (b, steps))
+    def _build(self, cells: Cells, j: int, chunk: Any, layout: FixedLayout | None) -> dict[str, Any]:
+        """Batch ``j`` of a group: ``chunk`` holds its frames (see :meth:`_read_block`, :meth:`_read_many`)."""
+        sample = cells.sample[j]
+        b, steps = sample.shape
+        mask = sample >= 0
+        if layout is not None and self.transform is None:  # chunk: the cells' columns, padding included
+            data = unflatten(
+                self.file.schema.tree,
+                [as_tensor(c.reshape(b, steps, *c.shape[1:]), f.dtype) for c, f in zip(chunk, self.file.schema.fields)],
+            )
         else:
             frames = list(split_columns(chunk, self.file.schema)) if layout is not None else list(chunk)
             if self.transform is not None:
                 frames = [self.transform(s) for s in frames]
             if frames:
                 self._template = frames[0]
-                data = _collate_cells(frames, flat, b * steps, (b, steps))
+                data = _collate_cells(frames, np.flatnonzero(mask), b * steps, (b, steps))
             else:  # every cell is padding: zeros shaped like a (transformed) frame
                 data = _padding_cells(self._frame_template(), b * steps, (b, steps))
-        sequence = np.full((b, steps), -1, np.int64)
-        sequence[:, :width] = cells.sequence
-        start = np.zeros((b, steps), bool)
-        start[:, :width] = cells.start
         return {
             "data": data,
             "mask": torch.from_numpy(mask),
-            "start": torch.from_numpy(start),
-            "sequence": torch.from_numpy(sequence),
+            "start": torch.from_numpy(cells.start[j]),
+            "sequence": torch.from_numpy(cells.sequence[j]),
         }
 
     def _frame_template(self) -> Any:
@@ -284,11 +289,31 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             self._template = self.transform(frame) if self.transform is not None else frame
         return self._template
 
-    def _read_many(self, wanted: list[np.ndarray], layout: FixedLayout | None) -> list[Any]:
-        """The stored samples of several batches (each array in its order), read together in index order."""
+    def _read_block(self, sample: np.ndarray, layout: FixedLayout, reader: FixedWindowReader) -> list[Any]:
+        """Each batch's columns from one read of every record a group's frames live in (``_record_block``).
+
+        ``sample`` is the group's [batches, B, steps] stored samples (-1 on padding).
+        Without a transform a batch's columns hold every cell, zeros on padding;
+        with one, only the valid cells in row-major order (the frames to transform).
+        """
+        flat = sample.reshape(len(sample), -1)
+        block = RecordBlock(self.file, layout, flat[flat >= 0], verify=self.verify, reader=reader)
+        try:
+            if self.transform is None:
+                return block.columns_many(flat)
+            return [block.columns(row[row >= 0]) for row in flat]
+        finally:
+            block.close()
+            self.records_read += block.records_read
+
+    def _read_many(self, wanted: list[np.ndarray]) -> list[Any]:
+        """The stored samples of several batches (each array in its order), read together in index order.
+
+        The path for sets without a fixed layout (samples decoded by protobuf).
+        """
         every = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
         order = np.argsort(every, kind="stable")
-        chunk = self._read(every[order], layout)
+        chunk = self._read(every[order])
         position = np.empty(len(every), np.int64)
         position[order] = np.arange(len(every), dtype=np.int64)
         out: list[Any] = []
@@ -296,36 +321,21 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         for samples in wanted:
             rows = position[lo : lo + len(samples)]
             lo += len(samples)
-            if layout is not None:
-                out.append([column[rows] for column in chunk])
-            else:
-                out.append([chunk[j] for j in rows.tolist()])
+            out.append([chunk[j] for j in rows.tolist()])
         return out
 
-    def _read(self, samples: np.ndarray, layout: FixedLayout | None) -> list[Any]:
+    def _read(self, samples: np.ndarray) -> list[Any]:
         """The stored samples ``samples`` (sorted) through the read layer: one cursor seek per run."""
         if not len(samples):  # every cell is padding (this rank's streams have ended)
-            if layout is None:
-                return []
-            return [
-                np.zeros((0, *(int(d or 0) for d in f.shape)), _dtypes.by_name(f.dtype).numpy) for f in layout.fields
-            ]
+            return []
         breaks = np.flatnonzero(np.diff(samples) != 1) + 1
         bounds = np.concatenate(([0], breaks, [len(samples)]))
         runs = tuple((int(samples[a]), int(samples[e - 1]) + 1) for a, e in itertools.pairwise(bounds))
         share = Share(runs, self.seed, self.epoch, 0, 0, shuffle=False, window=len(samples))
-        reader = ShareReader(self.file, share, layout=layout, verify=self.verify)
+        reader = ShareReader(self.file, share, layout=None, verify=self.verify)
         chunk = next(reader.chunks(len(samples)))
         self.records_read += reader.records_read
-        return chunk if layout is not None else list(chunk)
-
-    def _scatter_columns(self, typed: list[np.ndarray], flat: np.ndarray, cells: int, lead: tuple[int, int]) -> Any:
-        leaves = []
-        for column, fld in zip(typed, self.file.schema.fields):
-            out = np.zeros((cells, *column.shape[1:]), column.dtype)
-            out[flat] = column
-            leaves.append(as_tensor(out.reshape(*lead, *column.shape[1:]), fld.dtype))
-        return unflatten(self.file.schema.tree, leaves)
+        return list(chunk)
 
     # -- resume -------------------------------------------------------------------
     def _plan_state(self) -> dict[str, Any]:
@@ -383,25 +393,6 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             self._resume = {"step": int(s["next_step"]), "worker": s.get("worker"), "num_workers": s.get("num_workers")}
         else:
             self._resume = {"step": min(int(s["next_step"]) for s in kept), "worker": None, "num_workers": None}
-
-
-@dataclass(frozen=True)
-class _Grid:
-    """Where one batch's valid cells are: mask [B, steps], their flat positions, and their stored samples."""
-
-    mask: np.ndarray
-    flat: np.ndarray
-    samples: np.ndarray
-
-    @classmethod
-    def of(cls, cells: Cells, steps: int) -> _Grid:
-        b, width = cells.sample.shape
-        mask = np.zeros((b, steps), bool)
-        mask[:, :width] = cells.mask
-        flat = np.flatnonzero(mask)
-        wanted = np.full((b, steps), -1, np.int64)
-        wanted[:, :width] = cells.sample
-        return cls(mask, flat, wanted.reshape(-1)[flat])
 
 
 def _padding_cells(template: Any, cells: int, lead: tuple[int, int]) -> Any:
