@@ -1,10 +1,17 @@
-"""one_storage: a small batch becomes views of one storage, equal to the original."""
+"""How batches leave a worker: one_storage (views of one storage), by_value (one pickled buffer), for_parent."""
 
 from __future__ import annotations
 
-import torch
+import pickle
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
-from torchrecord._ipc import PACK_LIMIT, one_storage
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from torchrecord._ipc import BY_VALUE_LIMIT, PACK_LIMIT, by_value, for_parent, one_storage
 
 
 def test_small_batches_become_views_of_one_storage_with_equal_values() -> None:
@@ -28,3 +35,77 @@ def test_large_batches_and_single_tensors_are_left_alone() -> None:
     assert one_storage(big)["a"] is big["a"]
     single = {"a": torch.zeros(3), "n": 1}
     assert one_storage(single)["a"] is single["a"]
+
+
+def _mixed_batch() -> dict[str, Any]:
+    """Every kind of leaf: float, a strided view, bool, bfloat16, empty, 0-d, complex, str lists, an int."""
+    grid = torch.arange(16).view(4, 4)
+    rng = torch.Generator().manual_seed(0)
+    return {
+        "data": {"x": torch.randn(4, 2, 3, generator=rng), "ids": grid[:, ::2], "names": [["a", None], [None, "b"]]},
+        "mask": torch.tensor([[True, False], [False, True]]),
+        "half": torch.randn(3, 5, generator=rng).to(torch.bfloat16),
+        "empty": torch.zeros(0, 5, dtype=torch.bfloat16),
+        "scalar": torch.tensor(7, dtype=torch.int16),
+        "complex": torch.randn(3, dtype=torch.complex64, generator=rng),
+        "n": 3,
+    }
+
+
+def _assert_same(got: Any, want: Any) -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor)
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for key in want:
+            _assert_same(got[key], want[key])
+    else:
+        assert got == want
+
+
+def test_by_value_pickles_as_one_buffer_and_unpickles_as_the_plain_batch() -> None:
+    batch = _mixed_batch()
+    data = ForkingPickler.dumps(by_value(batch))
+    got = pickle.loads(data)
+    assert type(got) is dict
+    _assert_same(got, batch)
+    tensors = [got["data"]["x"], got["data"]["ids"], got["mask"], got["half"], got["scalar"], got["complex"]]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1  # views of one buffer
+    before = batch["data"]["x"].clone()
+    got["data"]["x"].add_(1.0)  # writable (no read-only buffer warning), and not the worker's memory
+    assert torch.equal(got["data"]["x"], before + 1.0) and torch.equal(batch["data"]["x"], before)
+
+
+def test_for_parent_picks_by_size() -> None:
+    small = {"a": torch.zeros(8), "b": torch.ones(2)}
+    assert type(for_parent(small)).__name__ == "_ByValue"
+    middle = {"a": torch.zeros(BY_VALUE_LIMIT // 4 + 1), "b": torch.ones(2)}
+    packed = for_parent(middle)
+    assert isinstance(packed, dict)
+    assert packed["a"].untyped_storage().data_ptr() == packed["b"].untyped_storage().data_ptr()
+    big = {"a": torch.zeros(PACK_LIMIT // 4 + 1), "b": torch.zeros(3)}
+    assert for_parent(big)["a"] is big["a"]
+    assert for_parent({"n": 1, "s": "text"}) == {"n": 1, "s": "text"}  # no tensors: as it is
+
+
+class _Batches(IterableDataset[Any]):
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        assert info is not None
+        for i in range(info.id, 6, info.num_workers):
+            batch = _mixed_batch()
+            batch["n"] = i
+            yield for_parent(batch)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_small_batches_cross_a_real_dataloader_by_value(context: str) -> None:
+    loader = DataLoader(_Batches(), batch_size=None, num_workers=2, multiprocessing_context=context)
+    got = list(loader)
+    assert [b["n"] for b in got] == list(range(6))
+    for batch in got:
+        assert type(batch) is dict
+        want = _mixed_batch()
+        want["n"] = batch["n"]
+        _assert_same(batch, want)

@@ -228,6 +228,54 @@ def test_transform_runs_per_frame(stream_set: str) -> None:
     assert torch.equal(batch["data"]["y"], plain["data"]["x"] * 2)
 
 
+def test_transformed_frames_of_any_structure_collate_by_name(stream_set: str) -> None:
+    """Flat dicts collate by key (any key order); nested ones through their structure; ragged leaves as lists."""
+    plain = list(StreamDataset(stream_set, B, steps=4, seed=1))
+
+    def reordered(s: dict[str, Any]) -> dict[str, Any]:  # key order differs from frame to frame
+        pairs = [("y", s["x"] * 2), ("t", int(s["t"])), ("name", f"f{int(s['t'])}")]
+        return dict(pairs[::-1] if int(s["t"]) % 2 else pairs)
+
+    def nested(s: dict[str, Any]) -> Any:
+        return (torch.from_numpy(s["x"]), {"t": np.int32(s["t"]), "ragged": np.zeros(int(s["t"]) % 3)})
+
+    for transform in (reordered, nested):
+        batches = list(StreamDataset(stream_set, B, steps=4, seed=1, transform=transform))
+        assert len(batches) == len(plain)
+        for got, want in zip(batches, plain):
+            mask, x = want["mask"], want["data"]["x"]
+            t = x[..., 1].to(torch.int64)
+            if transform is reordered:
+                data = got["data"]
+                assert torch.equal(data["y"], x * 2) and data["y"].dtype == torch.float32
+                assert torch.equal(data["t"], torch.where(mask, t, 0)) and data["t"].dtype == torch.int64
+                names = [[f"f{int(t[b, i])}" if mask[b, i] else None for i in range(4)] for b in range(B)]
+                assert data["name"] == names  # strings: nested lists, None on padding
+            else:
+                frame, extra = got["data"]
+                assert torch.equal(frame, x)
+                assert extra["t"].dtype == torch.int32 and torch.equal(extra["t"], torch.where(mask, t, 0).int())
+                ragged = extra["ragged"]  # shapes differ: nested lists of arrays, None on padding
+                if isinstance(ragged, torch.Tensor):  # one shape in this batch: stacked after all
+                    assert {int(t[b, i]) % 3 for b in range(B) for i in range(4) if mask[b, i]} == {ragged.shape[2]}
+                    continue
+                for b in range(B):
+                    for i in range(4):
+                        cell = ragged[b][i]
+                        assert (cell is None) == (not mask[b, i])
+                        if cell is not None:
+                            assert cell.shape == (int(t[b, i]) % 3,)
+
+
+def test_frames_of_different_structures_are_named(stream_set: str) -> None:
+    def uneven(s: dict[str, Any]) -> Any:
+        return {"x": s["x"]} if int(s["t"]) < 2 else {"x": s["x"], "extra": 1}
+
+    named = r"seqs\.tr: sample \d+ \(sequence \d+\): the transform returned a frame whose structure differs"
+    with pytest.raises(ValueError, match=named):
+        list(StreamDataset(stream_set, B, steps=4, seed=1, transform=uneven))
+
+
 def test_resume_with_another_number_of_workers_continues_identically(stream_set: str) -> None:
     ds = StreamDataset(stream_set, B, steps=2, seed=4)
     reference = [b["sequence"].tolist() for b in ds]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -14,13 +14,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _resume
 from torchrecord._fastread import FixedWindowReader
-from torchrecord._ipc import one_storage
+from torchrecord._ipc import for_parent
 from torchrecord._kinds import as_tensor, split_columns
 from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
 from torchrecord._record_block import RecordBlock
 from torchrecord._stream_plan import Cells, StreamPlan, plan_streams
-from torchrecord._structure import flatten, unflatten
+from torchrecord._structure import first_difference, flatten, unflatten
 from torchrecord.record_file import RecordFile
 
 __all__ = ["StreamDataset"]
@@ -50,10 +50,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     ``t % n == w``, so batches are built in parallel across time steps; the
     DataLoader hands them out in order, so the result is identical for any number
     of workers. :meth:`check_loader` refuses a DataLoader that would break that.
-    Each frame is read once, by the worker whose batch holds it: a reader reads
-    the frames of up to 64 of its batches at once, sorted into runs (one cursor
-    seek per run). A worker's small batches cross to the main process as one
-    shared-memory block (``_ipc.one_storage``).
+    Each frame is read by the worker whose batch holds it: a worker reads the
+    frames of up to 64 of its batches at once, as the whole records they live in
+    (each record once per group, looked up by key: ``_record_block``), and
+    gathers each batch straight from them. A worker's batches up to 512 KB cross
+    to the main process by value through its pipe, larger ones as one
+    shared-memory block (``_ipc.for_parent``).
 
     Args:
         path: a grouped record set.
@@ -239,13 +241,14 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             for j, (t, chunk) in enumerate(zip(group, chunks)):
                 batch = self._build(cells, j, chunk, layout)
                 self._next_step = t + num_workers
-                yield one_storage(batch) if in_worker else batch
+                yield for_parent(batch) if in_worker else batch
 
     def _batches_per_read(self, layout: FixedLayout | None) -> int:
         """How many of a worker's batches one read serves: about 8 MiB of frames, at most 64 batches.
 
-        Reading several batches at once sorts their frames into long runs (one
-        cursor seek per run, not per frame), which is what makes ``steps=1`` fast.
+        Reading several batches at once reads each record they share once and
+        spreads the per-read costs (one lookup of their cells, one sort of their
+        records) over many batches, which is what makes ``steps=1`` fast.
         """
         frame_bytes = layout.length // max(1, layout.rows) if layout is not None else 16 << 10
         per_batch = max(1, frame_bytes * self.batch_size * self.steps)
@@ -272,7 +275,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 frames = [self.transform(s) for s in frames]
             if frames:
                 self._template = frames[0]
-                data = _collate_cells(frames, np.flatnonzero(mask), b * steps, (b, steps))
+                data = _collate_cells(frames, np.flatnonzero(mask), b * steps, (b, steps), self._where(cells, j))
             else:  # every cell is padding: zeros shaped like a (transformed) frame
                 data = _padding_cells(self._frame_template(), b * steps, (b, steps))
         return {
@@ -281,6 +284,16 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             "start": torch.from_numpy(cells.start[j]),
             "sequence": torch.from_numpy(cells.sequence[j]),
         }
+
+    def _where(self, cells: Cells, j: int) -> Callable[[int], str]:
+        """Names frame i of batch j's valid cells (row-major): its file, stored sample and sequence."""
+        valid = cells.sample[j] >= 0
+
+        def where(i: int) -> str:
+            sample, sequence = int(cells.sample[j][valid][i]), int(cells.sequence[j][valid][i])
+            return f"{self.file.path}: sample {sample} (sequence {sequence})"
+
+        return where
 
     def _frame_template(self) -> Any:
         """A transformed frame: the last one built, or else the set's first frame transformed."""
@@ -409,32 +422,59 @@ def _padding_cells(template: Any, cells: int, lead: tuple[int, int]) -> Any:
     return unflatten(tree, out)
 
 
-def _collate_cells(frames: list[Any], flat: np.ndarray, cells: int, lead: tuple[int, int]) -> Any:
+def _collate_cells(
+    frames: list[Any], flat: np.ndarray, cells: int, lead: tuple[int, int], where: Callable[[int], str]
+) -> Any:
     """Frames (any structure) into leaves [B, steps, ...]: stacked where every frame's leaf has one shape.
 
     Padding cells are zeros in stacked leaves and None in the nested lists of the others.
+    Every frame must have the first one's structure (``where(i)`` names frame i in the error).
     """
     if not frames:
         return None
-    tree, _ = flatten(frames[0])
-    columns = list(zip(*(flatten(f)[1] for f in frames)))
-    index = torch.from_numpy(flat)
-    leaves: list[Any] = []
-    for column in columns:
-        stacked: torch.Tensor | None = None
-        if all(isinstance(x, torch.Tensor) for x in column) and len({x.shape for x in column}) == 1:
-            stacked = torch.stack(column)
-        elif all(isinstance(x, (np.ndarray, np.generic, int, float, bool)) for x in column):
-            arrays = [np.asarray(x) for x in column]
-            if len({a.shape for a in arrays}) == 1 and arrays[0].dtype != object:
-                stacked = torch.from_numpy(np.stack(arrays))
-        if stacked is not None:
-            out = torch.zeros((cells, *stacked.shape[1:]), dtype=stacked.dtype)
-            out[index] = stacked
-            leaves.append(out.reshape(*lead, *stacked.shape[1:]))
-        else:
-            grid: list[Any] = [None] * cells
-            for i, value in zip(flat.tolist(), column):
-                grid[i] = value
-            leaves.append([grid[r * lead[1] : (r + 1) * lead[1]] for r in range(lead[0])])
-    return unflatten(tree, leaves)
+    first = frames[0]
+    if type(first) is dict and not any(isinstance(v, (Mapping, list, tuple)) for v in first.values()):
+        keys = first.keys()  # a flat dict of leaves (the common case): columns by key, no flattening
+        if all(type(f) is dict and f.keys() == keys for f in frames):
+            return {k: _cells_leaf([f[k] for f in frames], flat, cells, lead) for k in keys}
+    tree, _ = flatten(first)
+    flattened = [flatten(f) for f in frames]
+    for i, (other, _) in enumerate(flattened):
+        if other != tree:
+            name, *_ = first_difference(tree, other) or ("",)
+            raise ValueError(
+                f"{where(i)}: the transform returned a frame whose structure differs from the batch's first frame "
+                f"(at {name or 'the top level'}); every frame of a batch must have one structure"
+            )
+    columns = list(zip(*(leaves for _, leaves in flattened)))
+    return unflatten(tree, [_cells_leaf(list(column), flat, cells, lead) for column in columns])
+
+
+def _cells_leaf(column: list[Any], flat: np.ndarray, cells: int, lead: tuple[int, int]) -> Any:
+    """One leaf of every valid cell into [B, steps, ...]: stacked (zeros on padding), else nested lists (None)."""
+    stacked: torch.Tensor | None = None
+    kind = type(column[0])
+    if all(type(x) is kind for x in column) and kind is not torch.Tensor and issubclass(kind, _NUMERIC):
+        if kind is not np.ndarray or len({x.shape for x in column}) == 1:
+            array = np.array(column)  # one C call: numbers of one type, or arrays of one shape
+            if array.dtype != object:
+                stacked = torch.from_numpy(array)
+    elif all(isinstance(x, torch.Tensor) for x in column) and len({x.shape for x in column}) == 1:
+        stacked = torch.stack(column)
+    elif all(isinstance(x, _NUMERIC) for x in column):
+        arrays = [np.asarray(x) for x in column]
+        if len({a.shape for a in arrays}) == 1 and arrays[0].dtype != object:
+            stacked = torch.from_numpy(np.stack(arrays))
+    if stacked is not None:
+        if len(flat) == cells:  # no padding
+            return stacked.reshape(*lead, *stacked.shape[1:])
+        out = torch.zeros((cells, *stacked.shape[1:]), dtype=stacked.dtype)
+        out[torch.from_numpy(flat)] = stacked
+        return out.reshape(*lead, *stacked.shape[1:])
+    grid: list[Any] = [None] * cells
+    for i, value in zip(flat.tolist(), column):
+        grid[i] = value
+    return [grid[r * lead[1] : (r + 1) * lead[1]] for r in range(lead[0])]
+
+
+_NUMERIC = (np.ndarray, np.generic, int, float, bool)
