@@ -3,7 +3,9 @@
 2,000 sequences of 20-400 frames (float32[40] + int64), B = 32 streams, steps 1
 and 16, num_workers 0 and 2, with and without a 20 us per-frame transform.
 
-* torchrecord: ``StreamDataset`` (worker w builds the batches t with t % n == w);
+* torchrecord: ``StreamDataset`` (worker w builds the batches t with t % n == w), in a plain
+  ``DataLoader(batch_size=None)`` and in a ``StreamLoader`` (bundles of consecutive batches per
+  handover, for small batches);
 * islice: the guide's first scheme, every worker computes every batch and keeps
   its own slice of them (every worker reads everything);
 * zipped parts: the guide's fix, one DataLoader (one worker) per part of the B
@@ -31,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import torchrecord
-from torchrecord import StreamDataset
+from torchrecord import StreamDataset, StreamLoader
 
 B = 32
 
@@ -83,6 +85,11 @@ class _Part(StreamDataset):
 def _stream_loader(path: Path, steps: int, transform: Any, workers: int) -> Any:
     ds = StreamDataset(path, B, steps=steps, transform=transform, seed=0)
     return ds if workers == 0 else DataLoader(ds, batch_size=None, num_workers=workers)
+
+
+def _bundled_loader(path: Path, steps: int, transform: Any, workers: int) -> Any:
+    ds = StreamDataset(path, B, steps=steps, transform=transform, seed=0)
+    return StreamLoader(ds, num_workers=workers)
 
 
 def _islice_loader(path: Path, steps: int, transform: Any, workers: int) -> Any:
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             configs: list[tuple[str, int, Any]] = []
             for workers in (0, 2):
                 configs.append(("torchrecord StreamDataset", workers, (_stream_loader, workers)))
+            configs.append(("torchrecord StreamLoader", 2, (_bundled_loader, 2)))
             configs.append(("islice (guide)", 2, (_islice_loader, 2)))
             configs.append(("zipped parts (guide)", 2, (_zipped, 2)))
             for name, workers, make in configs:

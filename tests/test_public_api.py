@@ -75,6 +75,7 @@ def test_top_level_exports() -> None:
         "RecordDataset",
         "RecordFile",
         "StreamDataset",
+        "StreamLoader",
         "verify",
         "TorchRecordError",
         "__version__",

@@ -20,6 +20,7 @@ from torchrecord.record_file import RecordFile
 from torchrecord.robomimic import SequenceDataset, WindowDataset
 from torchrecord.schema import Field, Schema
 from torchrecord.shards import finalize_shards, write_shard
+from torchrecord.stream_loader import StreamLoader
 from torchrecord.streams import StreamDataset
 from torchrecord.verify import VerifyReport, verify
 from torchrecord.writer import RecordWriter, write_record
@@ -38,6 +39,7 @@ __all__ = [
     "ShardedSet",
     "SkippedSample",
     "StreamDataset",
+    "StreamLoader",
     "TorchRecordError",
     "VerifyReport",
     "WindowDataset",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchrecord._structure import flatten, unflatten
@@ -83,28 +84,25 @@ class _ByValue:
 
     def __reduce__(self) -> tuple[Any, ...]:
         specs: list[tuple[Any, ...]] = []
-        cpu: list[tuple[torch.Tensor, int, int]] = []
+        cpu: list[tuple[torch.Tensor, int]] = []
         end = 0
         for leaf in self.leaves:
             if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad:
                 size = leaf.numel() * leaf.element_size()
                 specs.append((end, size, leaf.dtype, tuple(leaf.shape)))
-                cpu.append((leaf, end, size))
+                cpu.append((leaf, end))
                 end += -(-size // _ALIGN) * _ALIGN
             else:
                 specs.append((leaf,))
         buffer = bytearray(end)
-        if end:
-            block = torch.frombuffer(buffer, dtype=torch.uint8)
-            for leaf, offset, size in cpu:
-                if size:
-                    block[offset : offset + size].view(leaf.dtype).view(leaf.shape).copy_(leaf)
+        for leaf, offset in cpu:
+            if leaf.numel():
+                np.copyto(_view(buffer, offset, leaf.dtype, tuple(leaf.shape)), _as_numpy(leaf))
         return (_rebuild, (self.tree, specs, buffer))
 
 
 def _rebuild(tree: Any, specs: list[tuple[Any, ...]], buffer: bytearray) -> Any:
     """The plain batch of a :class:`_ByValue` pickle: its tensors are views of ``buffer``."""
-    block = torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
     leaves: list[Any] = []
     for spec in specs:
         if len(spec) == 1:
@@ -112,7 +110,28 @@ def _rebuild(tree: Any, specs: list[tuple[Any, ...]], buffer: bytearray) -> Any:
             continue
         offset, size, dtype, shape = spec
         if size:
-            leaves.append(block[offset : offset + size].view(dtype).view(shape))
+            array = _view(buffer, offset, dtype, shape)
+            leaves.append(torch.from_numpy(array).view(dtype) if dtype in _BITS else torch.from_numpy(array))
         else:
             leaves.append(torch.empty(shape, dtype=dtype))
     return unflatten(tree, leaves)
+
+
+#: torch dtypes NumPy has no type for: carried as unsigned integers of their width
+_BITS = {torch.bfloat16: np.uint16, torch.float8_e4m3fn: np.uint8, torch.float8_e5m2: np.uint8}
+
+
+def _view(buffer: bytearray, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """``buffer[offset:]`` as a NumPy array of ``dtype``'s items (its bit pattern for types NumPy lacks)."""
+    np_dtype = _BITS.get(dtype) or torch.empty(0, dtype=dtype).numpy().dtype
+    count = 1
+    for d in shape:
+        count *= d
+    return np.frombuffer(buffer, np_dtype, count, offset).reshape(shape)
+
+
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    bits = _BITS.get(tensor.dtype)
+    if bits is not None:
+        tensor = tensor.view(torch.uint16 if bits is np.uint16 else torch.uint8)
+    return tensor.detach().numpy()

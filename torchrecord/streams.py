@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -217,19 +217,24 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         parts interleave back into batches ``start, start + 1, ...``. ``first``
         overrides the first step (a worker resuming its own saved state).
         """
-        plan = self.plan()
-        streams = self._streams()
         if first is None:
             first = start + worker
-        layout = FixedLayout.of_file(self.file)
         self._next_step = first
-        mine = range(first, len(self), num_workers)
-        per_read = self._batches_per_read(layout)
         in_worker = get_worker_info() is not None
+        for t, batch in self._build_steps(range(first, len(self), num_workers)):
+            self._next_step = t + num_workers
+            yield for_parent(batch) if in_worker else batch
+
+    def _build_steps(self, steps: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(t, batch t)`` for the batch indices ``steps``, in that order, read a group of batches at a time."""
+        plan = self.plan()
+        streams = self._streams()
+        layout = FixedLayout.of_file(self.file)
+        per_read = self._batches_per_read(layout)
         reader: FixedWindowReader | None = None  # recycles its window buffer from group to group
         i = 0
-        while i < len(mine):
-            group = mine[i : i + (1 if i == 0 else per_read)]  # the first batch alone: it comes sooner
+        while i < len(steps):
+            group = steps[i : i + (1 if i == 0 else per_read)]  # the first batch alone: it comes sooner
             i += len(group)
             cells = plan.batch_cells(streams, [t * self.steps for t in group], self.steps)
             if layout is not None:
@@ -239,9 +244,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             else:
                 chunks = self._read_many([c[c >= 0] for c in cells.sample.reshape(len(group), -1)])
             for j, (t, chunk) in enumerate(zip(group, chunks)):
-                batch = self._build(cells, j, chunk, layout)
-                self._next_step = t + num_workers
-                yield for_parent(batch) if in_worker else batch
+                yield t, self._build(cells, j, chunk, layout)
 
     def _batches_per_read(self, layout: FixedLayout | None) -> int:
         """How many of a worker's batches one read serves: about 8 MiB of frames, at most 64 batches.
