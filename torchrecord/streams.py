@@ -55,7 +55,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     (each record once per group, looked up by key: ``_record_block``), and
     gathers each batch straight from them. A worker's batches up to 512 KB cross
     to the main process by value through its pipe, larger ones as one
-    shared-memory block (``_ipc.for_parent``).
+    shared-memory block (``_ipc.for_parent``). Each handover has a fixed cost:
+    for small batches (``steps=1``) use :class:`torchrecord.StreamLoader`, which
+    hands over bundles of consecutive batches and yields the same batches.
 
     Args:
         path: a grouped record set.
