@@ -48,6 +48,7 @@ def _mixed_batch() -> dict[str, Any]:
         "empty": torch.zeros(0, 5, dtype=torch.bfloat16),
         "scalar": torch.tensor(7, dtype=torch.int16),
         "complex": torch.randn(3, dtype=torch.complex64, generator=rng),
+        "conjugated": torch.randn(3, dtype=torch.complex64, generator=rng).conj(),  # a lazy view (conj bit)
         "n": 3,
     }
 

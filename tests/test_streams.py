@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from tests.helpers import assert_exactly_once
-from torchrecord import StreamDataset, write_record
+from torchrecord import StreamDataset, StreamLoader, write_record
 from torchrecord._stream_plan import plan_streams
 
 B = 4
@@ -308,13 +308,15 @@ def test_errors(stream_set: str, tmp_path: Path) -> None:
 
 
 def _rank_main(rank: int, init_file: str, path: str, out_dir: str) -> None:
+    early = StreamDataset(path, B, steps=5, seed=1)  # made before the process group: StreamLoader reads it later
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         ds = StreamDataset(path, B, steps=5, seed=1)
         batches = [b["data"]["x"][:, :, 2].tolist() for b in DataLoader(ds, batch_size=None, num_workers=1)]
+        bundled = [b["data"]["x"][:, :, 2].tolist() for b in StreamLoader(early, num_workers=1, bundle=3)]
         masks = [b["mask"].tolist() for b in ds]
         with open(os.path.join(out_dir, f"r{rank}.json"), "w") as f:
-            json.dump({"len": len(ds), "batches": batches, "masks": masks}, f)
+            json.dump({"len": len(ds), "batches": batches, "bundled": bundled, "masks": masks}, f)
     finally:
         dist.destroy_process_group()
 
@@ -328,6 +330,7 @@ def test_two_gloo_ranks_play_the_2b_stream_plan(stream_set: str, tmp_path: Path)
     expected = [b["data"]["x"][:, :, 2].tolist() for b in both]
     for t, batch in enumerate(expected):
         assert reports[0]["batches"][t] == batch[:B] and reports[1]["batches"][t] == batch[B:]
+    assert [r["bundled"] for r in reports] == [r["batches"] for r in reports]  # StreamLoader: the same, per rank
 
 
 def test_resume_through_stateful_dataloader(stream_set: str) -> None:

@@ -131,6 +131,7 @@ def _view(buffer: bytearray, offset: int, dtype: torch.dtype, shape: tuple[int, 
 
 
 def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.resolve_conj().resolve_neg()  # a lazily conjugated or negated view: its values
     bits = _BITS.get(tensor.dtype)
     if bits is not None:
         tensor = tensor.view(torch.uint16 if bits is np.uint16 else torch.uint8)

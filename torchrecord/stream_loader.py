@@ -84,6 +84,7 @@ class StreamLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         start, self._start = self._start, 0
         self._step = start
+        len(self.dataset)  # reads the rank and world size here (workers see what the main process saw)
         if self.num_workers == 0:
             for t, batch in self.dataset._build_steps(range(start, len(self.dataset))):
                 self._step = t + 1
