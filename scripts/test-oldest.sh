@@ -6,7 +6,8 @@
 # bound of setup.cfg's install_requires pinned exactly (scripts/oldest_constraints.py:
 # protobuf 3.20.3, NumPy 1.24.0, ...), checks the installed copy from outside the checkout,
 # and runs a fast subset of the tests: round trip, fast path, DataLoader with workers (fork),
-# CLI, the file format and the protobuf module. Extra arguments go to pytest.
+# CLI, the file format, the protobuf module, the stream reader's record blocks, worker handover and
+# StreamLoader. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,6 +19,9 @@ TESTS=(
   tests/test_cli.py
   tests/test_format.py
   tests/test_proto.py
+  tests/test_record_block.py
+  tests/test_ipc.py
+  tests/test_stream_loader.py
 )
 
 rm -rf "$VENV" build

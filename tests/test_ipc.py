@@ -82,7 +82,10 @@ def test_by_value_pickles_as_one_buffer_and_unpickles_as_the_plain_batch() -> No
 
 def test_for_parent_picks_by_size() -> None:
     small = {"a": torch.zeros(8), "b": torch.ones(2)}
-    assert type(for_parent(small)).__name__ == "_ByValue"
+    marked = for_parent(small)
+    assert isinstance(marked, dict) and marked == small and type(marked) is not dict  # still the batch
+    assert type(pickle.loads(ForkingPickler.dumps(marked))) is dict
+    assert type(for_parent([torch.zeros(2), torch.ones(2)])).__name__ == "_ByValue"
     middle = {"a": torch.zeros(BY_VALUE_LIMIT // 4 + 1), "b": torch.ones(2)}
     packed = for_parent(middle)
     assert isinstance(packed, dict)
@@ -112,3 +115,25 @@ def test_small_batches_cross_a_real_dataloader_by_value(context: str) -> None:
         want = _mixed_batch()
         want["n"] = batch["n"]
         _assert_same(batch, want)
+        assert not batch["mask"].is_shared()  # it came through the pipe, not through a shared-memory segment
+
+
+class _Doubling(IterableDataset[Any]):
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(4):
+            yield for_parent({"x": torch.full((3,), float(i)), "i": i})
+
+
+def test_a_collate_fn_in_the_worker_sees_a_dict() -> None:
+    """DataLoader(batch_size=None, collate_fn=f) calls f on each item in the worker: it gets the dict it expects."""
+
+    loader = DataLoader(_Doubling(), batch_size=None, num_workers=1, collate_fn=_double_x)
+    got = list(loader)
+    assert [b["i"] for b in got] == [0, 1, 2, 3]
+    assert all(torch.equal(b["x"], torch.full((3,), 2.0 * b["i"])) for b in got)
+    stacked = next(iter(DataLoader(_Doubling(), batch_size=2, num_workers=1)))  # default_collate of marked dicts
+    assert torch.equal(stacked["x"], torch.tensor([[0.0] * 3, [1.0] * 3])) and stacked["i"].tolist() == [0, 1]
+
+
+def _double_x(batch: dict[str, Any]) -> dict[str, Any]:
+    return {"x": batch["x"] * 2, "i": batch["i"]}

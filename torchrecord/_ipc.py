@@ -63,17 +63,34 @@ def one_storage(batch: Any) -> Any:
 
 def for_parent(batch: Any) -> Any:
     """``batch`` ready to leave a DataLoader worker: :func:`by_value`, :func:`one_storage`, or as it is, by size."""
-    tree, leaves = flatten(batch)
+    _, leaves = flatten(batch)
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
     size = sum(t.numel() * t.element_size() for t in tensors)
     if tensors and size <= BY_VALUE_LIMIT:
-        return _ByValue(tree, leaves)
+        return by_value(batch)
     return one_storage(batch)
 
 
 def by_value(batch: Any) -> Any:
-    """``batch`` wrapped to pickle as one buffer; unpickling gives back an equal plain batch (see the module doc)."""
+    """``batch`` marked to pickle as one buffer; unpickling gives back an equal plain batch (see the module doc).
+
+    A dict stays a dict (a subclass holding the same items), so a ``collate_fn``
+    the DataLoader applies in the worker sees the batch it expects; whatever it
+    returns crosses as usual. Anything else is wrapped.
+    """
+    if type(batch) is dict:
+        return _ByValueDict(batch)
     return _ByValue(*flatten(batch))
+
+
+class _ByValueDict(dict[str, Any]):
+    """A dict batch that pickles as :class:`_ByValue` (and unpickles as a plain dict)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _ByValue(*flatten(dict(self))).__reduce__()
+
+    def __copy__(self) -> _ByValueDict:  # copy.copy (DataLoader's default_convert) keeps the mark, packs nothing
+        return _ByValueDict(self)
 
 
 class _ByValue:
