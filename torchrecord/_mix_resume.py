@@ -26,7 +26,7 @@ import numpy as np
 from torchrecord import _order, _partition
 from torchrecord._mix_plan import MixPlan, Units, plan_epoch, reader_units, units_of_positions
 from torchrecord._mixer import Placement
-from torchrecord._resume import STATE_VERSION
+from torchrecord._resume import STATE_VERSION, per_reader
 
 __all__ = [
     "MIX_PLAN_KEYS",
@@ -128,24 +128,7 @@ def mix_position(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         else:
             readers.append(s)
     first = readers[0]
-    for s in readers[1:]:
-        for key in ("set_id", "epoch", "base", *MIX_PLAN_KEYS):
-            if s.get(key) != first.get(key):
-                raise ValueError(
-                    f"the mix reader states disagree on {key!r} ({first.get(key)!r} and {s.get(key)!r}): pass the "
-                    "states of one run, saved at one step"
-                )
-    by_reader: dict[tuple[int, int], Any] = {}
-    for s in readers:
-        by_reader[(int(s["rank"]), int(s["worker"]))] = s["placement"]
-    world, workers = int(first["world_size"]), int(first["num_workers"])
-    missing = [(r, w) for r in range(world) for w in range(workers) if (r, w) not in by_reader]
-    if missing:
-        r, w = missing[0]
-        raise ValueError(
-            f"the states of {len(missing)} mix reader(s) are missing (first: rank {r}, worker {w} of {world} ranks x "
-            f"{workers} workers): pass the loader states of every rank"
-        )
+    by_reader = per_reader(readers, ("set_id", "epoch", "base", *MIX_PLAN_KEYS), "placement", "mix reader")
     position = {k: first.get(k) for k in ("set_id", "epoch", "base", *MIX_PLAN_KEYS)}
     position.update(kind=MIX_POSITION_KIND, version=STATE_VERSION)
     position["readers"] = [[r, w, p] for (r, w), p in sorted(by_reader.items())]

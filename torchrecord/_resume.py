@@ -33,6 +33,7 @@ __all__ = [
     "consumed_samples",
     "find_states",
     "loader_position",
+    "per_reader",
     "plan_key",
     "remaining_runs",
     "rounds_consumed",
@@ -168,30 +169,42 @@ def loader_position(states: Any) -> dict[str, Any]:
             for r, w, n in p["yielded"]
         ]
     first = found[0]
-    for s in found[1:]:
-        for key in ("set_id", "epoch", "rotate", *PLAN_KEYS):
-            if s.get(key) != first.get(key):
-                raise ValueError(
-                    f"the reader states disagree on {key!r} ({first.get(key)!r} and {s.get(key)!r}): "
-                    "pass the states of one run, saved at one step"
-                )
-    yielded: dict[tuple[int, int], int] = {}
-    for s in found:
-        yielded[(int(s["rank"]), int(s["worker"]))] = int(s["yielded"])
-    world, workers = int(first["world_size"]), int(first["num_workers"])
-    missing = [(r, w) for r in range(world) for w in range(workers) if (r, w) not in yielded]
-    if missing:
-        r, w = missing[0]
-        raise ValueError(
-            f"the states of {len(missing)} reader(s) are missing (first: rank {r}, worker {w} of {world} ranks x "
-            f"{workers} workers): pass the loader states of every rank"
-        )
+    yielded = per_reader(found, ("set_id", "epoch", "rotate", *PLAN_KEYS), "yielded", "reader")
+    yielded = {reader: int(n) for reader, n in yielded.items()}
     position = {k: first.get(k) for k in ("set_id", "epoch", *PLAN_KEYS)}
     if "rotate" in first:
         position["rotate"] = first["rotate"]
     position.update(kind=POSITION_KIND, version=STATE_VERSION)
     position["yielded"] = [[r, w, n] for (r, w), n in sorted(yielded.items())]
     return position
+
+
+def per_reader(
+    readers: Sequence[Mapping[str, Any]], agree: Sequence[str], value: str, what: str
+) -> dict[tuple[int, int], Any]:
+    """``(rank, worker) -> state[value]`` over the reader states of one run, every reader present.
+
+    Raises ValueError when the states disagree on a key of ``agree`` or a reader
+    of the run's ranks x workers is missing (``what`` names the readers in messages).
+    """
+    first = readers[0]
+    for s in readers[1:]:
+        for key in agree:
+            if s.get(key) != first.get(key):
+                raise ValueError(
+                    f"the {what} states disagree on {key!r} ({first.get(key)!r} and {s.get(key)!r}): "
+                    "pass the states of one run, saved at one step"
+                )
+    found = {(int(s["rank"]), int(s["worker"])): s[value] for s in readers}
+    world, workers = int(first["world_size"]), int(first["num_workers"])
+    missing = [(r, w) for r in range(world) for w in range(workers) if (r, w) not in found]
+    if missing:
+        r, w = missing[0]
+        raise ValueError(
+            f"the states of {len(missing)} {what}(s) are missing (first: rank {r}, worker {w} of {world} ranks x "
+            f"{workers} workers): pass the loader states of every rank"
+        )
+    return found
 
 
 def find_states(

@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import torch
-import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _glue, _order, _partition, _resume
@@ -20,12 +18,13 @@ from torchrecord._layout import FixedLayout
 from torchrecord._reader import Share, ShareReader
 from torchrecord._subset import Subset
 from torchrecord._subset import resolve as resolve_subset
+from torchrecord._world import EpochAndWorld
 from torchrecord.record_file import RecordFile
 
 __all__ = ["RecordDataset", "collate_samples"]
 
 
-class RecordDataset(IterableDataset[Any]):
+class RecordDataset(EpochAndWorld, IterableDataset[Any]):
     """Stream a record set into a DataLoader, sharded over ranks and workers.
 
     Every reader (one per DataLoader worker per distributed rank) opens the file
@@ -208,10 +207,7 @@ class RecordDataset(IterableDataset[Any]):
         self.drop_last = drop_last
         self.batch_size = batch_size
         self.loader_batch_size = loader_batch_size
-        self._explicit = (rank, world_size) if rank is not None else None
-        self._distributed = self._detect_distributed()
-        # shared memory: set_epoch in the main process reaches persistent workers
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._init_epoch_and_world(rank, world_size)
         self._resume: dict[str, Any] | None = None  # a loaded resume point, used by the next iteration only
         self._yielded = 0  # items this reader yielded in the current iteration
         self._iter_epoch: int | None = None
@@ -236,27 +232,6 @@ class RecordDataset(IterableDataset[Any]):
         return f"RecordDataset({', '.join(parts)})"
 
     # -- configuration ------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration produces."""
-        self._epoch.fill_(int(epoch))
-        self._refresh_distributed()
-
-    @property
-    def epoch(self) -> int:
-        """The epoch whose order the next iteration produces (set by :meth:`set_epoch`)."""
-        return int(self._epoch.item())
-
-    def _detect_distributed(self) -> tuple[int, int]:
-        if self._explicit is not None:
-            return self._explicit  # type: ignore[return-value]
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-
-    def _refresh_distributed(self) -> None:
-        if get_worker_info() is None:
-            self._distributed = self._detect_distributed()
-
     def __len__(self) -> int:
         self._refresh_distributed()
         per_rank = self._per_rank()

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _mix_plan, _order, _partition, _resume
@@ -20,6 +19,7 @@ from torchrecord._kinds import collate_samples, split_columns, stack_columns
 from torchrecord._mix_resume import MIX_POSITION_KIND, MIX_STATE_KIND, reader_units_of
 from torchrecord._mix_source import FileSource, Source, SourceInfo, shared_schema
 from torchrecord._mixer import Mixer, Picked, Placement
+from torchrecord._world import EpochAndWorld
 from torchrecord.record_file import RecordFile
 
 __all__ = ["MixedDataset"]
@@ -30,7 +30,7 @@ POLICIES = ("exact", "ready")
 _SAMPLE_MODE_BATCH = 256
 
 
-class MixedDataset(IterableDataset[Any]):
+class MixedDataset(EpochAndWorld, IterableDataset[Any]):
     """Mix several record sets by weight into one stream, with exact per-source counts every epoch.
 
     Every mix epoch takes an exact number of samples from each source (from the
@@ -180,9 +180,7 @@ class MixedDataset(IterableDataset[Any]):
         self.max_defer, self.read_ahead_bytes, self.threads = max_defer, read_ahead_bytes, threads
         digest = hashlib.sha256("\n".join(info.set_id for info in self.infos).encode()).hexdigest()
         self.set_id = "mix-" + digest[:32]
-        self._explicit = (rank, world_size) if rank is not None else None
-        self._distributed = self._detect_distributed()
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._init_epoch_and_world(rank, world_size)
         self._plan_cache: tuple[int, _mix_plan.MixPlan] | None = None
         self._resume: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None  # the current iteration (this process)
@@ -197,27 +195,6 @@ class MixedDataset(IterableDataset[Any]):
         return state
 
     # -- configuration ------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the mix epoch the next iteration plays."""
-        self._epoch.fill_(int(epoch))
-        self._refresh_distributed()
-
-    @property
-    def epoch(self) -> int:
-        """The epoch set by :meth:`set_epoch` (shared with persistent workers)."""
-        return int(self._epoch.item())
-
-    def _detect_distributed(self) -> tuple[int, int]:
-        if self._explicit is not None:
-            return self._explicit  # type: ignore[return-value]
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-
-    def _refresh_distributed(self) -> None:
-        if get_worker_info() is None:
-            self._distributed = self._detect_distributed()
-
     def plan(self) -> _mix_plan.MixPlan:
         """This epoch's draws over all ranks (a pure function of the sources, weights, seed and epoch)."""
         epoch = self.epoch

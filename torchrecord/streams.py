@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord import _resume
@@ -21,6 +20,7 @@ from torchrecord._reader import Share, ShareReader
 from torchrecord._record_block import RecordBlock
 from torchrecord._stream_plan import Cells, StreamPlan, plan_streams
 from torchrecord._structure import first_difference, flatten, unflatten
+from torchrecord._world import EpochAndWorld
 from torchrecord.record_file import RecordFile
 
 __all__ = ["StreamDataset"]
@@ -29,7 +29,7 @@ STATE_KIND = "torchrecord.StreamDataset"
 _PLAN_KEYS = ("seed", "shuffle", "tail", "streams", "batch_size", "steps")
 
 
-class StreamDataset(IterableDataset[dict[str, Any]]):
+class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
     """Sequence streams from a grouped record set: position b of batch t+1 continues position b of batch t.
 
     For models that carry hidden state from one batch to the next (an RNN or a
@@ -117,10 +117,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.file.close()
         self.batch_size, self.steps, self.shuffle, self.seed, self.tail = batch_size, steps, shuffle, seed, tail
         self.transform, self.verify = transform, verify
-        self._explicit = (rank, world_size) if rank is not None else None
-        self._distributed = (0, 1)
-        self._world()
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._init_epoch_and_world(rank, world_size)
         self._plan_cache: tuple[tuple[int, int], StreamPlan] | None = None
         self._resume: dict[str, Any] | None = None
         self._next_step = 0
@@ -128,28 +125,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self._template: Any = None  # a transformed frame, to shape batches that hold padding only
 
     # -- configuration ------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose plan the next iteration plays."""
-        self._epoch.fill_(int(epoch))
-
-    @property
-    def epoch(self) -> int:
-        """The epoch set by :meth:`set_epoch` (shared with persistent workers)."""
-        return int(self._epoch.item())
-
     def _world(self) -> tuple[int, int]:
-        """(rank, world size): given, or read from torch.distributed in the main process.
-
-        DataLoader workers do not see the process group, so they use what the
-        main process saw last (the dataset reaches them pickled).
-        """
-        if self._explicit is not None:
-            return self._explicit  # type: ignore[return-value]
-        if get_worker_info() is None:
-            if dist.is_available() and dist.is_initialized():
-                self._distributed = (dist.get_rank(), dist.get_world_size())
-            else:
-                self._distributed = (0, 1)
+        """(rank, world size): given, or read from torch.distributed in the main process (see ``_world``)."""
+        self._refresh_distributed()
         return self._distributed
 
     def plan(self) -> StreamPlan:
