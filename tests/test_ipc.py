@@ -137,3 +137,16 @@ def test_a_collate_fn_in_the_worker_sees_a_dict() -> None:
 
 def _double_x(batch: dict[str, Any]) -> dict[str, Any]:
     return {"x": batch["x"] * 2, "i": batch["i"]}
+
+
+def test_types_numpy_lacks_cross_by_value_bit_for_bit() -> None:
+    rng = torch.Generator().manual_seed(1)
+    batch = {
+        "bf16_strided": torch.randn(4, 6, generator=rng).to(torch.bfloat16)[:, ::2],
+        "f8": (torch.randn(3, 5, generator=rng) * 4).to(torch.float8_e4m3fn),
+        "f8_fnuz": (torch.randn(7, generator=rng) * 4).to(torch.float8_e5m2fnuz),
+    }
+    got = pickle.loads(ForkingPickler.dumps(by_value(batch)))
+    for key, want in batch.items():
+        assert got[key].dtype == want.dtype and got[key].shape == want.shape, key
+        assert torch.equal(got[key].contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)), key

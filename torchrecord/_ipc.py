@@ -16,6 +16,7 @@ worker's pipe, and unpickles in the main process as the plain batch again
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -128,29 +129,37 @@ def _rebuild(tree: Any, specs: list[tuple[Any, ...]], buffer: bytearray) -> Any:
             continue
         offset, size, dtype, shape = spec
         if size:
-            array = _view(buffer, offset, dtype, shape)
-            leaves.append(torch.from_numpy(array).view(dtype) if dtype in _BITS else torch.from_numpy(array))
+            tensor = torch.from_numpy(_view(buffer, offset, dtype, shape))
+            leaves.append(tensor if tensor.dtype == dtype else tensor.view(dtype))
         else:
             leaves.append(torch.empty(shape, dtype=dtype))
     return unflatten(tree, leaves)
 
 
-#: torch dtypes NumPy has no type for: carried as unsigned integers of their width
-_BITS = {torch.bfloat16: np.uint16, torch.float8_e4m3fn: np.uint8, torch.float8_e5m2: np.uint8}
+@functools.cache
+def _holder(dtype: torch.dtype) -> tuple[np.dtype[Any], torch.dtype]:
+    """The NumPy dtype that carries ``dtype``'s items, and its torch twin: the same type, or for types
+    NumPy lacks (bfloat16, float8, ...) unsigned integers of their width (the bit pattern)."""
+    probe = torch.empty(0, dtype=dtype)
+    try:
+        return probe.numpy().dtype, dtype
+    except TypeError:
+        bits = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}[probe.element_size()]
+        return torch.empty(0, dtype=bits).numpy().dtype, bits
 
 
 def _view(buffer: bytearray, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """``buffer[offset:]`` as a NumPy array of ``dtype``'s items (its bit pattern for types NumPy lacks)."""
-    np_dtype = _BITS.get(dtype) or torch.empty(0, dtype=dtype).numpy().dtype
     count = 1
     for d in shape:
         count *= d
-    return np.frombuffer(buffer, np_dtype, count, offset).reshape(shape)
+    return np.frombuffer(buffer, _holder(dtype)[0], count, offset).reshape(shape)
 
 
 def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.resolve_conj().resolve_neg()  # a lazily conjugated or negated view: its values
-    bits = _BITS.get(tensor.dtype)
-    if bits is not None:
-        tensor = tensor.view(torch.uint16 if bits is np.uint16 else torch.uint8)
-    return tensor.detach().numpy()
+    """``tensor``'s values as a NumPy array (a view where it can be): its bit pattern for types NumPy lacks."""
+    tensor = tensor.detach().resolve_conj().resolve_neg()  # a lazily conjugated or negated view: its values
+    carrier = _holder(tensor.dtype)[1]
+    if carrier != tensor.dtype:
+        tensor = tensor.contiguous().view(carrier)
+    return tensor.numpy()

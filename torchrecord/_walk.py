@@ -14,6 +14,7 @@ a run, then sequential steps. Each step is checked before a byte is used:
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Iterator, Sequence
 from itertools import islice
@@ -111,18 +112,12 @@ class Walk:
         n = stop - first
         if n <= 0:
             return []
-        try:
-            with lmdb_errors(self.path):
-                values = self._read(self._cursor, first, stop, self.path)
-                if self._crc_cursor is not None:
-                    crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
-                    for i, (value, stored) in enumerate(zip(values, crcs)):
-                        check_crc(value, stored, f"{self.path}: record {first + i}")
-        except MemoryError:  # a damaged node can claim a value of gigabytes: py-lmdb cannot copy it
-            raise CorruptRecordError(
-                f"{self.path}: records {first} to {stop - 1}: LMDB returned a value larger than the memory "
-                "available; the file is probably damaged: run torchrecord.verify on it"
-            ) from None
+        with self._reading(f"records {first} to {stop - 1}"):
+            values = self._read(self._cursor, first, stop, self.path)
+            if self._crc_cursor is not None:
+                crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
+                for i, (value, stored) in enumerate(zip(values, crcs)):
+                    check_crc(value, stored, f"{self.path}: record {first + i}")
         self.records_read += n
         return values
 
@@ -138,19 +133,13 @@ class Walk:
             return []
         packed = np.asarray(records, dtype=">u8").tobytes()
         keys = [packed[i : i + 8] for i in range(0, 8 * n, 8)]
-        try:
-            with lmdb_errors(self.path):
-                get = self._cursor.get
-                values = [get(key) for key in keys]
-                crcs = None
-                if self._crc_cursor is not None:
-                    get_crc = self._crc_cursor.get
-                    crcs = [get_crc(key) for key in keys]
-        except MemoryError:  # a damaged node can claim a value of gigabytes: py-lmdb cannot copy it
-            raise CorruptRecordError(
-                f"{self.path}: LMDB returned a value larger than the memory available; the file is probably "
-                "damaged: run torchrecord.verify on it"
-            ) from None
+        with self._reading(f"{n} records from {int(records[0])}"):
+            get = self._cursor.get
+            values = [get(key) for key in keys]
+            crcs = None
+            if self._crc_cursor is not None:
+                get_crc = self._crc_cursor.get
+                crcs = [get_crc(key) for key in keys]
         if None in values:
             missing = int(records[values.index(None)])
             raise CorruptRecordError(f"{self.path}: record {missing} is missing; the file is damaged")
@@ -159,6 +148,18 @@ class Walk:
                 check_crc(value, stored, f"{self.path}: record {record}")
         self.records_read += n
         return values
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """LMDB's errors, and a value too large to copy, as CorruptRecordError naming the file and ``what``."""
+        try:
+            with lmdb_errors(self.path):
+                yield
+        except MemoryError:  # a damaged node can claim a value of gigabytes: py-lmdb cannot copy it
+            raise CorruptRecordError(
+                f"{self.path}: {what}: LMDB returned a value larger than the memory available; the file is "
+                "probably damaged: run torchrecord.verify on it"
+            ) from None
 
     def pieces(self, runs: Sequence[tuple[int, int]], piece: int = PIECE) -> Iterator[tuple[int, list[Any]]]:
         """``(first record, values)`` for pieces of at most ``piece`` records covering each record run."""

@@ -233,9 +233,12 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         spreads the per-read costs (one lookup of their cells, one sort of their
         records) over many batches, which is what makes ``steps=1`` fast.
         """
+        return int(max(1, min(64, (8 << 20) // self._batch_bytes(layout))))
+
+    def _batch_bytes(self, layout: FixedLayout | None) -> int:
+        """The stored bytes of one batch's frames (16 KB a frame where the layout is not fixed)."""
         frame_bytes = layout.length // max(1, layout.rows) if layout is not None else 16 << 10
-        per_batch = max(1, frame_bytes * self.batch_size * self.steps)
-        return int(max(1, min(64, (8 << 20) // per_batch)))
+        return max(1, frame_bytes * self.batch_size * self.steps)
 
     def _streams(self) -> range:
         """The streams this rank plays: [rank * B, (rank + 1) * B)."""
