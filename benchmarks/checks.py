@@ -92,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             dest.mkdir(parents=True, exist_ok=True)
             write_records(data, dest)
         size = path.stat().st_size
-        print(f"{name}: {data.count:,} samples, {size / 1e6:,.1f} MB, batch {data.batch_size}; "
-              f"{args.rounds} rounds, medians")
+        print(
+            f"{name}: {data.count:,} samples, {size / 1e6:,.1f} MB, batch {data.batch_size}; "
+            f"{args.rounds} rounds, medians"
+        )
         file = str(path)
         configs: dict[str, Callable[[], Any]] = {
             "check_structure": lambda f=file: check_structure(f),
@@ -113,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         for label, s in median.items():
             print(f"  {label:<28} {s * 1e3:9.1f} ms")
         check = median["check_structure"]
-        print(f"  check_structure: {check / (size / 1e8):.3f} s per 100 MB, "
-              f"{check / data.count * 1e6:.2f} us per record")
+        print(
+            f"  check_structure: {check / (size / 1e8):.3f} s per 100 MB, {check / data.count * 1e6:.2f} us per record"
+        )
         keys = median["walk, keys checked"] / median["walk, keys not checked"]
         epoch_keys = median["epoch, check=None"] / median["epoch, keys not checked"]
-        print(f"  key checks: walk x{keys:.3f} ({(keys - 1) * 100:+.1f}%), "
-              f"epoch x{epoch_keys:.3f} ({(epoch_keys - 1) * 100:+.1f}%)")
+        print(
+            f"  key checks: walk x{keys:.3f} ({(keys - 1) * 100:+.1f}%), "
+            f"epoch x{epoch_keys:.3f} ({(epoch_keys - 1) * 100:+.1f}%)"
+        )
         epoch = median['epoch, check="structure"'] / median["epoch, check=None"]
         print(f'  check="structure": epoch x{epoch:.3f} ({(epoch - 1) * 100:+.1f}%, once per process)')
     return 0

@@ -184,8 +184,9 @@ def _one_run(args: tuple[list[str], str, str, float | None, int, int]) -> dict[s
     epoch_size = (batches + 1) * BATCH
     opened = time.perf_counter()
     if loader != "torchdata":  # reads every source's metadata (schema check, sizes for the plan)
-        ds = torchrecord.MixedDataset(sources, epoch_size=epoch_size, batch_size=BATCH, block=BLOCK, policy=loader,
-                                      seed=repeat, tag_source=True)
+        ds = torchrecord.MixedDataset(
+            sources, epoch_size=epoch_size, batch_size=BATCH, block=BLOCK, policy=loader, seed=repeat, tag_source=True
+        )
     else:  # the same: every source's metadata, then the sampler's nodes
         sampled = _torchdata_batches(sources, repeat)
     start = time.perf_counter()
@@ -212,11 +213,22 @@ def _one_run(args: tuple[list[str], str, str, float | None, int, int]) -> dict[s
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     w = np.array(waits)
     return {
-        "profile": profile, "loader": loader, "repeat": repeat, "open": start - opened, "first": first,
-        "p50": float(np.percentile(w, 50)), "p90": float(np.percentile(w, 90)), "p99": float(np.percentile(w, 99)),
-        "max": float(w.max()), "batches_per_s": batches / seconds, "shares": (counts / counts.sum()).tolist(),
-        "peak_mib": peak, "added_mib": peak - before, "waits": waits,
-        "mixer_waits": stats.get("waits"), "deferrals": stats.get("deferrals"),
+        "profile": profile,
+        "loader": loader,
+        "repeat": repeat,
+        "open": start - opened,
+        "first": first,
+        "p50": float(np.percentile(w, 50)),
+        "p90": float(np.percentile(w, 90)),
+        "p99": float(np.percentile(w, 99)),
+        "max": float(w.max()),
+        "batches_per_s": batches / seconds,
+        "shares": (counts / counts.sum()).tolist(),
+        "peak_mib": peak,
+        "added_mib": peak - before,
+        "waits": waits,
+        "mixer_waits": stats.get("waits"),
+        "deferrals": stats.get("deferrals"),
     }
 
 
@@ -260,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     profiles = [p for p in args.profiles.split(",") if p]
     loaders = [x for x in args.loaders.split(",") if x]
     paths = _sets(args.data_dir, per_set)
-    print(f"{SETS} sets x {per_set:,} samples of uint8[3,32,32] + int, batch {BATCH}, {batches:,} batches after "
-          f"the first, {args.repeats} run(s) each", flush=True)
+    print(
+        f"{SETS} sets x {per_set:,} samples of uint8[3,32,32] + int, batch {BATCH}, {batches:,} batches after "
+        f"the first, {args.repeats} run(s) each",
+        flush=True,
+    )
     ctx = mp.get_context("spawn")
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     slow_rate: float | None = None
@@ -277,30 +292,57 @@ def main(argv: list[str] | None = None) -> int:
                 for loader in loaders:
                     run = pool.apply(_one_run, ((paths, profile, loader, slow_rate, batches, repeat),))
                     results.setdefault((profile, loader), []).append(run)
-                    print(f"  {profile:<15} {loader:<10} run {repeat + 1}: first {run['first'] * 1000:8.1f} ms  "
-                          f"p99 {run['p99'] * 1000:8.2f} ms  {run['batches_per_s']:8.1f} batches/s", flush=True)
+                    print(
+                        f"  {profile:<15} {loader:<10} run {repeat + 1}: first {run['first'] * 1000:8.1f} ms  "
+                        f"p99 {run['p99'] * 1000:8.2f} ms  {run['batches_per_s']:8.1f} batches/s",
+                        flush=True,
+                    )
     rows = []
     for (profile, loader), runs in results.items():
         if profile not in profiles:
             continue
         base = results.get(("all-fast", loader))
         shares = np.array(runs[-1]["shares"])
-        ms = [f"{_median(runs, k) * 1000:.{2 if k in ('p50', 'p90', 'p99') else 1}f}"
-              for k in ("open", "first", "p50", "p90", "p99", "max")]
+        ms = [
+            f"{_median(runs, k) * 1000:.{2 if k in ('p50', 'p90', 'p99') else 1}f}"
+            for k in ("open", "first", "p50", "p90", "p99", "max")
+        ]
         speed = _median(runs, "batches_per_s")
-        rows.append([
-            profile, loader, *ms, f"{speed:.1f}", f"{speed / _median(base, 'batches_per_s'):.2f}" if base else "-",
-            f"{shares.min():.4f}-{shares.max():.4f}", f"{shares[5]:.4f}", f"{_median(runs, 'peak_mib'):.0f}",
-        ])
-    headers = ["profile", "loader", "open ms", "first ms", "p50 ms", "p90 ms", "p99 ms", "max ms", "batches/s",
-               "x all-fast", "shares min-max", "share s5", "peak MiB"]
+        rows.append(
+            [
+                profile,
+                loader,
+                *ms,
+                f"{speed:.1f}",
+                f"{speed / _median(base, 'batches_per_s'):.2f}" if base else "-",
+                f"{shares.min():.4f}-{shares.max():.4f}",
+                f"{shares[5]:.4f}",
+                f"{_median(runs, 'peak_mib'):.0f}",
+            ]
+        )
+    headers = [
+        "profile",
+        "loader",
+        "open ms",
+        "first ms",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "batches/s",
+        "x all-fast",
+        "shares min-max",
+        "share s5",
+        "peak MiB",
+    ]
     print()
     print(f"planned share per source {1 / SETS:.4f}")
     print(format_table(headers, rows))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {f"{p}/{x}": [{k: v for k, v in r.items() if k != "waits"} for r in runs]
-               for (p, x), runs in results.items()}
+        out = {
+            f"{p}/{x}": [{k: v for k, v in r.items() if k != "waits"} for r in runs] for (p, x), runs in results.items()
+        }
         args.json.write_text(json.dumps({"argv": sys.argv[1:], "runs": out}, indent=1))
     if _plot(results, args.plot):
         print(f"latency plot: {args.plot}")

@@ -70,15 +70,17 @@ def measurement_rows(measurements: Sequence[Measurement], everything: Sequence[M
     rows = []
     for m in measurements:
         ratio = ratio_to_raw(m, everything)
-        rows.append([
-            m.loader,
-            "-" if m.workers is None else str(m.workers),
-            f"{m.samples_per_second:,.0f}",
-            f"{m.median_seconds:.2f}",
-            "-" if ratio is None else f"{ratio:.3f}",
-            _mb(m.disk_bytes),
-            "yes" if m.complete else "NO",
-        ])
+        rows.append(
+            [
+                m.loader,
+                "-" if m.workers is None else str(m.workers),
+                f"{m.samples_per_second:,.0f}",
+                f"{m.median_seconds:.2f}",
+                "-" if ratio is None else f"{ratio:.3f}",
+                _mb(m.disk_bytes),
+                "yes" if m.complete else "NO",
+            ]
+        )
     return rows
 
 
@@ -121,8 +123,16 @@ def cold_rows(results: Sequence[ColdResult]) -> list[list[str]]:
         ratio = _cold_ratio(c, results, RAW_LIMIT)
         workers = "-" if c.workers is None else str(c.workers)
         worked = "yes" if c.evicted else "NO: " + "; ".join(e.describe() for e in c.evictions if not e.worked)
-        rows.append([c.workload, c.loader, workers, f"{c.samples_per_second:,.0f}",
-                     "-" if ratio is None else f"{ratio:.2f}", worked])
+        rows.append(
+            [
+                c.workload,
+                c.loader,
+                workers,
+                f"{c.samples_per_second:,.0f}",
+                "-" if ratio is None else f"{ratio:.2f}",
+                worked,
+            ]
+        )
     return rows
 
 

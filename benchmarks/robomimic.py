@@ -144,8 +144,12 @@ def build_data(data_dir: Path, demos: int) -> dict[str, Any]:
 
     root = data_dir / f"robomimic-{demos}"
     root.mkdir(parents=True, exist_ok=True)
-    files = {"raw": root / "lift.hdf5", "gzip": root / "lift-gzip.hdf5", "tr": root / "lift.tr",
-             "tr-zstd": root / "lift-zstd.tr"}
+    files = {
+        "raw": root / "lift.hdf5",
+        "gzip": root / "lift-gzip.hdf5",
+        "tr": root / "lift.tr",
+        "tr-zstd": root / "lift-zstd.tr",
+    }
     for kind in ("raw", "gzip"):
         if not files[kind].exists():
             write_lift_like(files[kind], demos, compression="gzip" if kind == "gzip" else None)
@@ -227,15 +231,23 @@ def _robomimic_all_bytes(demos: int, seq_length: int) -> int:
     return demos * 50 * seq_length * 2 * frame
 
 
-def run_loader(name: str, files: dict[str, str], points: list[dict[str, Any]], epochs: int, steps: int,
-               max_cache_gb: float, demos: int) -> list[dict[str, Any]]:
+def run_loader(
+    name: str,
+    files: dict[str, str],
+    points: list[dict[str, Any]],
+    epochs: int,
+    steps: int,
+    max_cache_gb: float,
+    demos: int,
+) -> list[dict[str, Any]]:
     """Time one loader over the sweep points (in this process); one dict per point."""
     torch.set_num_threads(1)
     kind, cache = LOADERS[name]
     set_ = "tr-zstd" if name.endswith(" zstd") else "tr"
     if set_ not in files:
-        return [{**point, "loader": name, "skipped": "no zstd copy (pip install torchrecord[compress])"}
-                for point in points]
+        return [
+            {**point, "loader": name, "skipped": "no zstd copy (pip install torchrecord[compress])"} for point in points
+        ]
     if kind == "robomimic":
         import robomimic.utils.dataset  # noqa: F401  (imported before the baseline, as torchrecord is)
     baseline = _rss()
@@ -319,8 +331,13 @@ def _sweep(batch_sizes: Iterable[int], seq_lengths: Iterable[int], workers: Iter
 def _bc_batches(kind: str, files: dict[str, str], seed: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """(obs [B, 19], action [B, 7]) batches from one loader, forever (train filter, low_dim cache)."""
     shifted = kind == "shifted"
-    params = {"obs_keys": list(LOW_DIM), "dataset_keys": ["actions"], "seq_length": 2 if shifted else 1,
-              "filter_by_attribute": "train", "load_next_obs": False}
+    params = {
+        "obs_keys": list(LOW_DIM),
+        "dataset_keys": ["actions"],
+        "seq_length": 2 if shifted else 1,
+        "filter_by_attribute": "train",
+        "load_next_obs": False,
+    }
     if kind == "robomimic":
         ds = _robomimic(files, "low_dim", params)
     elif kind == "map":
@@ -343,17 +360,31 @@ def _bc_batches(kind: str, files: dict[str, str], seed: int) -> Iterable[tuple[t
 
 
 def _held_out(files: dict[str, str]) -> tuple[torch.Tensor, torch.Tensor]:
-    ds = _robomimic(files, "low_dim", {"obs_keys": list(LOW_DIM), "dataset_keys": ["actions"],
-                                       "filter_by_attribute": "valid", "load_next_obs": False})
+    ds = _robomimic(
+        files,
+        "low_dim",
+        {
+            "obs_keys": list(LOW_DIM),
+            "dataset_keys": ["actions"],
+            "filter_by_attribute": "valid",
+            "load_next_obs": False,
+        },
+    )
     batch = next(iter(DataLoader(ds, batch_size=len(ds))))
     return torch.cat([batch["obs"][k][:, 0].float() for k in LOW_DIM], dim=1), batch["actions"][:, 0].float()
 
 
-def _train(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], steps: int, seed: int,
-           held: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+def _train(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], steps: int, seed: int, held: tuple[torch.Tensor, torch.Tensor]
+) -> dict[str, float]:
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(19, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, ACTION_DIM))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(19, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, ACTION_DIM),
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for _, (x, y) in zip(range(steps), batches):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -384,8 +415,11 @@ def convergence(files: dict[str, str], steps: int, seeds: int = 5) -> dict[str, 
             a = [r[metric] for r in runs]
             b = [r[metric] for r in base]
             spread = max(statistics.pstdev(b), 1e-12)
-            row[metric] = {"mean": statistics.mean(a), "std": statistics.pstdev(a),
-                           "within_3_std": abs(statistics.mean(a) - statistics.mean(b)) <= 3 * spread}
+            row[metric] = {
+                "mean": statistics.mean(a),
+                "std": statistics.pstdev(a),
+                "within_3_std": abs(statistics.mean(a) - statistics.mean(b)) <= 3 * spread,
+            }
         row["passes"] = all(v["within_3_std"] for v in row.values() if isinstance(v, dict))
         verdict[kind] = row
     return verdict
@@ -399,19 +433,28 @@ def _gib(n: float) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
-    base = {(r["batch_size"], r["seq_length"], r["workers"]): r.get("windows_per_s")
-            for r in rows if r["loader"] == "robomimic low_dim"}
-    print(f"\nfiles: HDF5 raw {_gib(info['bytes']['raw'])} GiB, gzip {_gib(info['bytes']['gzip'])} GiB, "
-          f"record set {_gib(info['bytes']['tr'])} GiB"
-          + (f", zstd record set {_gib(info['bytes']['tr-zstd'])} GiB" if "tr-zstd" in info["bytes"] else "")
-          + f"; conversion {info['convert_raw_s']:.1f} s (raw), "
-          f"{info['convert_gzip_s']:.1f} s (gzip)")
-    print("memory: peak RSS of the loader's process during the point, less its RSS after imports (mapped file"
-          " pages read count here); private: the peak of its anonymous memory (RssAnon, sampled once a batch),"
-          " less its value after imports; workers: the largest worker's peak RSS over the loader's sweep"
-          " (shared pages included)")
-    print(f"{'loader':<33}{'w':>2}{'B':>5}{'T':>4}{'construct s':>13}{'1st batch s':>13}{'windows/s':>12}"
-          f"{'x rm low_dim':>14}{'peak-base GiB':>15}{'private GiB':>13}{'peak worker GiB':>17}")
+    base = {
+        (r["batch_size"], r["seq_length"], r["workers"]): r.get("windows_per_s")
+        for r in rows
+        if r["loader"] == "robomimic low_dim"
+    }
+    print(
+        f"\nfiles: HDF5 raw {_gib(info['bytes']['raw'])} GiB, gzip {_gib(info['bytes']['gzip'])} GiB, "
+        f"record set {_gib(info['bytes']['tr'])} GiB"
+        + (f", zstd record set {_gib(info['bytes']['tr-zstd'])} GiB" if "tr-zstd" in info["bytes"] else "")
+        + f"; conversion {info['convert_raw_s']:.1f} s (raw), "
+        f"{info['convert_gzip_s']:.1f} s (gzip)"
+    )
+    print(
+        "memory: peak RSS of the loader's process during the point, less its RSS after imports (mapped file"
+        " pages read count here); private: the peak of its anonymous memory (RssAnon, sampled once a batch),"
+        " less its value after imports; workers: the largest worker's peak RSS over the loader's sweep"
+        " (shared pages included)"
+    )
+    print(
+        f"{'loader':<33}{'w':>2}{'B':>5}{'T':>4}{'construct s':>13}{'1st batch s':>13}{'windows/s':>12}"
+        f"{'x rm low_dim':>14}{'peak-base GiB':>15}{'private GiB':>13}{'peak worker GiB':>17}"
+    )
     for r in rows:
         head = f"{r['loader']:<33}{r['workers']:>2}{r['batch_size']:>5}{r['seq_length']:>4}"
         if "skipped" in r:
@@ -420,9 +463,11 @@ def print_table(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
         ref = base.get((r["batch_size"], r["seq_length"], r["workers"]))
         rate = r["windows_per_s"] or 0.0
         ratio = f"{rate / ref:.2f}" if ref else "-"
-        print(f"{head}{r['construct_s']:>13.2f}{r.get('first_batch_s', 0):>13.3f}{rate:>12,.0f}{ratio:>14}"
-              f"{_gib(r['peak_bytes'] - r['baseline_bytes']):>15}{_gib(r.get('peak_private_bytes', 0)):>13}"
-              f"{_gib(r['peak_worker_bytes']):>17}")
+        print(
+            f"{head}{r['construct_s']:>13.2f}{r.get('first_batch_s', 0):>13.3f}{rate:>12,.0f}{ratio:>14}"
+            f"{_gib(r['peak_bytes'] - r['baseline_bytes']):>15}{_gib(r.get('peak_private_bytes', 0)):>13}"
+            f"{_gib(r['peak_worker_bytes']):>17}"
+        )
 
 
 def _met(ok: bool) -> str:
@@ -447,8 +492,10 @@ def check_targets(rows: list[dict[str, Any]], info: dict[str, Any]) -> list[str]
                 line += f", {rate / everything:.2f}x robomimic all (target >= 1: {_met(rate >= everything)})"
             else:
                 line += ", robomimic all not measured"
-            line += (f", peak RSS {memory:.2f}x the record set (mapped file pages included), private memory"
-                     f" {private:.2f}x (target <= 1.5: {_met(private <= 1.5)})")
+            line += (
+                f", peak RSS {memory:.2f}x the record set (mapped file pages included), private memory"
+                f" {private:.2f}x (target <= 1.5: {_met(private <= 1.5)})"
+            )
             lines.append(line)
     return lines
 
@@ -472,20 +519,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:  # one loader in its own process: its peak memory is its own
         job = json.loads(args.child)
-        rows = run_loader(job["loader"], job["files"], job["points"], args.epochs, args.steps, args.max_cache_gb,
-                          job["demos"])
+        rows = run_loader(
+            job["loader"], job["files"], job["points"], args.epochs, args.steps, args.max_cache_gb, job["demos"]
+        )
         print("ROWS " + json.dumps(rows))
         return 0
     demos = max(4, round(200 * args.scale * (10 if args.large else 1)))
     info = build_data(args.data_dir, demos)
     files = info["files"]
-    points = _sweep([int(x) for x in args.batch_sizes.split(",")], [int(x) for x in args.seq_lengths.split(",")],
-                    [int(x) for x in args.workers.split(",")])
+    points = _sweep(
+        [int(x) for x in args.batch_sizes.split(",")],
+        [int(x) for x in args.seq_lengths.split(",")],
+        [int(x) for x in args.workers.split(",")],
+    )
     rows: list[dict[str, Any]] = []
     for name in args.loaders.split(","):
         job = json.dumps({"loader": name, "files": files, "points": points, "demos": demos})
-        cmd = [sys.executable, "-m", "benchmarks.robomimic", "--child", job, "--epochs", str(args.epochs),
-               "--steps", str(args.steps), "--max-cache-gb", str(args.max_cache_gb)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.robomimic",
+            "--child",
+            job,
+            "--epochs",
+            str(args.epochs),
+            "--steps",
+            str(args.steps),
+            "--max-cache-gb",
+            str(args.max_cache_gb),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         found = [line for line in done.stdout.splitlines() if line.startswith("ROWS ")]
         if done.returncode or not found:
@@ -505,8 +567,10 @@ def main(argv: list[str] | None = None) -> int:
             cells = "  ".join(f"{m} {row[m]['mean']:.4f}±{row[m]['std']:.4f}" for m in ("L1", "L2", "cosine"))
             expect = "fail" if kind == "shifted" else "pass"
             ok = row["passes"] == (expect == "pass")
-            print(f"  {kind:<10} {cells}  {'passes' if row['passes'] else 'fails'} (expected {expect}: "
-                  f"{'ok' if ok else 'NOT OK'})")
+            print(
+                f"  {kind:<10} {cells}  {'passes' if row['passes'] else 'fails'} (expected {expect}: "
+                f"{'ok' if ok else 'NOT OK'})"
+            )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str))
     return 0

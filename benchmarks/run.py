@@ -53,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="override every workload's batch size")
     p.add_argument("--shuffle-buffer", type=int, default=2048, help="torchrecord and WebDataset buffer")
     p.add_argument(
-        "--samples-per-record", type=int, default=0,
+        "--samples-per-record",
+        type=int,
+        default=0,
         help="K for torchrecord-packed (0: about 16 KiB per record); needs write_record(samples_per_record=)",
     )
     p.add_argument("--data-dir", type=Path, default=Path("bench-data"), help="cache of generated data")
@@ -61,18 +63,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rebuild", action="store_true", help="rebuild every cached format (not the samples)")
     p.add_argument("--no-write", action="store_true", help="skip the write-speed measurement")
     p.add_argument(
-        "--cold-workloads", nargs="*", choices=list(WORKLOADS), default=["large-images"],
+        "--cold-workloads",
+        nargs="*",
+        choices=list(WORKLOADS),
+        default=["large-images"],
         help="workloads also read with a cold page cache (files evicted before each epoch); none: skip",
     )
     p.add_argument(
-        "--cold-loaders", nargs="+", choices=names, default=["raw-limit", "torchrecord-batch", "npy-folder"],
+        "--cold-loaders",
+        nargs="+",
+        choices=names,
+        default=["raw-limit", "torchrecord-batch", "npy-folder"],
         help="loaders timed cold (each in a fresh process after eviction)",
     )
     p.add_argument("--cold-workers", nargs="+", type=int, default=[0], help="num_workers settings of cold epochs")
     p.add_argument("--cold-epochs", type=int, default=2, help="cold epochs per configuration (median)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     p.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch intra-op threads of this process, where the workers=0 loaders and the limits run "
         "(DataLoader workers always use 1)",
     )
@@ -149,8 +159,10 @@ def _run_cold(data: WorkloadData, args: argparse.Namespace, rebuilt: set[str]) -
 
             eviction = cold.time_cold(result, cold.files_of(path), epoch)
             seconds, count = result.seconds[-1], result.samples[-1]
-            _log(f"  cold epoch {r + 1}/{args.cold_epochs}  {result.label:<24} {seconds:7.2f} s  "
-                 f"{count / seconds:>10,.0f} samples/s  ({eviction.describe()})")
+            _log(
+                f"  cold epoch {r + 1}/{args.cold_epochs}  {result.label:<24} {seconds:7.2f} s  "
+                f"{count / seconds:>10,.0f} samples/s  ({eviction.describe()})"
+            )
     results = [result for result, _, _ in configs]
     _log(report.format_table(report.COLD_HEADERS, report.cold_rows(results)))
     return results

@@ -247,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         if args.only in (None, "packing"):
-            print("packing: file size against payload (sample size incl. an 8-byte label), read speed (samples/s, "
-                  "medians) of the default write against the best explicit samples_per_record", flush=True)
+            print(
+                "packing: file size against payload (sample size incl. an 8-byte label), read speed (samples/s, "
+                "medians) of the default write against the best explicit samples_per_record",
+                flush=True,
+            )
             out["packing"] = packing(root, args.scale, rounds)
         if args.only in (None, "compression"):
             print(f"compression: uint8[3, 96, 96] images + label, batch 64, medians of {rounds} rounds", flush=True)

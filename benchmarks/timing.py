@@ -63,9 +63,7 @@ def time_epoch(epochs: Epochs, index: int) -> tuple[float, int]:
     return seconds, count
 
 
-def run_rounds(
-    configs: list[tuple[Measurement, Epochs]], rounds: int, log: Callable[[str], None] = print
-) -> None:
+def run_rounds(configs: list[tuple[Measurement, Epochs]], rounds: int, log: Callable[[str], None] = print) -> None:
     """Run ``rounds`` epochs of every configuration, interleaved, recording each in its Measurement."""
     width = max((len(m.label) for m, _ in configs), default=0)
     for r in range(rounds):

@@ -95,9 +95,10 @@ def generate_images(root: Path, count: int, size: int, classes: int, seed: int =
     for label in range(classes):
         (root / f"class_{label:03d}").mkdir(parents=True)
     chunks = [range(start, min(start + 250, count)) for start in range(0, count, 250)]
-    with ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context("fork")) as pool, tqdm(
-        total=count, desc="generating images", unit="img"
-    ) as bar:
+    with (
+        ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context("fork")) as pool,
+        tqdm(total=count, desc="generating images", unit="img") as bar,
+    ):
         futures = [pool.submit(_write_pictures, str(root), chunk, size, classes, seed) for chunk in chunks]
         for future in futures:
             bar.update(future.result())
@@ -231,8 +232,6 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
-        )
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])

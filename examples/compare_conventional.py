@@ -72,16 +72,29 @@ parser.add_argument("--size", type=int, default=128, help="image side in pixels 
 parser.add_argument("--classes", type=int, default=10, help="classes to generate")
 parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader num_workers")
 parser.add_argument("--batch-size", type=int, default=64)
-parser.add_argument("--stored", choices=["encoded", "decoded"], default="encoded",
-                    help="the record holds the image files' bytes (default) or decoded pixels")
-parser.add_argument("--torchrecord-mode", choices=["batch", "sample"], default="batch",
-                    help="batch: RecordDataset(batch_size=B) + DataLoader(batch_size=None); "
-                         "sample: RecordDataset + DataLoader(batch_size=B)")
+parser.add_argument(
+    "--stored",
+    choices=["encoded", "decoded"],
+    default="encoded",
+    help="the record holds the image files' bytes (default) or decoded pixels",
+)
+parser.add_argument(
+    "--torchrecord-mode",
+    choices=["batch", "sample"],
+    default="batch",
+    help="batch: RecordDataset(batch_size=B) + DataLoader(batch_size=None); "
+    "sample: RecordDataset + DataLoader(batch_size=B)",
+)
 parser.add_argument("--epochs", type=int, default=1, help="epochs per loader and setting (median reported)")
-parser.add_argument("--threads", type=int, default=1,
-                    help="torch threads of this process (DataLoader workers always use 1)")
-parser.add_argument("--cache", choices=["both", "warm", "cold"], default="both",
-                    help="warm: files read once before timing; cold: evicted before each epoch; both (default)")
+parser.add_argument(
+    "--threads", type=int, default=1, help="torch threads of this process (DataLoader workers always use 1)"
+)
+parser.add_argument(
+    "--cache",
+    choices=["both", "warm", "cold"],
+    default="both",
+    help="warm: files read once before timing; cold: evicted before each epoch; both (default)",
+)
 parser.add_argument("--cold", action="store_true", help="same as --cache cold")
 parser.add_argument("--data-dir", type=Path, default=Path("bench-data/compare"))
 
@@ -137,8 +150,9 @@ def main() -> None:
         root = args.data_dir / f"images-{args.count}x{args.size}px"
         start = time.perf_counter()
         made = generate_images(root, args.count, args.size, args.classes)
-        print(f"{'generated' if made else 'reusing'} {args.count:,} JPEGs in {root} "
-              f"({time.perf_counter() - start:.1f} s)")
+        print(
+            f"{'generated' if made else 'reusing'} {args.count:,} JPEGs in {root} ({time.perf_counter() - start:.1f} s)"
+        )
     else:
         root = args.image_folder.expanduser()
     paths, labels, classes = find_images(root)
@@ -159,8 +173,13 @@ def main() -> None:
     # decoded=False gives the stored bytes undecoded: the same loader, timed for its reading alone.
     def conventional(workers: int, decoded: bool = True) -> DataLoader[Any]:
         dataset = ImageFiles(paths, labels, args.size, raw=not decoded)
-        return DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=workers,
-                          collate_fn=None if decoded else _as_list)
+        return DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=workers,
+            collate_fn=None if decoded else _as_list,
+        )
 
     def torchrecord(workers: int, decoded: bool = True) -> DataLoader[Any]:
         t = transform if decoded else None
@@ -168,8 +187,12 @@ def main() -> None:
             dataset = RecordDataset(record, batch_size=args.batch_size, transform=t)
             return DataLoader(dataset, batch_size=None, num_workers=workers)
         dataset = RecordDataset(record, transform=t)
-        return DataLoader(dataset, batch_size=args.batch_size, num_workers=workers,
-                          collate_fn=None if decoded or args.stored == "decoded" else _as_list)
+        return DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            num_workers=workers,
+            collate_fn=None if decoded or args.stored == "decoded" else _as_list,
+        )
 
     tr_label = "torchrecord" + (" (stored decoded)" if args.stored == "decoded" else "")
     loaders: list[tuple[str, Callable[..., DataLoader[Any]], list[str]]] = [
@@ -182,8 +205,9 @@ def main() -> None:
     # batch. Warm: every file is read once beforehand. Cold: the files are dropped from
     # the page cache before each epoch. Every epoch runs in a fresh process: a process
     # that memory-mapped the record file (LMDB does) would keep its pages cached.
-    def one_epoch(make: Callable[..., DataLoader[Any]], workers: int, desc: str, decoded: bool = True
-                  ) -> tuple[float, int]:
+    def one_epoch(
+        make: Callable[..., DataLoader[Any]], workers: int, desc: str, decoded: bool = True
+    ) -> tuple[float, int]:
         start = time.perf_counter()
         loader = make(workers, decoded)
         samples = 0
@@ -191,8 +215,14 @@ def main() -> None:
             samples += len(batch[1])
         return time.perf_counter() - start, samples
 
-    def timed(cache: str, name: str, make: Callable[..., DataLoader[Any]], files: list[str], workers: int,
-              decoded: bool = True) -> float:
+    def timed(
+        cache: str,
+        name: str,
+        make: Callable[..., DataLoader[Any]],
+        files: list[str],
+        workers: int,
+        decoded: bool = True,
+    ) -> float:
         desc = f"{cache} {name} w={workers}" + ("" if decoded else " (reading only)")
         times = []
         for _ in range(args.epochs):
@@ -234,30 +264,40 @@ def main() -> None:
     rows = []
     for cache, name, w, rate, secs, size in results:
         ratio = rate / baseline[cache, w]
-        verdict = "-" if name == "conventional" else (
-            f"{ratio:.2f}x faster" if ratio >= 1.05 else f"{ratio:.2f}x: not faster")
+        verdict = (
+            "-"
+            if name == "conventional"
+            else (f"{ratio:.2f}x faster" if ratio >= 1.05 else f"{ratio:.2f}x: not faster")
+        )
         rows.append([cache, name, str(w), f"{rate:,.0f}", f"{secs:.2f}", f"{size / 1e6:,.1f} MB", verdict])
     epochs = "1 epoch" if args.epochs == 1 else f"median of {args.epochs} epochs"
-    print(f"\n{len(paths):,} images of {args.size}x{args.size}, batch {args.batch_size}, {epochs}, "
-          f"torchrecord {args.torchrecord_mode} mode, {cpus} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"\n{len(paths):,} images of {args.size}x{args.size}, batch {args.batch_size}, {epochs}, "
+        f"torchrecord {args.torchrecord_mode} mode, {cpus} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
     if "cold" in caches:
-        said = {n: ("evicted (mincore checked)" if ok else "NOT evicted: the cold rows read cached data")
-                for n, ok in evictions.items()}
+        said = {
+            n: ("evicted (mincore checked)" if ok else "NOT evicted: the cold rows read cached data")
+            for n, ok in evictions.items()
+        }
         print("cold page cache: " + "; ".join(f"{n}: {v}" for n, v in said.items()))
-    print(format_table(["cache", "loader", "workers", "samples/s", "s/epoch", "size on disk", "vs conventional"],
-                       rows))
+    print(format_table(["cache", "loader", "workers", "samples/s", "s/epoch", "size on disk", "vs conventional"], rows))
     decodes = len(paths) * decode_each
-    print(f"\nwhere the time goes (decoding: {decode_each * 1e3:.2f} ms per image, timed here once;"
-          " reading: the same loader without decoding, 0 workers, timed):")
+    print(
+        f"\nwhere the time goes (decoding: {decode_each * 1e3:.2f} ms per image, timed here once;"
+        " reading: the same loader without decoding, 0 workers, timed):"
+    )
     for cache, name, w, _, secs, _ in results:
         decoding = decodes if name == "conventional" or args.stored == "encoded" else 0.0
         read = reading[cache, name]
         per_process = decoding / max(1, w)
         spread = "" if w <= 1 else f", ~{per_process:.2f} s per worker"
         rest = max(0.0, secs - read - per_process)
-        print(f"  {cache} {name} w={w}: {secs:.2f} s/epoch: reading alone {read:.2f} s ({read / secs:.0%} of it), "
-              f"decoding {decoding:.2f} s of CPU{spread} ({per_process / secs:.0%} of it), "
-              f"the rest {rest:.2f} s (collation, worker start-up and transfer, waiting)")
+        print(
+            f"  {cache} {name} w={w}: {secs:.2f} s/epoch: reading alone {read:.2f} s ({read / secs:.0%} of it), "
+            f"decoding {decoding:.2f} s of CPU{spread} ({per_process / secs:.0%} of it), "
+            f"the rest {rest:.2f} s (collation, worker start-up and transfer, waiting)"
+        )
 
 
 def _as_list(batch: list[Any]) -> list[Any]:

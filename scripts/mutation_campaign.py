@@ -48,13 +48,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{result.index + 1}/{args.files}] {result.kind}: {result.description}{flag}", flush=True)
 
     directory = args.dir or tempfile.mkdtemp(prefix="torchrecord-mutations-")
-    campaign = run_campaign(args.files, directory, seed=args.seed, paths=paths, timeout=args.timeout,
-                            memory_limit=args.memory_limit, progress=progress, keep=args.keep or bool(args.dir))
+    campaign = run_campaign(
+        args.files,
+        directory,
+        seed=args.seed,
+        paths=paths,
+        timeout=args.timeout,
+        memory_limit=args.memory_limit,
+        progress=progress,
+        keep=args.keep or bool(args.dir),
+    )
     print(campaign.render())
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"seconds": campaign.seconds, "files": [dataclasses.asdict(r) for r in campaign.files]}, f,
-                      indent=1)
+            json.dump(
+                {"seconds": campaign.seconds, "files": [dataclasses.asdict(r) for r in campaign.files]}, f, indent=1
+            )
     return 1 if any(campaign.failures().values()) else 0
 
 

@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 . .venv/bin/activate
 ruff check torchrecord tests examples benchmarks scripts
+ruff format --check torchrecord tests examples benchmarks scripts
 mypy
 python -m pytest -q "$@"

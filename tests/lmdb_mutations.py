@@ -165,8 +165,11 @@ class Mutation:
 
     # choosing targets
     def pages(self, kind: str | None = None, database: str | None = None) -> list[PageInfo]:
-        found = [p for p in self.base.pages if (kind is None or p.kind == kind)
-                 and (database is None or database in p.database)]
+        found = [
+            p
+            for p in self.base.pages
+            if (kind is None or p.kind == kind) and (database is None or database in p.database)
+        ]
         if not found:
             raise Skip(f"no {kind or ''} page in {database or 'any database'}")
         return found
@@ -185,8 +188,7 @@ class Mutation:
     def value(self, old: int, bits: int, extra: list[int]) -> int:
         """A new value for a field holding ``old``: extremes, small steps, random, or ``extra``."""
         top = (1 << bits) - 1
-        choices = [0, top, old + 1, old - 1, old + 2, old - 2, old * 2, old // 2, self.rng.randrange(top + 1),
-                   *extra]
+        choices = [0, top, old + 1, old - 1, old + 2, old - 2, old * 2, old // 2, self.rng.randrange(top + 1), *extra]
         while True:
             new = self.rng.choice(choices) & top
             if new != old:
@@ -284,8 +286,20 @@ def _branch_child(m: Mutation) -> str:
     old = node.child
     siblings = [n.child for n in page.nodes if n.child is not None and n.child != old]
     anywhere = [p.pgno for p in m.base.pages if p.pgno != old]
-    new = m.value(old, 48, [*siblings, *m.rng.sample(anywhere, min(3, len(anywhere))), page.pgno, 0, 1,
-                            m.base.last + 1, m.base.last, 1 << 40])
+    new = m.value(
+        old,
+        48,
+        [
+            *siblings,
+            *m.rng.sample(anywhere, min(3, len(anywhere))),
+            page.pgno,
+            0,
+            1,
+            m.base.last + 1,
+            m.base.last,
+            1 << 40,
+        ],
+    )
     offset = m.at(page.pgno, node.offset)
     m.put("H", offset, new & 0xFFFF)
     m.put("H", offset + 2, new >> 16 & 0xFFFF)
@@ -312,8 +326,10 @@ def _page_copy(m: Mutation) -> str:
     patched = m.rng.random() < 0.5
     if patched:
         _patch_pgno(m, target.pgno)
-    return (f"{source.database} {source.kind} page {source.pgno} copied over {target.database} {target.kind} "
-            f"page {target.pgno}{' (page number patched)' if patched else ''}")
+    return (
+        f"{source.database} {source.kind} page {source.pgno} copied over {target.database} {target.kind} "
+        f"page {target.pgno}{' (page number patched)' if patched else ''}"
+    )
 
 
 def _page_swap(m: Mutation) -> str:
@@ -330,7 +346,8 @@ def _page_swap(m: Mutation) -> str:
         _patch_pgno(m, a.pgno)
         _patch_pgno(m, b.pgno)
     return f"pages {a.pgno} and {b.pgno} ({a.database} {a.kind}, {b.database} {b.kind}) swapped" + (
-        " (page numbers patched)" if patched else "")
+        " (page numbers patched)" if patched else ""
+    )
 
 
 def _duplicate_leaf(m: Mutation) -> str:
@@ -353,15 +370,29 @@ def _duplicate_leaf(m: Mutation) -> str:
 
 def _page_header(m: Mutation) -> str:
     page = m.rng.choice(m.base.pages)
-    field_name = m.rng.choice(["flags", "flags", "lower", "upper", "pgno", "pad"] if page.kind != "overflow"
-                              else ["flags", "flags", "pgno", "pad"])
+    field_name = m.rng.choice(
+        ["flags", "flags", "lower", "upper", "pgno", "pad"]
+        if page.kind != "overflow"
+        else ["flags", "flags", "pgno", "pad"]
+    )
     offset, fmt = {"pgno": (0, "Q"), "pad": (8, "H"), "flags": (10, "H"), "lower": (12, "H"), "upper": (14, "H")}[
-        field_name]
+        field_name
+    ]
     at = m.at(page.pgno, offset)
     old = m.get(fmt, at)
     if field_name == "flags":
-        extra = [P_BRANCH, P_LEAF, P_OVERFLOW, 0x08, old | 0x10, old | 0x20, old | 0x40, old | 0x8000, P_LEAF | 0x20,
-                 P_BRANCH | P_LEAF]
+        extra = [
+            P_BRANCH,
+            P_LEAF,
+            P_OVERFLOW,
+            0x08,
+            old | 0x10,
+            old | 0x20,
+            old | 0x40,
+            old | 0x8000,
+            P_LEAF | 0x20,
+            P_BRANCH | P_LEAF,
+        ]
     elif field_name == "pgno":
         extra = [m.base.last, page.pgno + 1, page.pgno - 1]
     else:
@@ -402,9 +433,13 @@ def _meta_field(m: Mutation) -> str:
     at = m.at(number, offset)
     old = m.get(fmt, at)
     tree = [p.pgno for p in m.base.pages]
-    extra = {"txnid": [txnids[1 - number] + 1, txnids[1 - number]], "page size": [512, 1024, 8192, 65536],
-             "last page": [m.base.last - 1, m.base.last + 1, 1, 2], "main root": [*m.rng.sample(tree, 2), 0, 1],
-             "free root": [*m.rng.sample(tree, 2), 0, 1]}.get(name, [])
+    extra = {
+        "txnid": [txnids[1 - number] + 1, txnids[1 - number]],
+        "page size": [512, 1024, 8192, 65536],
+        "last page": [m.base.last - 1, m.base.last + 1, 1, 2],
+        "main root": [*m.rng.sample(tree, 2), 0, 1],
+        "free root": [*m.rng.sample(tree, 2), 0, 1],
+    }.get(name, [])
     new = m.value(old, 8 * struct.calcsize(fmt), extra)
     m.put(fmt, at, new)
     which = "current" if number == current else "older"
@@ -422,9 +457,19 @@ def _named_db_record(m: Mutation) -> str:
         m.put("H", offset + 4, new)
         return f"main database page {page.pgno}: named database node {node.index} flags {old} -> {new}"
     record = offset + 8 + node.key_size
-    name, rel, fmt = m.rng.choice([("flags", 4, "H"), ("depth", 6, "H"), ("branch pages", 8, "Q"),
-                                   ("leaf pages", 16, "Q"), ("overflow pages", 24, "Q"), ("entries", 32, "Q"),
-                                   ("root", 40, "Q"), ("root", 40, "Q"), ("pad", 0, "I")])
+    name, rel, fmt = m.rng.choice(
+        [
+            ("flags", 4, "H"),
+            ("depth", 6, "H"),
+            ("branch pages", 8, "Q"),
+            ("leaf pages", 16, "Q"),
+            ("overflow pages", 24, "Q"),
+            ("entries", 32, "Q"),
+            ("root", 40, "Q"),
+            ("root", 40, "Q"),
+            ("pad", 0, "I"),
+        ]
+    )
     old = m.get(fmt, record + rel)
     tree = [p.pgno for p in m.base.pages]
     extra = [*m.rng.sample(tree, 3), 0, 1, (1 << 64) - 1] if name == "root" else [4, 8, 0x10]
@@ -467,8 +512,15 @@ def _zero_page(m: Mutation) -> str:
 
 def _truncate(m: Mutation) -> str:
     size = len(m.data)
-    new = m.rng.choice([m.rng.randrange(m.psize * 2, size), m.psize * m.rng.randrange(2, size // m.psize),
-                        size - m.psize, size - 1, m.psize + 100])
+    new = m.rng.choice(
+        [
+            m.rng.randrange(m.psize * 2, size),
+            m.psize * m.rng.randrange(2, size // m.psize),
+            size - m.psize,
+            size - 1,
+            m.psize + 100,
+        ]
+    )
     del m.data[new:]
     return f"truncated from {size} to {new} bytes"
 
@@ -513,8 +565,12 @@ def mutate(base: Base, kind: str, seed: int) -> tuple[bytes, str]:
 def canonical(sample: Any) -> Any:
     """A hashable, exact form of a sample (dtype, shape and bytes of every array)."""
     if isinstance(sample, torch.Tensor):
-        return ("tensor", str(sample.dtype), tuple(sample.shape), sample.contiguous().view(-1).view(torch.uint8)
-                .numpy().tobytes() if sample.numel() else b"")
+        return (
+            "tensor",
+            str(sample.dtype),
+            tuple(sample.shape),
+            sample.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if sample.numel() else b"",
+        )
     if isinstance(sample, np.ndarray):
         return ("ndarray", str(sample.dtype), sample.shape, np.ascontiguousarray(sample).tobytes())
     if isinstance(sample, dict):
@@ -553,8 +609,10 @@ def _read_path(path_name: str, file: str, base: Base) -> list[str]:
 def _difference(got: list[Any], want: list[Any]) -> str:
     extra = Counter(got) - Counter(want)
     missing = Counter(want) - Counter(got)
-    return f"{len(got)} samples read, {len(want)} written; {sum(extra.values())} unexpected, " \
-           f"{sum(missing.values())} missing"
+    return (
+        f"{len(got)} samples read, {len(want)} written; {sum(extra.values())} unexpected, "
+        f"{sum(missing.values())} missing"
+    )
 
 
 # -- the campaign ---------------------------------------------------------------------------------------------
@@ -607,8 +665,13 @@ class Campaign:
         in any path (a plain reader may crash on a damaged file, but not raise a foreign exception)."""
         safe = Counter(f.outcomes[p][0] for f in self.files for p in SAFE_PATHS if p in f.outcomes)
         anywhere = Counter(f.outcomes[p][0] for f in self.files for p in PATHS if p in f.outcomes)
-        return {"crash": safe["crash"], "hang": safe["hang"], "other": anywhere["other"], "wrong": anywhere["wrong"],
-                "missed": len(self.missed())}
+        return {
+            "crash": safe["crash"],
+            "hang": safe["hang"],
+            "other": anywhere["other"],
+            "wrong": anywhere["wrong"],
+            "missed": len(self.missed()),
+        }
 
     def render(self) -> str:
         lines = [f"{len(self.files)} mutated files, {self.seconds:.0f} s"]
@@ -622,16 +685,23 @@ class Campaign:
             lines.append(f"{'total':<22}" + "".join(f"{total[o]:>8}" for o in OUTCOMES))
         bad = [f for f in self.files if f.liblmdb_bad]
         lines.append("")
-        lines.append(f"files where a liblmdb path crashed, hung or read wrong data: {len(bad)}; "
-                     f"flagged by check_structure: {sum(not f.missed for f in bad)}; missed: {len(self.missed())}")
+        lines.append(
+            f"files where a liblmdb path crashed, hung or read wrong data: {len(bad)}; "
+            f"flagged by check_structure: {sum(not f.missed for f in bad)}; missed: {len(self.missed())}"
+        )
         for f in self.missed()[:20]:
             lines.append(f"  MISSED #{f.index} {f.base} {f.kind}: {f.description} -> {f.outcomes}")
         failures = self.failures()
-        lines.append(f"{', '.join(SAFE_PATHS)}: {failures['crash']} crashes, {failures['hang']} hangs; in any read "
-                     f"path: {failures['other']} other exceptions, {failures['wrong']} wrong data")
+        lines.append(
+            f"{', '.join(SAFE_PATHS)}: {failures['crash']} crashes, {failures['hang']} hangs; in any read "
+            f"path: {failures['other']} other exceptions, {failures['wrong']} wrong data"
+        )
         for f in self.files:
-            bad = {p: o for p, o in f.outcomes.items()
-                   if o[0] == "wrong" or (p in SAFE_PATHS and o[0] in ("crash", "hang", "other"))}
+            bad = {
+                p: o
+                for p, o in f.outcomes.items()
+                if o[0] == "wrong" or (p in SAFE_PATHS and o[0] in ("crash", "hang", "other"))
+            }
             if bad:
                 lines.append(f"  FAILED #{f.index} {f.base} {f.kind}: {f.description} -> {bad}")
         return "\n".join(lines)
@@ -680,8 +750,9 @@ def run_campaign(
             f.write(data)
         result = FileResult(index, base.name, kind, description)
         # all paths in one child while it lives; a crash or hang costs a fresh child for the rest
-        outcomes = run_each_in_child(functools.partial(_read_path, file=file, base=base), paths, timeout=timeout,
-                                     memory_limit=memory_limit)
+        outcomes = run_each_in_child(
+            functools.partial(_read_path, file=file, base=base), paths, timeout=timeout, memory_limit=memory_limit
+        )
         for path_name, outcome in zip(paths, outcomes):
             if outcome.status == "returned":
                 result.outcomes[path_name] = (str(outcome.value[0]), str(outcome.value[1]))

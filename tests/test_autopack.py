@@ -101,9 +101,7 @@ def test_the_explicit_argument_wins(tmp_path: Path) -> None:
 def test_strings_and_stated_variable_shapes_stay_at_one_sample_per_record(tmp_path: Path) -> None:
     words = write_record([{"x": np.zeros(4, np.float32), "w": "abc"}] * 50, tmp_path / "w.tr", progress=False)
     assert words.samples_per_record == 1
-    stated = write_record(
-        [np.zeros(4, np.float32)] * 50, tmp_path / "s.tr", schema={"value": (None,)}, progress=False
-    )
+    stated = write_record([np.zeros(4, np.float32)] * 50, tmp_path / "s.tr", schema={"value": (None,)}, progress=False)
     assert stated.samples_per_record == 1
 
 
@@ -153,9 +151,7 @@ def test_the_chunk_joiner_builds_the_encoders_chunk() -> None:
 
 
 @pytest.mark.parametrize("batch_size", [None, 32])
-def test_readers_give_the_same_samples_packed_or_not(
-    make_record: Callable[..., str], batch_size: int | None
-) -> None:
+def test_readers_give_the_same_samples_packed_or_not(make_record: Callable[..., str], batch_size: int | None) -> None:
     data = [{"x": torch.full((6,), i, dtype=torch.float32), "y": i} for i in range(2000)]
     packed = make_record(data, shuffle=False)
     assert RecordFile(packed).samples_per_record > 1

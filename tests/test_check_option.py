@@ -138,8 +138,13 @@ def test_mixed_and_stream_datasets_take_the_check(tmp_path: Path) -> None:
         torchrecord.MixedDataset([good, torchrecord.RecordFile(bad, check="structure")])
     assert len(torchrecord.MixedDataset([good, bad])) > 0  # the records themselves are fine
     grouped = str(tmp_path / "grouped.tr")
-    torchrecord.write_record([{"x": torch.tensor([i]), "g": i // 300} for i in range(600)], grouped,
-                             group_by="g", shuffle=False, progress=False)
+    torchrecord.write_record(
+        [{"x": torch.tensor([i]), "g": i // 300} for i in range(600)],
+        grouped,
+        group_by="g",
+        shuffle=False,
+        progress=False,
+    )
     set_node_pointer(grouped, "crc32")
     with pytest.raises(StructureError):
         torchrecord.StreamDataset(grouped, batch_size=1, check="structure")

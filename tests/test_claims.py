@@ -76,8 +76,9 @@ def test_an_empty_set_claiming_a_huge_shape_is_refused(tmp_path: Path) -> None:
     path = write_set(tmp_path / "set.tr", n=10)
     set_meta(path, count=0, records=0)
     set_field(path, 0, shape=[2**20, 2**20])
-    result = outcome(error_or_value, lambda p: len(list(torchrecord.RecordDataset(p, batch_size=4))), path,
-                     memory_limit=512 * MiB)
+    result = outcome(
+        error_or_value, lambda p: len(list(torchrecord.RecordDataset(p, batch_size=4))), path, memory_limit=512 * MiB
+    )
     assert result.status == "returned" and result.value in (["ok", 0], ["FormatError", result.value[1]]), result
 
 
@@ -170,8 +171,12 @@ def test_every_malformed_number_in_the_metadata_is_a_format_error(tmp_path: Path
     base = write_set(tmp_path / "set.tr", n=10)
     original = raw_meta(base)
     cases: list[dict[str, object]] = [
-        {"count": -1}, {"count": 1.5}, {"count": 2**64 - 1, "records": 2**64 - 1},
-        {"samples_per_record": 0}, {"samples_per_record": 2**64 - 1}, {"records": 2**63},
+        {"count": -1},
+        {"count": 1.5},
+        {"count": 2**64 - 1, "records": 2**64 - 1},
+        {"samples_per_record": 0},
+        {"samples_per_record": 2**64 - 1},
+        {"records": 2**63},
     ]
     for i, change in enumerate(cases):
         path = str(tmp_path / f"case{i}.tr")

@@ -85,7 +85,12 @@ def test_info_text_and_json(run: Run, make_record: Callable[..., str]) -> None:
     info = json.loads(out)
     assert code == 0 and info["count"] == 30 and info["seed"] == 7 and info["shuffled"] is True
     assert info["fields"][0] == {
-        "name": "0", "kind": "tensor", "dtype": "uint8", "shape": [3, 4, 4], "fixed": True, "compression": None
+        "name": "0",
+        "kind": "tensor",
+        "dtype": "uint8",
+        "shape": [3, 4, 4],
+        "fixed": True,
+        "compression": None,
     }
     assert info["user_metadata"] == {"split": "train", "blob": "\x00\\xff"}  # bytes: UTF-8, backslash-escaped
     assert info["size_bytes"] == os.path.getsize(path)

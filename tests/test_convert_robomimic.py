@@ -117,8 +117,9 @@ def test_no_next_obs(tmp_path: Path) -> None:
 def test_chosen_keys_and_a_dataset_key_no_demo_has(tmp_path: Path) -> None:
     hdf5 = tmp_path / "demo.hdf5"
     write_demo_file(hdf5, LENGTHS, ids=IDS)
-    rf = from_robomimic(hdf5, tmp_path / "out.tr", obs_keys=["pos"], dataset_keys=["actions", "labels", "absent"],
-                        progress=False)
+    rf = from_robomimic(
+        hdf5, tmp_path / "out.tr", obs_keys=["pos"], dataset_keys=["actions", "labels", "absent"], progress=False
+    )
     check_against_source(hdf5, tmp_path / "out.tr", obs_keys=["pos"])
     assert rf.schema.names == ["demo", "obs.pos", "actions", "labels"]
     assert rf.user_metadata["robomimic"]["missing_dataset_keys"] == ["absent"]

@@ -130,9 +130,7 @@ def test_a_dropped_recordfile_stays_in_the_small_idle_cache(one_set: Path) -> No
 
 
 @pytest.mark.parametrize("how", ["closed", "dropped"])
-def test_opening_2000_sets_one_after_another_keeps_descriptors_bounded(
-    tmp_path: Path, one_set: Path, how: str
-) -> None:
+def test_opening_2000_sets_one_after_another_keeps_descriptors_bounded(tmp_path: Path, one_set: Path, how: str) -> None:
     paths = copies(tmp_path, one_set, 2000)
     before = total_descriptors()
     for path in paths:

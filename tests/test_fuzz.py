@@ -169,8 +169,6 @@ def detected_by_crc(original: bytes, value: bytes) -> None:
 # -- mutations --------------------------------------------------------------------------
 
 
-
-
 def hand_made(dims: list[int], dtype_code: int, raw: bytes, strings: list[bytes], nfields: int) -> bytes:
     """A TensorProtos written byte by byte: any dims (negative, 2**60...), any dtype code."""
     proto = b"".join(wire_field(1, 0, varint(d)) for d in dims)
@@ -188,9 +186,7 @@ _ODD_DIMS = [0, 1, 2, 3, 8, 2**31, 2**32 + 1, 2**60, 2**62, 2**63 - 1, -1, -(2**
 
 
 def _dims(rng: random.Random) -> list[int]:
-    return [
-        rng.choice(_ODD_DIMS) if rng.random() < 0.5 else rng.randrange(9) for _ in range(rng.randrange(6))
-    ]
+    return [rng.choice(_ODD_DIMS) if rng.random() < 0.5 else rng.randrange(9) for _ in range(rng.randrange(6))]
 
 
 def structural_edit(value: bytes, rng: random.Random) -> bytes:
@@ -294,9 +290,7 @@ def test_mutated_records_raise_a_format_error_or_fit_the_schema(sample: Any, wid
 @pytest.mark.slow
 @fuzz_settings(5000, slow=True)
 @given(sample=samples, widen=st.booleans(), seed=st.integers(0, 2**32))
-def test_mutated_records_raise_a_format_error_or_fit_the_schema_long(
-    sample: Any, widen: bool, seed: int
-) -> None:
+def test_mutated_records_raise_a_format_error_or_fit_the_schema_long(sample: Any, widen: bool, seed: int) -> None:
     _mutated_records_raise_a_format_error_or_fit_the_schema(sample, widen, seed)
 
 

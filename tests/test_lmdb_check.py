@@ -94,8 +94,13 @@ def test_chunked_records_pass(tmp_path: Path) -> None:
 
 
 def test_a_set_without_checksums_and_many_commits_passes(tmp_path: Path) -> None:
-    path = _write(tmp_path, [np.full(300, i % 251, np.uint8) for i in range(2000)], checksums=False, commit_bytes=4096,
-                  initial_map_size=1 << 16)
+    path = _write(
+        tmp_path,
+        [np.full(300, i % 251, np.uint8) for i in range(2000)],
+        checksums=False,
+        commit_bytes=4096,
+        initial_map_size=1 << 16,
+    )
     info = _both(path)
     assert info.databases[b"crc32"].entries == 0 and info.databases[b"records"].entries == 2000
 
@@ -188,8 +193,11 @@ def test_node_pointer_outside_the_page(bases: list[Base], tmp_path: Path) -> Non
 
 def test_misdirected_node_pointer(bases: list[Base], tmp_path: Path) -> None:
     leaf = _leaf(bases[1])
-    path = _damaged(bases[1], tmp_path, lambda m: m.put("H", m.at(leaf.pgno, PAGEHDRSZ + 2),
-                                                        m.get("H", m.at(leaf.pgno, PAGEHDRSZ + 4))))
+    path = _damaged(
+        bases[1],
+        tmp_path,
+        lambda m: m.put("H", m.at(leaf.pgno, PAGEHDRSZ + 2), m.get("H", m.at(leaf.pgno, PAGEHDRSZ + 4))),
+    )
     _raises(path, f"page {leaf.pgno}", "overlaps the node before it")
 
 
@@ -201,11 +209,18 @@ def test_node_size_past_the_page(bases: list[Base], tmp_path: Path) -> None:
 
 
 def test_overflow_size_and_run(bases: list[Base], tmp_path: Path) -> None:
-    leaf, node = next((p, n) for p in bases[0].pages if p.kind == "leaf" and "records" in p.database
-                      for n in p.nodes if n.child)
+    leaf, node = next(
+        (p, n) for p in bases[0].pages if p.kind == "leaf" and "records" in p.database for n in p.nodes if n.child
+    )
     assert node.child is not None
-    path = _damaged(bases[0], tmp_path, lambda m: (m.put("H", m.at(leaf.pgno, node.offset), 0xFFFF),
-                                                   m.put("H", m.at(leaf.pgno, node.offset + 2), 0xFFFF)))
+    path = _damaged(
+        bases[0],
+        tmp_path,
+        lambda m: (
+            m.put("H", m.at(leaf.pgno, node.offset), 0xFFFF),
+            m.put("H", m.at(leaf.pgno, node.offset + 2), 0xFFFF),
+        ),
+    )
     _raises(path, f"page {node.child} (overflow page for leaf page", "cannot hold the node's 4294967295 bytes")
     path = _damaged(bases[0], tmp_path, lambda m: m.put("I", m.at(node.child, 12), 0xFFFFFFFF))
     _raises(path, f"page {node.child}", "ends past the last page in use")
@@ -259,8 +274,9 @@ def test_meta_page_fields(bases: list[Base], tmp_path: Path) -> None:
     _raises(path, "page 1 (meta page)", "magic 0x00000000")
     path = _damaged(base, tmp_path, lambda m: m.put("I", m.at(0, 40), 4097))
     _raises(path, "page size 4097 is not a power of two")
-    current = 1 if struct.unpack_from("=Q", base.data, 144)[0] < struct.unpack_from("=Q", base.data, 4096 + 144)[0] \
-        else 0
+    current = (
+        1 if struct.unpack_from("=Q", base.data, 144)[0] < struct.unpack_from("=Q", base.data, 4096 + 144)[0] else 0
+    )
     path = _damaged(base, tmp_path, lambda m: m.put("Q", m.at(current, 136), 1 << 40))
     _raises(path, f"page {current}", "the last page in use is 1099511627776")
     path = _damaged(base, tmp_path, lambda m: m.put("Q", m.at(current, 128), 1))  # main database root

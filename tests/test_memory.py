@@ -412,7 +412,7 @@ def test_group_batch_iter_structure_and_dtypes() -> None:
     lengths = [2, 1, 3]
     rows, _ = _group_data(lengths)
     data = {"row": rows, "flags": (rows % 2 == 0, rows.to(torch.bfloat16)), "names": SampleList("abcdef")}
-    (batch, inner), = GroupBatchIter(data, _offsets(lengths), groups_per_batch=3, shuffle=False)
+    ((batch, inner),) = GroupBatchIter(data, _offsets(lengths), groups_per_batch=3, shuffle=False)
     assert torch.equal(batch["row"], rows) and inner.tolist() == [0, 2, 3, 6]
     assert batch["flags"][0].dtype == torch.bool and batch["flags"][1].dtype == torch.bfloat16
     assert batch["names"] == list("abcdef")

@@ -222,8 +222,9 @@ def test_readers_split_the_epoch_with_equal_counts_per_rank(world: int, workers:
     for rank in range(world):
         got = 0
         for worker in range(workers):
-            units = reader_units(plan, rank=rank, world_size=world, worker=worker, num_workers=workers,
-                                 drop_last=drop_last, batch_size=8)
+            units = reader_units(
+                plan, rank=rank, world_size=world, worker=worker, num_workers=workers, drop_last=drop_last, batch_size=8
+            )
             assert (units.length <= 16).all()
             for p, n in zip(units.position, units.length):
                 positions += [x % plan.total for x in range(int(p), int(p + n))]

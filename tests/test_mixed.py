@@ -91,8 +91,8 @@ def test_all_once_gives_every_sample_once_over_two_ranks(sets: list[str], worker
     for rank in range(2):
         ds = MixedDataset(sets, rank=rank, world_size=2, batch_size=batch_size, block=4, shuffle_buffer=32)
         ds.set_epoch(1)
-        loader: Any = ds if workers == 0 else DataLoader(
-            ds, batch_size=None, num_workers=workers, multiprocessing_context="fork"
+        loader: Any = (
+            ds if workers == 0 else DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork")
         )
         got = _epoch(loader)
         per_rank.append(len(got))
@@ -125,8 +125,9 @@ def test_bytes_fields_are_decoded_after_the_mix(text_sets: list[str]) -> None:
     # only the samples handed out were decoded (the chunked set's records are decoded as they are read)
     assert sum(decoded.values()) <= 5
     rest = [x for b in it for x in b["label"].tolist()]
-    assert sorted(batch["label"].tolist() + rest) == sorted(s * 10_000 + i for s, n in enumerate([40, 70, 25])
-                                                             for i in range(n))
+    assert sorted(batch["label"].tolist() + rest) == sorted(
+        s * 10_000 + i for s, n in enumerate([40, 70, 25]) for i in range(n)
+    )
 
 
 def test_transform_runs_after_the_mix_on_handed_out_samples_only(sets: list[str]) -> None:
@@ -315,7 +316,7 @@ def test_ready_policy_moves_a_draw_less_than_max_defer_places(sets: list[str]) -
     for s, v in zip(plan.source.tolist(), plan.stream.tolist()):
         info = ds.infos[s]
         block = order_block(info.count, 1, info.samples_per_record)
-        (index, _), = stream_runs(info.count, block, source_seed(0, s), v, v + 1)
+        ((index, _),) = stream_runs(info.count, block, source_seed(0, s), v, v + 1)
         planned.append(int(files[s][index][1]))
     first_gated = int(np.flatnonzero(plan.source == 3)[0])
     free = int((plan.source[: first_gated + 20] != 3).sum())
@@ -334,8 +335,9 @@ def test_ready_policy_moves_a_draw_less_than_max_defer_places(sets: list[str]) -
 def test_ready_policy_without_stalls_gives_the_planned_samples(sets: list[str]) -> None:
     kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=32)
     exact = _epoch(MixedDataset(sets, **kw))
-    loader = DataLoader(MixedDataset(sets, policy="ready", **kw), batch_size=None, num_workers=2,
-                        multiprocessing_context="fork")
+    loader = DataLoader(
+        MixedDataset(sets, policy="ready", **kw), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
     assert sorted(_epoch(loader)) == sorted(exact)
 
 
@@ -384,8 +386,9 @@ def test_ready_resume_hands_out_every_sample_exactly_once(sets: list[str], worke
 
 @pytest.mark.parametrize(("old", "new"), [((2, 2), (1, 3)), ((1, 0), (2, 1)), ((2, 1), (3, 2))])
 @pytest.mark.parametrize("policy", ["exact", "ready"])
-def test_elastic_resume_every_sample_once(sets: list[str], old: tuple[int, int], new: tuple[int, int],
-                                          policy: str) -> None:
+def test_elastic_resume_every_sample_once(
+    sets: list[str], old: tuple[int, int], new: tuple[int, int], policy: str
+) -> None:
     kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=32, policy=policy)
     (world, workers), (new_world, new_workers) = old, new
     before: list[int] = []
@@ -480,8 +483,7 @@ def test_schema_mismatch_names_both_files_and_the_field(sets: list[str], tmp_pat
 
 def test_sizes_that_differ_become_variable(sets: list[str], tmp_path: Path) -> None:
     bigger = tmp_path / "bigger.tr"
-    write_record([(torch.full((3, 8, 8), 9, dtype=torch.uint8), 90_000 + i) for i in range(6)], bigger,
-                 progress=False)
+    write_record([(torch.full((3, 8, 8), 9, dtype=torch.uint8), 90_000 + i) for i in range(6)], bigger, progress=False)
     ds = MixedDataset([sets[0], str(bigger)], batch_size=5, block=2)
     batches = list(ds)
     images = [im for b in batches for im in b[0]]

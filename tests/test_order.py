@@ -103,9 +103,7 @@ def _read_share(ds: RecordDataset, worker: int, workers: int, start: int = 0) ->
 
 @pytest.mark.parametrize("generic", [False, True])
 @pytest.mark.parametrize("k", [1, 4])
-def test_any_position_is_rebuilt_from_its_window_alone(
-    make_record: Callable[..., str], generic: bool, k: int
-) -> None:
+def test_any_position_is_rebuilt_from_its_window_alone(make_record: Callable[..., str], generic: bool, k: int) -> None:
     path = make_record(_labelled(COUNT), samples_per_record=k)
     ds = RecordDataset(path, shuffle_buffer=100)
     ds._force_generic = generic

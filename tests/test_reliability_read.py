@@ -502,9 +502,7 @@ def test_old_reader_process_keeps_its_snapshot(tmp_path: Path) -> None:
 
 def test_dataloader_workers_keep_their_snapshot(tmp_path: Path) -> None:
     path = write(tmp_path / "set.tr", n=2000)
-    loader = DataLoader(
-        torchrecord.RecordDataset(path, batch_size=20, shuffle=False), batch_size=None, num_workers=2
-    )
+    loader = DataLoader(torchrecord.RecordDataset(path, batch_size=20, shuffle=False), batch_size=None, num_workers=2)
     batches = iter(loader)
     labels = [int(x) for _ in range(10) for x in next(batches)[1]]
     proc = FORK.Process(target=write, args=(path, 700, 90_000), kwargs={"overwrite": True})

@@ -42,7 +42,6 @@ FORK = multiprocessing.get_context("fork")
 _COUNTS = {"kills": 0, "kills_survived": 0}
 
 
-
 def write_one_per_record(*args: Any, **kwargs: Any) -> Any:
     """``write_record`` with one sample per record: these tests count records, commits and pages."""
     kwargs.setdefault("samples_per_record", 1)
@@ -620,14 +619,10 @@ def test_map_grows_beyond_a_gigabyte(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_source_error_names_the_sample_and_removes_the_output(
-    tmp_path: Path, num_workers: int, shuffle: bool
-) -> None:
+def test_source_error_names_the_sample_and_removes_the_output(tmp_path: Path, num_workers: int, shuffle: bool) -> None:
     path = tmp_path / "set.tr"
     with pytest.raises(SourceError, match=r"sample 137: ValueError: boom at 137") as info:
-        write_one_per_record(
-            Faulty(300, {137}), path, num_workers=num_workers, shuffle=shuffle, progress=False
-        )
+        write_one_per_record(Faulty(300, {137}), path, num_workers=num_workers, shuffle=shuffle, progress=False)
     assert str(path) in str(info.value) and "on_error='skip'" in str(info.value)
     assert os.listdir(tmp_path) == []
 
@@ -637,9 +632,7 @@ def test_source_error_leaves_the_previous_set(tmp_path: Path, num_workers: int) 
     path = tmp_path / "set.tr"
     write_one_per_record(Labelled(300), path, progress=False)
     with pytest.raises(SourceError, match="sample 250"):
-        write_one_per_record(
-            Faulty(300, {250}), path, overwrite=True, num_workers=num_workers, progress=False
-        )
+        write_one_per_record(Faulty(300, {250}), path, overwrite=True, num_workers=num_workers, progress=False)
     assert entries(tmp_path) == ["set.tr"]
     assert_is_set(path, 300, 0)
 

@@ -17,7 +17,6 @@ from torchrecord._reader import ShareReader
 COUNT = 301
 
 
-
 def _samples(n: int) -> list[tuple[torch.Tensor, int]]:
     return [(torch.full((3,), i % 100, dtype=torch.int32), i) for i in range(n)]
 

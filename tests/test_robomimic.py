@@ -92,11 +92,20 @@ CACHES = [None, "low_dim", "all"]
 FILTERS = [None, "train", "valid"]
 
 
-def _params(fs: int, sl: int, pfs: bool, psl: bool, mask: bool, goal: str | None, nxt: bool, cache: str | None,
-            filt: str | None) -> dict[str, Any]:
+def _params(
+    fs: int, sl: int, pfs: bool, psl: bool, mask: bool, goal: str | None, nxt: bool, cache: str | None, filt: str | None
+) -> dict[str, Any]:
     return dict(
-        obs_keys=OBS_KEYS, dataset_keys=DATASET_KEYS, frame_stack=fs, seq_length=sl, pad_frame_stack=pfs,
-        pad_seq_length=psl, get_pad_mask=mask, goal_mode=goal, cache=cache, filter_by_attribute=filt,
+        obs_keys=OBS_KEYS,
+        dataset_keys=DATASET_KEYS,
+        frame_stack=fs,
+        seq_length=sl,
+        pad_frame_stack=pfs,
+        pad_seq_length=psl,
+        get_pad_mask=mask,
+        goal_mode=goal,
+        cache=cache,
+        filter_by_attribute=filt,
         load_next_obs=nxt,
     )
 
@@ -152,8 +161,9 @@ def test_missing_dataset_key_reads_zeros_under_a_cache(demo_set: tuple[str, str]
 def test_too_short_demo_names_demo_and_minimum(demo_set: tuple[str, str]) -> None:
     path = demo_set[1]
     with pytest.raises(ValueError, match=r"demo\.tr: demo 'demo_0' has 9 frames.*at least 12"):
-        SequenceDataset(path, OBS_KEYS, DATASET_KEYS, frame_stack=4, seq_length=9, pad_frame_stack=False,
-                        pad_seq_length=False)
+        SequenceDataset(
+            path, OBS_KEYS, DATASET_KEYS, frame_stack=4, seq_length=9, pad_frame_stack=False, pad_seq_length=False
+        )
     # robomimic builds this one and fails at the demo's first item: refused up front
     with pytest.raises(ValueError, match=r"'demo_10' has 5 frames.*at least 6"):
         SequenceDataset(path, OBS_KEYS, DATASET_KEYS, frame_stack=6, pad_frame_stack=False, cache=None)

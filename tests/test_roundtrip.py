@@ -312,9 +312,7 @@ def test_property_arrays_round_trip(batch: tuple[list[np.ndarray], bool]) -> Non
         path = os.path.join(tmp, "p.tr")
         with warnings.catch_warnings():  # shapes vary here on purpose
             warnings.simplefilter("ignore", VariableShapeWarning)
-            rf = torchrecord.write_record(
-                [(s, i) for i, s in enumerate(samples)], path, shuffle=False, progress=False
-            )
+            rf = torchrecord.write_record([(s, i) for i, s in enumerate(samples)], path, shuffle=False, progress=False)
         got = _read_all(rf)
         assert [g[1] for g in got] == list(range(len(samples)))
         for g, want in zip(got, samples, strict=True):

@@ -20,8 +20,14 @@ from tests.untrusted import write_set
 
 def test_raw_and_group_take_integers_only(tmp_path: Path) -> None:
     path = str(tmp_path / "g.tr")
-    torchrecord.write_record([{"x": torch.tensor([i]), "g": i // 3} for i in range(9)], path, group_by="g",
-                             shuffle=False, samples_per_record=1, progress=False)
+    torchrecord.write_record(
+        [{"x": torch.tensor([i]), "g": i // 3} for i in range(9)],
+        path,
+        group_by="g",
+        shuffle=False,
+        samples_per_record=1,
+        progress=False,
+    )
     rf = torchrecord.RecordFile(path)
     for bad in (1.5, "1", True, None):
         with pytest.raises(TypeError, match=r"not an integer|a bool"):

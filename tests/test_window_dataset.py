@@ -103,8 +103,17 @@ def test_every_window_once_per_epoch_over_ranks_and_workers(
     seen: list[int] = []
     per_rank = []
     for rank in range(world_size):
-        ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, **params, batch_size=8, rank=rank,
-                           world_size=world_size, seed=5, shuffle_buffer=40)
+        ds = WindowDataset(
+            demo_set,
+            OBS_KEYS,
+            DATASET_KEYS,
+            **params,
+            batch_size=8,
+            rank=rank,
+            world_size=world_size,
+            seed=5,
+            shuffle_buffer=40,
+        )
         ds.set_epoch(1)
         batches = list(DataLoader(ds, batch_size=None, num_workers=num_workers))
         assert len(batches) == len(ds)
@@ -123,8 +132,9 @@ def test_drop_last_and_single_windows(demo_set: str) -> None:
     n = len(seq)
     seen = []
     for rank in range(3):
-        ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=3, batch_size=16, drop_last=True, rank=rank,
-                           world_size=3)
+        ds = WindowDataset(
+            demo_set, OBS_KEYS, DATASET_KEYS, seq_length=3, batch_size=16, drop_last=True, rank=rank, world_size=3
+        )
         batches = list(ds)
         assert len(batches) == len(ds) == (n // 3) // 16
         assert all(b["actions"].shape == (16, 3, 4) for b in batches)
@@ -158,14 +168,14 @@ def test_order_changes_per_epoch_and_repeats_for_a_seed(demo_set: str) -> None:
 def test_each_frame_read_once_per_buffer(demo_set: str) -> None:
     """cache=None, seq_length 10: about one read per frame, not one per window it appears in."""
     frames = sum(LENGTHS) + len(LENGTHS)  # steps and tail records
-    whole = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, cache=None, batch_size=16,
-                          shuffle_buffer=10_000)
+    whole = WindowDataset(
+        demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, cache=None, batch_size=16, shuffle_buffer=10_000
+    )
     assert whole.records_read == 0
     windows = sum(b["actions"].shape[0] for b in whole)
     assert windows == sum(LENGTHS)
     assert whole.records_read == frames  # one buffer: every record exactly once
-    small = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, cache=None, batch_size=16,
-                          shuffle_buffer=64)
+    small = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, cache=None, batch_size=16, shuffle_buffer=64)
     list(small)
     assert frames < small.records_read < 2 * frames < windows * 10 // 4
 
@@ -182,8 +192,17 @@ def test_cache_all_reads_nothing_while_iterating(demo_set: str) -> None:
 
 def test_batches_and_dtypes_per_cache_mode(demo_set: str) -> None:
     for cache, action_dtype in ((None, torch.float64), ("low_dim", torch.float32), ("all", torch.float32)):
-        ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, frame_stack=2, seq_length=4, get_pad_mask=True,
-                           cache=cache, batch_size=8, transform=lambda b: {**b, "seen": True})
+        ds = WindowDataset(
+            demo_set,
+            OBS_KEYS,
+            DATASET_KEYS,
+            frame_stack=2,
+            seq_length=4,
+            get_pad_mask=True,
+            cache=cache,
+            batch_size=8,
+            transform=lambda b: {**b, "seen": True},
+        )
         batch = next(iter(ds))
         assert batch["seen"] is True
         assert batch["actions"].dtype == action_dtype and batch["actions"].shape == (8, 5, 4)

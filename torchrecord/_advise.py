@@ -53,8 +53,10 @@ Run = tuple[int, int]
 
 def available() -> bool:
     """True where read-ahead hints can be given (``posix_fadvise`` and ``/proc/self/maps``: Linux)."""
-    return hasattr(os, "posix_fadvise") and os.path.exists("/proc/self/maps") and (
-        os.environ.get("TORCHRECORD_READAHEAD", "1") != "0"
+    return (
+        hasattr(os, "posix_fadvise")
+        and os.path.exists("/proc/self/maps")
+        and (os.environ.get("TORCHRECORD_READAHEAD", "1") != "0")
     )
 
 

@@ -86,17 +86,14 @@ def number_list_array(items: list[Any]) -> np.ndarray:
     try:
         return np.array(items, dtype=_LIST_DTYPES[name])
     except OverflowError:
-        raise ValueError(
-            "a list item does not fit in int64; store such numbers as floats or strs"
-        ) from None
+        raise ValueError("a list item does not fit in int64; store such numbers as floats or strs") from None
 
 
 def _checked(arr: np.ndarray, dtype: str) -> tuple[int, ...]:
     """The shape of an array readers will accept: rank at most 32, bools only 0 or 1."""
     if arr.ndim > MAX_RANK:
         raise ValueError(
-            f"rank {arr.ndim} (shape {list(arr.shape)}) is above the {MAX_RANK} dimensions readers accept; "
-            "reshape it"
+            f"rank {arr.ndim} (shape {list(arr.shape)}) is above the {MAX_RANK} dimensions readers accept; reshape it"
         )
     if dtype == "bool" and arr.size and arr.view(np.uint8).max() > 1:
         raise ValueError(
@@ -130,9 +127,7 @@ def encode_payloads(payloads: Sequence[Payload | list[bytes]], signatures: Seque
     return msg.SerializeToString()
 
 
-def decode_leaves(
-    value: bytes | memoryview, fields: Sequence[Field], where: str, rows: int | None = None
-) -> list[Any]:
+def decode_leaves(value: bytes | memoryview, fields: Sequence[Field], where: str, rows: int | None = None) -> list[Any]:
     """Parse and check one record; returns one array (or bytes) per field.
 
     With ``rows`` the record is a chunk of that many samples: numeric fields come

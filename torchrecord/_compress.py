@@ -354,4 +354,3 @@ class Expander:
 def has_compression(fields: Sequence[Any]) -> bool:
     """True when some schema field may hold compressed records."""
     return any(getattr(f, "compression", None) for f in fields)
-

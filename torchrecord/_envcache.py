@@ -204,9 +204,7 @@ def _identity(path: str) -> tuple[int, int]:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise RecordNotFoundError(
-            f"{path}: no record set here (write one with torchrecord.write_record)"
-        ) from None
+        raise RecordNotFoundError(f"{path}: no record set here (write one with torchrecord.write_record)") from None
     return (st.st_dev, st.st_ino)
 
 

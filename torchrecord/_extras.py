@@ -22,5 +22,6 @@ def install_hint(extra: str) -> str:
     """``pip install 'pillow>=9' (or, in a torchrecord checkout: pip install -e '.[images]')``."""
     return f"pip install '{EXTRAS[extra]}' (or, in a torchrecord checkout: pip install -e '.[{extra}]')"
 
+
 #: The ``remote`` extra installs two packages, so its hint is spelled out.
 REMOTE_HINT = "pip install 'fsspec>=2023.1' 'aiohttp>=3.8' (or, in a torchrecord checkout: pip install -e '.[remote]')"

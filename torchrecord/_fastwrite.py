@@ -110,7 +110,6 @@ class FastEncoder:
         parts[1::2] = payloads
         return b"".join(parts)
 
-
     def columns(self, samples: Sequence[Any]) -> list[np.ndarray] | None:
         """Per field, the typed column [n, ...] of ``samples``; None unless every sample fits this encoder.
 

@@ -168,9 +168,7 @@ def unpack_metadata(raw: bytes, path: str) -> dict[str, Any]:
             f"{path}: metadata is not valid msgpack ({exc}); the file is damaged: {_REWRITE}"
         ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise NotARecordSetError(
-            f"{path}: metadata does not describe a torchrecord record set; check the path"
-        )
+        raise NotARecordSetError(f"{path}: metadata does not describe a torchrecord record set; check the path")
     return meta
 
 
@@ -247,9 +245,7 @@ def _stat(path: str) -> os.stat_result:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise RecordNotFoundError(
-            f"{path}: no record set here (write one with torchrecord.write_record)"
-        ) from None
+        raise RecordNotFoundError(f"{path}: no record set here (write one with torchrecord.write_record)") from None
     if stat.S_ISDIR(st.st_mode):
         raise NotARecordSetError(f"{path}: is a directory{_describe_directory(path)}")
     if st.st_size == 0:
@@ -486,11 +482,7 @@ def _count_leaves(tree: Any, depth: int, path: str) -> int:
         raise bad
     if kind == "dict":
         keys = tree.get("k")
-        if (
-            not isinstance(keys, list)
-            or len(keys) != len(children)
-            or not all(isinstance(k, str) for k in keys)
-        ):
+        if not isinstance(keys, list) or len(keys) != len(children) or not all(isinstance(k, str) for k in keys):
             raise bad
     return sum(_count_leaves(child, depth + 1, path) for child in children)
 

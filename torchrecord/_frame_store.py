@@ -110,8 +110,10 @@ class FrameStore:
         row_of = np.full(len(self.file), -1, np.int64)
         row_of[self.cache_records] = np.arange(n, dtype=np.int64)
         if cache and n:
-            frame = sum(int(np.prod(self.shape(f.name), dtype=np.int64)) * _dtypes.by_name(f.dtype).itemsize
-                        for f in self.file.schema.fields)
+            frame = sum(
+                int(np.prod(self.shape(f.name), dtype=np.int64)) * _dtypes.by_name(f.dtype).itemsize
+                for f in self.file.schema.fields
+            )
             step = max(1, _FILL_BYTES // max(1, frame))
             pos = 0
             for columns in self._read(record_runs_of(self.cache_records), list(cache), step):

@@ -74,9 +74,7 @@ class ChildOutcome:
             return f"signal {self.signal_number}"
 
 
-def run_in_child(
-    fn: Callable[..., Any], *args: Any, timeout: float, memory_limit: int | None = None
-) -> ChildOutcome:
+def run_in_child(fn: Callable[..., Any], *args: Any, timeout: float, memory_limit: int | None = None) -> ChildOutcome:
     """Run ``fn(*args)`` in a forked child and report how it ended; never raises for the child's fate.
 
     Args:
@@ -163,19 +161,25 @@ def _raise_for(outcome: ChildOutcome, name: str, timeout: float, memory_limit: i
     last_line = outcome.stderr.strip().splitlines()[-1:] if outcome.stderr.strip() else []
     said = f" (it said: {last_line[0][:300]})" if last_line else ""
     if outcome.status == "signal":
-        raise StructureError(f"{name}: a process reading it with liblmdb was killed by {outcome.signal_name}{said}; "
-                             f"LMDB's page structure is damaged; {StructureError.HINT}")
+        raise StructureError(
+            f"{name}: a process reading it with liblmdb was killed by {outcome.signal_name}{said}; "
+            f"LMDB's page structure is damaged; {StructureError.HINT}"
+        )
     if outcome.status == "timeout":
-        raise StructureError(f"{name}: a process reading it with liblmdb did not finish in {timeout:g} s; LMDB's page "
-                             "structure is probably damaged (a loop), or the file is too large for this timeout; "
-                             f"{StructureError.HINT}")
+        raise StructureError(
+            f"{name}: a process reading it with liblmdb did not finish in {timeout:g} s; LMDB's page "
+            "structure is probably damaged (a loop), or the file is too large for this timeout; "
+            f"{StructureError.HINT}"
+        )
     if outcome.status == "raised":
         cls = getattr(errors, outcome.error_type, None)
         if isinstance(cls, type) and issubclass(cls, TorchRecordError):
             raise cls(outcome.message)
         if outcome.error_type == "MemoryError":
-            raise StructureError(f"{name}: reading it needed more than the {memory_limit} bytes allowed; a damaged "
-                                 f"file can claim huge sizes; {StructureError.HINT}")
+            raise StructureError(
+                f"{name}: reading it needed more than the {memory_limit} bytes allowed; a damaged "
+                f"file can claim huge sizes; {StructureError.HINT}"
+            )
         raise TorchRecordError(f"{name}: the checking process failed with {outcome.error_type}: {outcome.message}")
     raise TorchRecordError(
         f"{name}: the checking process exited with status {outcome.exit_code} without a result{said}"
@@ -221,11 +225,17 @@ def _one_child(
                 if status is None:
                     outcomes.append(ChildOutcome("timeout", stderr=_tail(stderr_file), seconds=seconds))
                 elif os.WIFSIGNALED(status):
-                    outcomes.append(ChildOutcome("signal", signal_number=os.WTERMSIG(status),
-                                                 stderr=_tail(stderr_file), seconds=seconds))
+                    outcomes.append(
+                        ChildOutcome(
+                            "signal", signal_number=os.WTERMSIG(status), stderr=_tail(stderr_file), seconds=seconds
+                        )
+                    )
                 else:
-                    outcomes.append(ChildOutcome("exited", exit_code=os.WEXITSTATUS(status),
-                                                 stderr=_tail(stderr_file), seconds=seconds))
+                    outcomes.append(
+                        ChildOutcome(
+                            "exited", exit_code=os.WEXITSTATUS(status), stderr=_tail(stderr_file), seconds=seconds
+                        )
+                    )
                 if each is not None:
                     each(outcomes[-1])
                 break
@@ -247,12 +257,14 @@ def _outcome(message: Any, seconds: float) -> ChildOutcome:
         return ChildOutcome("returned", value=message[1], seconds=seconds)
     if isinstance(message, list) and len(message) == 3 and message[0] == "raised":
         return ChildOutcome("raised", error_type=str(message[1]), message=str(message[2]), seconds=seconds)
-    return ChildOutcome("raised", error_type="TypeError", message=f"unreadable result {message!r:.200}",
-                        seconds=seconds)
+    return ChildOutcome(
+        "raised", error_type="TypeError", message=f"unreadable result {message!r:.200}", seconds=seconds
+    )
 
 
-def _child(fn: Callable[[Any], Any], items: Sequence[Any], result_fd: int, stderr_fd: int,
-           memory_limit: int | None) -> None:
+def _child(
+    fn: Callable[[Any], Any], items: Sequence[Any], result_fd: int, stderr_fd: int, memory_limit: int | None
+) -> None:
     """The child's whole life: limit, run each call and report it, ``_exit`` (no atexit, no flushes)."""
     code = 0
     try:

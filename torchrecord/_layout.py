@@ -68,8 +68,9 @@ class FixedLayout:
         if len(a) != len(b):  # cannot happen for fixed shapes; be safe rather than fast
             return None
         differs = a != b
-        sample_bytes = tuple(int(np.prod([d or 0 for d in f.shape], dtype=np.int64)) * _dtypes.by_name(f.dtype).itemsize
-                             for f in fields)
+        sample_bytes = tuple(
+            int(np.prod([d or 0 for d in f.shape], dtype=np.int64)) * _dtypes.by_name(f.dtype).itemsize for f in fields
+        )
         offsets = _payload_offsets(differs, [rows * n for n in sample_bytes])
         if offsets is None:
             return None
@@ -148,9 +149,13 @@ def _probe(fields: Sequence[Field], rows: int, fill: int) -> list[np.ndarray]:
         shape = tuple(int(d or 0) for d in f.shape)
         if rows > 1:
             shape = (rows, *shape)
-        out.append(np.full(shape, fill, dtype=np.uint8).view(info.numpy) if info.itemsize == 1
-                   else np.frombuffer(bytes([fill]) * (int(np.prod(shape, dtype=np.int64)) * info.itemsize),
-                                      dtype=info.numpy).reshape(shape))
+        out.append(
+            np.full(shape, fill, dtype=np.uint8).view(info.numpy)
+            if info.itemsize == 1
+            else np.frombuffer(
+                bytes([fill]) * (int(np.prod(shape, dtype=np.int64)) * info.itemsize), dtype=info.numpy
+            ).reshape(shape)
+        )
     return out
 
 

@@ -245,8 +245,9 @@ class _Walker:
 
     def fail(self, problem: str, pgno: int | None = None, where: str = "") -> NoReturn:
         at = "" if pgno is None else f" page {pgno}" + (f" ({where})" if where else "")
-        raise StructureError(f"{self.path}: damaged LMDB structure at{at or ' the meta pages'}: {problem}; "
-                             f"{StructureError.HINT}")
+        raise StructureError(
+            f"{self.path}: damaged LMDB structure at{at or ' the meta pages'}: {problem}; {StructureError.HINT}"
+        )
 
     # -- meta pages ----------------------------------------------------------
 
@@ -293,15 +294,24 @@ class _Walker:
             flags, free, main, last, txnid = flags1, free1, main1, last1, txnid1
         where = f"meta page of transaction {txnid}, the one LMDB reads"
         if not flags & MDB_INTEGERKEY or flags & ~(MDB_INTEGERKEY | _ENV_FLAGS):
-            self.fail(f"free-page database flags 0x{flags:04x} are not LMDB's (0x0008 plus 0x4001 at most)",
-                      number, where)
+            self.fail(
+                f"free-page database flags 0x{flags:04x} are not LMDB's (0x0008 plus 0x4001 at most)", number, where
+            )
         if main.flags:
-            self.fail(f"main database flags 0x{main.flags:04x}: torchrecord's main database has none "
-                      "(with them, liblmdb cannot hold named databases)", number, where)
+            self.fail(
+                f"main database flags 0x{main.flags:04x}: torchrecord's main database has none "
+                "(with them, liblmdb cannot hold named databases)",
+                number,
+                where,
+            )
         pages = self.size // psize
         if not 1 <= last < pages:
-            self.fail(f"the last page in use is {last}, but the file holds pages 0..{pages - 1} "
-                      f"({self.size} bytes of {psize}-byte pages; truncated?)", number, where)
+            self.fail(
+                f"the last page in use is {last}, but the file holds pages 0..{pages - 1} "
+                f"({self.size} bytes of {psize}-byte pages; truncated?)",
+                number,
+                where,
+            )
         self.last = last
         return number, free, main, txnid
 
@@ -333,8 +343,12 @@ class _Walker:
         record = f"the record of the {where}"
         if db.root == P_INVALID:
             if db.depth or db.entries or db.branch_pages or db.leaf_pages or db.overflow_pages:
-                self.fail(f"{where} is empty (no root) but its record says depth {db.depth}, {db.entries} entries, "
-                          f"{db.branch_pages + db.leaf_pages + db.overflow_pages} pages", db.home, record)
+                self.fail(
+                    f"{where} is empty (no root) but its record says depth {db.depth}, {db.entries} entries, "
+                    f"{db.branch_pages + db.leaf_pages + db.overflow_pages} pages",
+                    db.home,
+                    record,
+                )
             return
         if not 1 <= db.depth <= CURSOR_STACK:
             self.fail(f"{where} has depth {db.depth}, outside 1..{CURSOR_STACK}", db.home, record)
@@ -371,8 +385,12 @@ class _Walker:
             self.fail(f"its header says page {head_pgno} (a page copied or moved here)", pgno, here)
         want = P_LEAF if kind == "leaf" else P_BRANCH
         if flags != want:
-            self.fail(f"page flags 0x{flags:04x} where a {kind} page (0x{want:04x}) must be "
-                      f"({_PAGE_KIND.get(flags, 'unknown kind')})", pgno, here)
+            self.fail(
+                f"page flags 0x{flags:04x} where a {kind} page (0x{want:04x}) must be "
+                f"({_PAGE_KIND.get(flags, 'unknown kind')})",
+                pgno,
+                here,
+            )
         nodes = self._nodes(page, pgno, here, kind == "leaf")
         if kind == "branch":
             self._branch(db, page, pgno, here, level, nodes, low, high, stack)
@@ -387,14 +405,14 @@ class _Walker:
         psize = self.psize
         _pgno, _pad, _flags, lower, upper = _HEADER.unpack_from(page)
         if lower < PAGEHDRSZ or lower & 1 or lower > upper or upper > psize:
-            self.fail(f"free-space bounds lower={lower} upper={upper} are impossible in a {psize}-byte page",
-                      pgno, here)
+            self.fail(
+                f"free-space bounds lower={lower} upper={upper} are impossible in a {psize}-byte page", pgno, here
+            )
         count = (lower - PAGEHDRSZ) >> 1
         pointers = struct.unpack_from(f"={count}H", page, PAGEHDRSZ)
         if count and (min(pointers) < upper or max(pointers) > psize - NODESIZE):
             index = next(i for i, offset in enumerate(pointers) if not upper <= offset <= psize - NODESIZE)
-            self.fail(f"node {index}'s pointer {pointers[index]} is outside the node area {upper}..{psize}",
-                      pgno, here)
+            self.fail(f"node {index}'s pointer {pointers[index]} is outside the node area {upper}..{psize}", pgno, here)
         nodes: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * count
         position = upper
         for index in sorted(range(count), key=pointers.__getitem__):
@@ -407,13 +425,18 @@ class _Walker:
             body = (_PGNO.size if flags & F_BIGDATA else size) if leaf else 0
             end = offset + NODESIZE + ksize + body
             if end > psize:
-                self.fail(f"node {index} at offset {offset} (key {ksize} bytes, data {body} bytes) ends at byte {end}, "
-                          f"past the page's {psize}", pgno, here)
+                self.fail(
+                    f"node {index} at offset {offset} (key {ksize} bytes, data {body} bytes) ends at byte {end}, "
+                    f"past the page's {psize}",
+                    pgno,
+                    here,
+                )
             position = end + (end & 1)
             nodes[index] = (offset, size, flags, ksize, lo | hi << 16 | flags << 32)
         if position != psize:
-            self.fail(f"the nodes end at offset {position}, leaving {psize - position} bytes before the page end",
-                      pgno, here)
+            self.fail(
+                f"the nodes end at offset {position}, leaving {psize - position} bytes before the page end", pgno, here
+            )
         return nodes
 
     def _key(self, db: _Db, page: bytes, offset: int, ksize: int, pgno: int, here: str, index: int) -> _Key:
@@ -426,11 +449,19 @@ class _Walker:
 
     def _bounds(self, key: _Key, low: _Key | None, high: _Key | None, pgno: int, here: str, index: int) -> None:
         if low is not None and key < low:  # type: ignore[operator]
-            self.fail(f"node {index}'s key {_show(key)} is below {_show(low)}, the parent's separator key for this "
-                      "page (keys out of order across pages)", pgno, here)
+            self.fail(
+                f"node {index}'s key {_show(key)} is below {_show(low)}, the parent's separator key for this "
+                "page (keys out of order across pages)",
+                pgno,
+                here,
+            )
         if high is not None and key >= high:  # type: ignore[operator]
-            self.fail(f"node {index}'s key {_show(key)} is not below {_show(high)}, the next page's separator key "
-                      "(keys out of order across pages)", pgno, here)
+            self.fail(
+                f"node {index}'s key {_show(key)} is not below {_show(high)}, the next page's separator key "
+                "(keys out of order across pages)",
+                pgno,
+                here,
+            )
 
     def _branch(
         self,
@@ -448,16 +479,25 @@ class _Walker:
         if count < (1 if db.kind == "free" else 2):
             self.fail(f"a branch page with {count} children (liblmdb asserts at least 2)", pgno, here)
         # separator keys: node i > 0 starts child i's range; node 0's key is not used
-        separators = [self._key(db, page, offset, ksize, pgno, here, index)
-                      for index, (offset, _size, _flags, ksize, _child) in enumerate(nodes) if index]
-        if not (all(map(operator.lt, separators, separators[1:]))
-                and (low is None or not separators or separators[0] >= low)  # type: ignore[operator]
-                and (high is None or not separators or separators[-1] < high)):  # type: ignore[operator]
+        separators = [
+            self._key(db, page, offset, ksize, pgno, here, index)
+            for index, (offset, _size, _flags, ksize, _child) in enumerate(nodes)
+            if index
+        ]
+        if not (
+            all(map(operator.lt, separators, separators[1:]))
+            and (low is None or not separators or separators[0] >= low)  # type: ignore[operator]
+            and (high is None or not separators or separators[-1] < high)
+        ):  # type: ignore[operator]
             for index, key in enumerate(separators, 1):
                 self._bounds(key, low, high, pgno, here, index)
                 if index > 1 and key <= separators[index - 2]:  # type: ignore[operator]
-                    self.fail(f"separator key {index} ({_show(key)}) is not above key {index - 1} "
-                              f"({_show(separators[index - 2])})", pgno, here)
+                    self.fail(
+                        f"separator key {index} ({_show(key)}) is not above key {index - 1} "
+                        f"({_show(separators[index - 2])})",
+                        pgno,
+                        here,
+                    )
         keys: list[_Key | None] = [low, *separators, high]
         children = [node[4] for node in nodes]
         if min(children) < 2 or max(children) > self.last:
@@ -490,26 +530,42 @@ class _Walker:
             self._bounds(key, low, high, pgno, here, index)
             if previous[0] is not None and key <= previous[0]:  # type: ignore[operator]
                 what = "the previous key" if index else "the last key of the previous leaf page"
-                self.fail(f"node {index}'s key {_show(key)} is not above {what} {_show(previous[0])} "
-                          "(keys out of order, or a record repeated)", pgno, here)
+                self.fail(
+                    f"node {index}'s key {_show(key)} is not above {what} {_show(previous[0])} "
+                    "(keys out of order, or a record repeated)",
+                    pgno,
+                    here,
+                )
             previous[0] = key
             data = offset + NODESIZE + ksize
             child = None
             if flags & F_SUBDATA and db.kind == "main":
                 if flags != F_SUBDATA or size != _DB.size:
-                    self.fail(f"node {index} (named database {_show(key)}) has flags 0x{flags:x} and {size} data "
-                              f"bytes, not a {_DB.size}-byte F_SUBDATA record", pgno, here)
+                    self.fail(
+                        f"node {index} (named database {_show(key)}) has flags 0x{flags:x} and {size} data "
+                        f"bytes, not a {_DB.size}-byte F_SUBDATA record",
+                        pgno,
+                        here,
+                    )
                 sub = _Db.parse(page, data, f"database {_show(key)}", "named", pgno)
                 if sub.flags:
-                    self.fail(f"database {_show(key)} has flags 0x{sub.flags:04x} (dupsort, integer keys, ...); "
-                              "torchrecord's databases have none", pgno, here)
+                    self.fail(
+                        f"database {_show(key)} has flags 0x{sub.flags:04x} (dupsort, integer keys, ...); "
+                        "torchrecord's databases have none",
+                        pgno,
+                        here,
+                    )
                 db.named.append((page[data - ksize : data], sub))
             elif flags == F_BIGDATA:
                 (child,) = _PGNO.unpack_from(page, data)
                 counts[2] += self._overflow(child, size, pgno, f"{here}, node {index}")
             elif flags:
-                self.fail(f"node {index} has flags 0x{flags:x}; only F_BIGDATA (0x1) can be here "
-                          "(F_DUPDATA/F_SUBDATA are not used)", pgno, here)
+                self.fail(
+                    f"node {index} has flags 0x{flags:x}; only F_BIGDATA (0x1) can be here "
+                    "(F_DUPDATA/F_SUBDATA are not used)",
+                    pgno,
+                    here,
+                )
             infos.append(NodeInfo(index, offset, flags, ksize, size, child))
         if self.collect is not None:
             self.collect.append(PageInfo(pgno, "leaf", db.label, level, tuple(infos)))
@@ -638,8 +694,10 @@ class _Walker:
         total = key_at.size
         width = int(ksize[0])
         bounds = [walk.previous[0]] + [b for visit in batch for b in (visit[2], visit[3])]
-        if 1 <= width <= 8 and (ksize == width).all() and all(
-            b is None or (isinstance(b, bytes) and len(b) == width) for b in bounds
+        if (
+            1 <= width <= 8
+            and (ksize == width).all()
+            and all(b is None or (isinstance(b, bytes) and len(b) == width) for b in bounds)
         ):
             # fixed-width keys (torchrecord's 8-byte big-endian indices): compare them as integers
             padded = np.zeros((total, 8), dtype=np.uint8)
@@ -729,5 +787,8 @@ def _show(key: _Key | None) -> str:
     if key is None:
         return "(none)"
     text = key[:16].hex()
-    return f"0x{text}{'...' if len(key) > 16 else ''} ({len(key)} bytes)" if not key.isascii() or not key.isalnum() \
+    return (
+        f"0x{text}{'...' if len(key) > 16 else ''} ({len(key)} bytes)"
+        if not key.isascii() or not key.isalnum()
         else repr(key.decode())
+    )

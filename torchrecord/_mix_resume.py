@@ -43,15 +43,25 @@ MIX_POSITION_KIND = "torchrecord.MixedDataset.position"
 
 #: The settings that decide a mix epoch's units, their split and their windows.
 MIX_PLAN_KEYS = (
-    "sizes", "counts", "block", "seed", "window", "drop_last", "batch_size", "world_size", "num_workers", "policy",
+    "sizes",
+    "counts",
+    "block",
+    "seed",
+    "window",
+    "drop_last",
+    "batch_size",
+    "world_size",
+    "num_workers",
+    "policy",
     "horizon",
 )
 
 
 def plan_of(position: Mapping[str, Any]) -> MixPlan:
     """The mix plan of a state's or position's epoch (pure)."""
-    return plan_epoch(position["counts"], block=int(position["block"]), seed=int(position["seed"]),
-                      epoch=int(position["epoch"]))
+    return plan_epoch(
+        position["counts"], block=int(position["block"]), seed=int(position["seed"]), epoch=int(position["epoch"])
+    )
 
 
 def reader_units_of(
@@ -67,8 +77,15 @@ def reader_units_of(
 ) -> Units:
     """One reader's units: its part of the epoch, or with ``base`` (a position) its part of the rest."""
     if base is None:
-        return reader_units(plan, rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
-                            drop_last=drop_last, batch_size=batch_size)
+        return reader_units(
+            plan,
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            batch_size=batch_size,
+        )
     rest = np.setdiff1d(np.arange(plan.total, dtype=np.int64), consumed_positions(base, plan), assume_unique=True)
     if not len(rest):
         return units_of_positions(plan, [])
@@ -87,8 +104,13 @@ def reader_units_of(
 def _handed_out(position: Mapping[str, Any], plan: MixPlan, rank: int, worker: int, placement: Placement) -> np.ndarray:
     """The virtual global positions one reader handed out (placed units; of its window, the first part)."""
     units = reader_units_of(
-        plan, position.get("base"), rank=rank, world_size=int(position["world_size"]), worker=worker,
-        num_workers=int(position["num_workers"]), drop_last=bool(position["drop_last"]),
+        plan,
+        position.get("base"),
+        rank=rank,
+        world_size=int(position["world_size"]),
+        worker=worker,
+        num_workers=int(position["num_workers"]),
+        drop_last=bool(position["drop_last"]),
         batch_size=position["batch_size"],
     )
     members = set(placement.members)
@@ -98,8 +120,14 @@ def _handed_out(position: Mapping[str, Any], plan: MixPlan, rank: int, worker: i
     window = [np.arange(int(units.position[i]), int(units.position[i] + units.length[i])) for i in placement.members]
     if window and placement.offset:
         flat = np.concatenate(window)
-        order = _order.window_order(len(flat), seed=int(position["seed"]), epoch=int(position["epoch"]), rank=rank,
-                                    worker=worker, window=placement.window)
+        order = _order.window_order(
+            len(flat),
+            seed=int(position["seed"]),
+            epoch=int(position["epoch"]),
+            rank=rank,
+            worker=worker,
+            window=placement.window,
+        )
         out.append(flat[order[: placement.offset]])
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
@@ -123,8 +151,9 @@ def mix_position(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     readers: list[Mapping[str, Any]] = []
     for s in states:
         if s.get("kind") == MIX_POSITION_KIND:
-            readers += [{**s, "kind": MIX_STATE_KIND, "rank": r, "worker": w, "placement": p}
-                        for r, w, p in s["readers"]]
+            readers += [
+                {**s, "kind": MIX_STATE_KIND, "rank": r, "worker": w, "placement": p} for r, w, p in s["readers"]
+            ]
         else:
             readers.append(s)
     first = readers[0]

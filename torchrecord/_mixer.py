@@ -165,8 +165,13 @@ def _put(dst: np.ndarray, at: int, part: np.ndarray) -> None:
     read-ahead threads costs the mixer a switch interval (5 ms) or more.
     """
     n = len(part)
-    if n and dst.flags.c_contiguous and part.flags.c_contiguous and part.dtype == dst.dtype \
-            and part.shape[1:] == dst.shape[1:]:
+    if (
+        n
+        and dst.flags.c_contiguous
+        and part.flags.c_contiguous
+        and part.dtype == dst.dtype
+        and part.shape[1:] == dst.shape[1:]
+    ):
         row = dst.itemsize * int(np.prod(dst.shape[1:], dtype=np.int64))
         dst.reshape(-1).view(np.uint8).data[at * row : (at + n) * row] = part.reshape(-1).view(np.uint8).data
     elif n:
@@ -207,9 +212,13 @@ class _Window:
         """Column buffers with room for ``rows`` rows (the spare ones when they fit)."""
         if self.columns is None:
             spare = self.spare
-            if spare is not None and len(spare) == len(like) and all(
-                len(b) >= self.capacity and b.dtype == c.dtype and b.shape[1:] == c.shape[1:]
-                for b, c in zip(spare, like)
+            if (
+                spare is not None
+                and len(spare) == len(like)
+                and all(
+                    len(b) >= self.capacity and b.dtype == c.dtype and b.shape[1:] == c.shape[1:]
+                    for b, c in zip(spare, like)
+                )
             ):
                 self.columns = spare
             else:
@@ -372,8 +381,9 @@ class Mixer:
         """Take units into the next window until it holds ``want`` samples (or the units run out)."""
         nxt = self._next
         if nxt is None:
-            nxt = self._next = _Window(self.sources, self._target(self.placement.window + 1) + self._longest,
-                                       self._spare)
+            nxt = self._next = _Window(
+                self.sources, self._target(self.placement.window + 1) + self._longest, self._spare
+            )
             self._spare = None
         ahead = self._ahead
         count = len(self.unit_source)

@@ -30,9 +30,7 @@ WINDOW_BYTES = 64 << 20
 _TAG = 0x77696E64  # "wind": keeps these streams apart from the block order's
 
 
-def window_size(
-    shuffle_buffer: int, step: int, bytes_per_sample: int | None, *, shuffle: bool = True
-) -> int:
+def window_size(shuffle_buffer: int, step: int, bytes_per_sample: int | None, *, shuffle: bool = True) -> int:
     """Samples per window: ``shuffle_buffer`` capped at WINDOW_BYTES of records, never below ``step``.
 
     ``step`` is the batch size (or the internal batch in per-sample mode), so a

@@ -136,8 +136,9 @@ class Packer:
         """
         if self._tail is not None:
             tail, self._tail = self._tail, None
-            encoded = Encoded([np.concatenate(pair) for pair in zip(tail.columns, encoded.columns)],
-                              encoded.tree, encoded.signatures)
+            encoded = Encoded(
+                [np.concatenate(pair) for pair in zip(tail.columns, encoded.columns)], encoded.tree, encoded.signatures
+            )
         n, k = len(encoded), self.chunk
         start = 0
         while self._rows and start < n:  # complete the chunk single samples opened

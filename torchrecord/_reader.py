@@ -177,9 +177,7 @@ class ShareReader:
             if order is not None:
                 rec, row, indices = rec[order], row[order], indices[order]
 
-            def gather(
-                sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0
-            ) -> list[Any]:
+            def gather(sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0) -> list[Any]:
                 return win.gather(rec[sel], row[sel], out, at)
 
             return _Taken(len(rec), gather, indices)

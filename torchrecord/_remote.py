@@ -36,6 +36,7 @@ TIMEOUT = 30.0
 #: Shards of the plan fetched ahead of the one being read.
 AHEAD = 2
 
+
 def is_url(path: str) -> bool:
     """True for ``scheme://...`` (``file://`` included)."""
     return "://" in path

@@ -105,6 +105,7 @@ def accept(
             f"this one is {set_id!r}); resume on the set the state came from, or start the epoch afresh"
         )
     if state.get("subset") != subset:
+
         def name(digest: Any) -> str:
             return f"the subset {digest}" if digest else "the whole set"
 
@@ -224,9 +225,7 @@ def find_states(
             yield from find_states(value, kinds, depth + 1)
 
 
-def _share_runs(
-    plan: Mapping[str, Any], epoch: int, rank: int, worker: int, bounds: np.ndarray | None
-) -> list[Run]:
+def _share_runs(plan: Mapping[str, Any], epoch: int, rank: int, worker: int, bounds: np.ndarray | None) -> list[Run]:
     return _partition.reader_runs(
         int(plan["count"]),
         block_size=int(plan["block_size"]),
@@ -249,9 +248,7 @@ def _samples_of(runs: Sequence[Run]) -> np.ndarray:
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
 
 
-def consumed_samples(
-    position: Mapping[str, Any], bounds: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+def consumed_samples(position: Mapping[str, Any], bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(every sample the position's epoch visits, the samples already yielded), as index arrays.
 
     Pure: rebuilt from the order functions, nothing is read. ``bounds``: the

@@ -85,15 +85,12 @@ def _check_max_skipped(value: Any, on_error: str) -> None:
     if on_error != "skip":
         raise ValueError(f"max_skipped={value!r} bounds on_error='skip'; pass on_error='skip' with it")
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float)):
-        raise TypeError(
-            f"max_skipped must be a count (int >= 0) or a fraction (float between 0 and 1), got {value!r}"
-        )
+        raise TypeError(f"max_skipped must be a count (int >= 0) or a fraction (float between 0 and 1), got {value!r}")
     if isinstance(value, numbers.Integral) and value < 0:
         raise ValueError(f"max_skipped must be a count >= 0 or a fraction between 0 and 1, got {value}")
     if isinstance(value, float) and not 0.0 < value < 1.0:
         raise ValueError(
-            f"max_skipped as a fraction must be between 0 and 1 (exclusive), got {value}; "
-            "pass an int for a count"
+            f"max_skipped as a fraction must be between 0 and 1 (exclusive), got {value}; pass an int for a count"
         )
 
 
@@ -127,9 +124,7 @@ def check_storable(value: Any, where: str, depth: int = 0) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, (str, bytes)):
-                raise TypeError(
-                    f"{where}: key {key!r} ({type(key).__name__}) is not a str; metadata keys must be str"
-                )
+                raise TypeError(f"{where}: key {key!r} ({type(key).__name__}) is not a str; metadata keys must be str")
             check_storable(item, f"{where}[{key!r}]", depth + 1)
         return
     raise TypeError(

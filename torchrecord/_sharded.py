@@ -296,14 +296,22 @@ class ShardedSet(RecordFile):
 
     def __getstate__(self) -> dict[str, Any]:
         # the manifest travels with the set, so every worker reads the same snapshot of it
-        return {"path": self.path, "cache_dir": self.cache_dir, "cache_limit": self.cache_limit, "m": self._manifest,
-                "check": self._check}
+        return {
+            "path": self.path,
+            "cache_dir": self.cache_dir,
+            "cache_limit": self.cache_limit,
+            "m": self._manifest,
+            "check": self._check,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], cache_dir=state["cache_dir"], cache_limit=state["cache_limit"],  # type: ignore[misc]
-                      check=state.get("check"))
+        self.__init__(
+            state["path"],
+            cache_dir=state["cache_dir"],
+            cache_limit=state["cache_limit"],  # type: ignore[misc]
+            check=state.get("check"),
+        )
         self._manifest = state["m"]
-
 
 
 def _not_a_set(path: str, manifest: str) -> TorchRecordError:

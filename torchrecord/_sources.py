@@ -315,4 +315,3 @@ def iterate_source(source: Iterable[Any], fast: bool = True, key: KeyFunction | 
             continue
         yield prepare(index, sample)
         index += 1
-

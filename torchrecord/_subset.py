@@ -24,8 +24,7 @@ __all__ = ["Subset", "position", "resolve"]
 Run = tuple[int, int]
 
 _HOW = (
-    "pass a range, a slice, a sequence or array of integer sample indices, or a boolean mask with one "
-    "entry per sample"
+    "pass a range, a slice, a sequence or array of integer sample indices, or a boolean mask with one entry per sample"
 )
 
 

@@ -96,9 +96,7 @@ class Walk:
             self._crc_cursor = self.txn.cursor(db=self.crc_db) if self.crc_db is not None else None
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     def close(self) -> None:

@@ -171,9 +171,7 @@ def _add_convert(commands: Any) -> None:
         metavar="N",
         help="worker processes reading the source (default: 0: none)",
     )
-    p.add_argument(
-        "--skip-bad", action="store_true", help="leave unreadable or non-image files out, each one named"
-    )
+    p.add_argument("--skip-bad", action="store_true", help="leave unreadable or non-image files out, each one named")
     p.add_argument("--overwrite", action="store_true", help="replace an existing record set at PATH")
     p.add_argument(
         "--keys",

@@ -146,8 +146,13 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             raise ValueError(f"policy must be 'exact' or 'ready', got {policy!r}")
         if stop not in _mix_plan.STOPS:
             raise ValueError(f"stop must be one of {', '.join(_mix_plan.STOPS)}, got {stop!r}")
-        for name, value, least in (("block", block, 1), ("max_defer", max_defer, 1), ("threads", threads, 1),
-                                   ("read_ahead_bytes", read_ahead_bytes, 1), ("shuffle_buffer", shuffle_buffer, 0)):
+        for name, value, least in (
+            ("block", block, 1),
+            ("max_defer", max_defer, 1),
+            ("threads", threads, 1),
+            ("read_ahead_bytes", read_ahead_bytes, 1),
+            ("shuffle_buffer", shuffle_buffer, 0),
+        ):
             if value < least:
                 raise ValueError(f"{name} must be >= {least}, got {value}")
         if batch_size is not None and batch_size < 1:
@@ -164,8 +169,9 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             names = []
         if not given:
             raise ValueError("sources is empty: give at least one record set")
-        self.sources: list[Source] = [s if isinstance(s, Source) else FileSource(s, verify=verify, check=check)
-                                     for s in given]
+        self.sources: list[Source] = [
+            s if isinstance(s, Source) else FileSource(s, verify=verify, check=check) for s in given
+        ]
         with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
             self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
         self.names = names or [info.name for info in self.infos]
@@ -249,8 +255,16 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         rank, world = self._distributed
         plan = self.plan()
         base, placement, yielded = self._resume_point(rank, worker, num_workers)
-        units = reader_units_of(plan, base, rank=rank, world_size=world, worker=worker, num_workers=num_workers,
-                                drop_last=self.drop_last, batch_size=self.batch_size)
+        units = reader_units_of(
+            plan,
+            base,
+            rank=rank,
+            world_size=world,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=self.drop_last,
+            batch_size=self.batch_size,
+        )
         seed, epoch = self.seed, self.epoch
 
         def order(j: int, n: int) -> np.ndarray:
@@ -265,13 +279,29 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             return _mix_plan.stream_runs(sizes[s], blocks[s], seeds[s], lo, lo + int(units.length[u]))
 
         mixer = Mixer(
-            self.sources, units.source, units.length, runs_of, window=self._window(),
-            step=self.batch_size or _SAMPLE_MODE_BATCH, order=order, horizon=self._horizon(), placement=placement,
-            readahead={"columns": self.fixed, "estimate": [i.bytes_per_sample for i in self.infos],
-                       "max_bytes": self.read_ahead_bytes, "threads": self.threads},
+            self.sources,
+            units.source,
+            units.length,
+            runs_of,
+            window=self._window(),
+            step=self.batch_size or _SAMPLE_MODE_BATCH,
+            order=order,
+            horizon=self._horizon(),
+            placement=placement,
+            readahead={
+                "columns": self.fixed,
+                "estimate": [i.bytes_per_sample for i in self.infos],
+                "max_bytes": self.read_ahead_bytes,
+                "threads": self.threads,
+            },
         )
-        self._live = {"mixer": mixer, "started": started, "first": None, "base": base,
-                      "reader": (rank, worker, num_workers)}
+        self._live = {
+            "mixer": mixer,
+            "started": started,
+            "first": None,
+            "base": base,
+            "reader": (rank, worker, num_workers),
+        }
         self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
         return self._counted(items)
@@ -333,8 +363,17 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         planned = {n: c / total for n, c in zip(self.names, self.counts)}
         live = self._live
         if live is None:
-            return {"first_batch_seconds": None, "draws_read": {}, "reads": {}, "waits": 0, "wait_seconds": 0.0,
-                    "deferrals": 0, "samples": {}, "share": {}, "planned_share": planned}
+            return {
+                "first_batch_seconds": None,
+                "draws_read": {},
+                "reads": {},
+                "waits": 0,
+                "wait_seconds": 0.0,
+                "deferrals": 0,
+                "samples": {},
+                "share": {},
+                "planned_share": planned,
+            }
         mixer: Mixer = live["mixer"]
         handed = mixer.handed.tolist()
         out = max(1, sum(handed))
@@ -393,8 +432,9 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
                 earlier epoch is ignored with a warning.
         """
         self._refresh_distributed()
-        accepted = _resume.accept(state, set_id=self.set_id, epoch=self.epoch, path=self._where(),
-                                  kinds=(MIX_STATE_KIND, MIX_POSITION_KIND))
+        accepted = _resume.accept(
+            state, set_id=self.set_id, epoch=self.epoch, path=self._where(), kinds=(MIX_STATE_KIND, MIX_POSITION_KIND)
+        )
         if accepted is not None:
             mine = self._settings(int(accepted["num_workers"]))
             for key in ("sizes", "counts", "block", "seed"):
@@ -408,9 +448,7 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
     def _where(self) -> str:
         return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"
 
-    def _resume_point(
-        self, rank: int, worker: int, num_workers: int
-    ) -> tuple[dict[str, Any] | None, Placement, int]:
+    def _resume_point(self, rank: int, worker: int, num_workers: int) -> tuple[dict[str, Any] | None, Placement, int]:
         """(base position, placement, items yielded) of this reader under the loaded resume point (used once)."""
         resume, self._resume = self._resume, None
         if resume is None or int(resume["epoch"]) != self.epoch:
@@ -431,4 +469,3 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
                 return None, Placement.from_state(mine[0]), 0
         assert resume["kind"] == MIX_POSITION_KIND
         return resume, Placement(), 0
-

@@ -27,8 +27,17 @@ _UNSET: Any = object()
 #: The ``kind`` of a WindowDataset state.
 STATE_KIND = "torchrecord.WindowDataset"
 #: What must match for a state to resume: the plan of the epoch and the windows.
-_PLAN_KEYS = ("windows", "window_spec", "seed", "shuffle", "batch_size", "drop_last", "block_size", "buffer",
-              "world_size")
+_PLAN_KEYS = (
+    "windows",
+    "window_spec",
+    "seed",
+    "shuffle",
+    "batch_size",
+    "drop_last",
+    "block_size",
+    "buffer",
+    "world_size",
+)
 #: A WindowDataset reads at most about this many bytes of frames from the file per shuffle buffer.
 BUFFER_BYTES = 64 << 20
 
@@ -309,8 +318,16 @@ class WindowDataset(IterableDataset[Any]):
         count = len(self.core)
         block = self.block_size or _partition.auto_block_size(count)
         runs = _partition.reader_runs(
-            count, block_size=block, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, rank=rank,
-            world_size=world, worker=worker, num_workers=num_workers, drop_last=self.drop_last,
+            count,
+            block_size=block,
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle,
+            rank=rank,
+            world_size=world,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=self.drop_last,
             unit=self.batch_size,
         )
         total = sum(b - a for a, b in runs)
@@ -320,8 +337,9 @@ class WindowDataset(IterableDataset[Any]):
             part = _order.slice_runs(runs, j * size, min(total, (j + 1) * size))
             index = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in part])
             if self.shuffle:
-                order = _order.window_order(len(index), seed=self.seed, epoch=self.epoch, rank=rank, worker=worker,
-                                            window=j)
+                order = _order.window_order(
+                    len(index), seed=self.seed, epoch=self.epoch, rank=rank, worker=worker, window=j
+                )
                 index = index[order]
             out.append(index)
         return out
@@ -432,4 +450,3 @@ def _join(parts: list[dict[str, Any]]) -> dict[str, Any]:
     tree, _ = flatten(parts[0])
     columns = zip(*(flatten(p)[1] for p in parts))
     return unflatten(tree, [np.concatenate(c) for c in columns])  # type: ignore[no-any-return]
-

@@ -158,6 +158,7 @@ def _list_dtypes(name: str, dtype: str) -> str:
         f"if the first sample's list was empty, state the dtype: schema={{{name!r}: {dtype!r}}})"
     )
 
+
 _LIST_RULE = (
     "A list whose items are all Python numbers of one kind (all bool, all int, or ints and floats) "
     "is one field, a 1-d tensor whose length may vary; tuples and other lists are structures "

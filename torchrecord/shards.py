@@ -268,9 +268,7 @@ def _finalized_shard(folder: str, shard: int, plan: dict[str, Any], overwrite: b
 
 def _all_written(folder: str, n: int) -> bool:
     names = set(os.listdir(folder))
-    return all(
-        _manifest.shard_name(i, n) in names and _manifest.shard_name(i, n) + ".json" in names for i in range(n)
-    )
+    return all(_manifest.shard_name(i, n) in names and _manifest.shard_name(i, n) + ".json" in names for i in range(n))
 
 
 def _describe_missing(folder: str, names: list[str], missing: list[int], n: int) -> str:
@@ -286,7 +284,8 @@ def _describe_missing(folder: str, names: list[str], missing: list[int], n: int)
         )
         parts.append(f"shard {i} ({name}) is missing: {why}")
     return (
-        f"{len(missing)} of {n} shards missing: " + "; ".join(parts)
+        f"{len(missing)} of {n} shards missing: "
+        + "; ".join(parts)
         + ". Run write_shard(..., shard=i) for each, then finalize_shards again"
     )
 

@@ -65,9 +65,7 @@ class StreamLoader:
             raise ValueError(f"bundle must be >= 1, got {bundle}")
         refused = sorted(set(loader_kwargs) & set(_REFUSED))
         if refused:
-            raise ValueError(
-                f"StreamLoader builds whole batches in order; it does not take {', '.join(refused)}"
-            )
+            raise ValueError(f"StreamLoader builds whole batches in order; it does not take {', '.join(refused)}")
         self.dataset, self.num_workers = dataset, num_workers
         self.bundle = bundle if bundle is not None else _default_bundle(dataset)
         self._loader_kwargs = loader_kwargs

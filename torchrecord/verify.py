@@ -140,8 +140,9 @@ def _verify_file(
 
     chunks = [(first, min(count, first + CHUNK)) for first in range(0, count, CHUNK)]
     try:
-        run_each_isolated(functools.partial(_verify_chunk, path, max_errors), chunks, timeout=timeout,
-                          each=merge, name=path)
+        run_each_isolated(
+            functools.partial(_verify_chunk, path, max_errors), chunks, timeout=timeout, each=merge, name=path
+        )
     finally:
         for bar in bars:
             bar.close()
@@ -205,8 +206,7 @@ def _verify_chunk(path: str, max_errors: int, chunk: tuple[int, int]) -> dict[st
             present += len(values)
             for index, (value, stored) in enumerate(zip(values, crcs), lo):
                 _check_record(rf, index, value, stored, crc_db is not None, part, max_errors)
-    return {"records": stop - first, "present": present, "bad": part.bad,
-            "errors": [[i, m] for i, m in part.errors]}
+    return {"records": stop - first, "present": present, "bad": part.bad, "errors": [[i, m] for i, m in part.errors]}
 
 
 def _verify_shards(sharded: ShardedSet, progress: bool | None, max_errors: int, timeout: float) -> VerifyReport:

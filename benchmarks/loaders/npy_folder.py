@@ -63,7 +63,5 @@ class NpyFolderLoader(Loader):
 
     def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
         assert path is not None
-        loader = DataLoader(
-            NpyFiles(path), batch_size=data.batch_size, shuffle=True, num_workers=num_workers
-        )
+        loader = DataLoader(NpyFiles(path), batch_size=data.batch_size, shuffle=True, num_workers=num_workers)
         return _Epochs(loader)

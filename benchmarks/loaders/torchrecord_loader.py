@@ -102,8 +102,10 @@ class TorchRecordLoader(Loader):
         self.batch_mode = batch_mode
         self.samples_per_record = samples_per_record
         self.shuffle_buffer = shuffle_buffer
-        mode = "RecordDataset(batch_size=B), DataLoader(batch_size=None)" if batch_mode else (
-            "RecordDataset, DataLoader(batch_size=B)"
+        mode = (
+            "RecordDataset(batch_size=B), DataLoader(batch_size=None)"
+            if batch_mode
+            else ("RecordDataset, DataLoader(batch_size=B)")
         )
         packing = "; K samples per record" if samples_per_record is not None else ""
         self.description = mode + packing

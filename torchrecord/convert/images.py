@@ -131,9 +131,7 @@ class ImageFiles:
         return {"image": data, "label": self.labels[index], "path": self.names[index]}
 
 
-def scan_folder(
-    root: str, extensions: Sequence[str] | None = IMG_EXTENSIONS
-) -> tuple[list[str], list[int], list[str]]:
+def scan_folder(root: str, extensions: Sequence[str] | None = IMG_EXTENSIONS) -> tuple[list[str], list[int], list[str]]:
     """The files, labels and class names of a class-per-folder tree ``root/<class>/.../<file>``.
 
     Classes are the sorted names of root's sub-directories (label = position);

@@ -129,7 +129,17 @@ def from_robomimic(
         modes = _first_guess(f, keys["obs"], keys["next_obs"], demos[0])
         while True:  # a later demo that breaks a shift switches that key to stored and starts over
             broken = _write(
-                f, src, path, demos, keys, modes, description, overwrite, progress, metadata, checksums,
+                f,
+                src,
+                path,
+                demos,
+                keys,
+                modes,
+                description,
+                overwrite,
+                progress,
+                metadata,
+                checksums,
                 (compression, compression_level),
             )
             if broken is None:
@@ -318,8 +328,15 @@ def _write(
     meta = {**(metadata or {}), "source_format": "robomimic"}
     meta[META_KEY] = {**description, "next_obs": dict(modes) if keys["next_obs"] else {}, "tail_group": bool(shifted)}
     writer = RecordWriter(
-        path, overwrite=overwrite, shuffle=False, group_by=DEMO_FIELD, progress=progress, metadata=meta,
-        checksums=checksums, compression=compress[0], compression_level=compress[1],
+        path,
+        overwrite=overwrite,
+        shuffle=False,
+        group_by=DEMO_FIELD,
+        progress=progress,
+        metadata=meta,
+        checksums=checksums,
+        compression=compress[0],
+        compression_level=compress[1],
         samples_per_record=1,  # one record per time step (the window datasets read frames by record)
     )
     try:
