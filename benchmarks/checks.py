@@ -30,11 +30,11 @@ from typing import Any
 import torchrecord
 from benchmarks.loaders.torchrecord_loader import record_key, write_records
 from benchmarks.workloads import WORKLOADS, load_workload
-from torchrecord import _checked
-from torchrecord import _walk as _walk_module
-from torchrecord._format import encode_key
-from torchrecord._lmdb_check import check_structure
-from torchrecord._walk import Walk
+from torchrecord._store import checked as _checked
+from torchrecord._store import walk as _walk_module
+from torchrecord._store.format import encode_key
+from torchrecord._store.lmdb_check import check_structure
+from torchrecord._store.walk import Walk
 
 __all__ = ["main"]
 

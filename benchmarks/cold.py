@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from torchrecord._advise import cached_pages
+from torchrecord._store.advise import cached_pages
 
 __all__ = ["ColdResult", "Eviction", "available", "evict", "resident_fraction", "run_in_child", "time_cold"]
 

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from benchmarks.robomimic import DATASET_KEYS, OBS_KEYS
 from torchrecord import WindowDataset
-from torchrecord._structure import flatten, unflatten
+from torchrecord._core.structure import flatten, unflatten
 
 __all__ = ["main"]
 

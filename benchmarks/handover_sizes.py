@@ -3,8 +3,8 @@
 ``python -m benchmarks.handover_sizes``: a 2-worker DataLoader (persistent
 workers, one torch thread) hands over batches of one float tensor of each size
 plus two small [32, 16] tensors (a stream batch's mask and ids), packed either
-as views of one shared storage (``torchrecord._ipc.one_storage``) or marked to
-pickle by value (``torchrecord._ipc.by_value``). Milliseconds per batch, median
+as views of one shared storage (``torchrecord._read.ipc.one_storage``) or marked to
+pickle by value (``torchrecord._read.ipc.by_value``). Milliseconds per batch, median
 of 3 epochs; ``_ipc.BY_VALUE_LIMIT`` sits where the two cross.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from torchrecord._ipc import BY_VALUE_LIMIT, by_value, one_storage
+from torchrecord._read.ipc import BY_VALUE_LIMIT, by_value, one_storage
 
 __all__ = ["main"]
 

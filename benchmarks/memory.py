@@ -45,7 +45,7 @@ from benchmarks.machine import describe_machine, versions
 from benchmarks.post_groups import PostGroupBatchIter
 from benchmarks.timing import Measurement, run_rounds
 from benchmarks.workloads import WORKLOADS, Workload, WorkloadData, load_workload
-from torchrecord._load import host_empty
+from torchrecord._memory.load import host_empty
 
 __all__ = ["WIDE", "Target", "main", "parse_args"]
 
@@ -167,7 +167,7 @@ class _FreshMemory(Epochs):
     A RecordDataset epoch recycles its batch buffers; ``load()`` cannot: its result
     is new memory the size of the set, and the first write to each page costs a
     fault and a zeroed page (on this VM also the host backing it on first touch).
-    Allocated as ``load()`` allocates (``torchrecord._load.host_empty``: NumPy's
+    Allocated as ``load()`` allocates (``torchrecord._memory.load.host_empty``: NumPy's
     allocator, transparent huge pages), the cheapest fresh memory found here.
     """
 

@@ -3,7 +3,7 @@
 32 sets of 4,000 x (uint8[3,32,32], int) (``--scale`` multiplies the count and
 the batches), mixed by size, batch 128, 2,000 batches after the first. Every
 loader reads the same sets through the same source wrapper
-(``torchrecord._mix_source.FileSource`` with delays), in the main process:
+(``torchrecord._mix.source.FileSource`` with delays), in the main process:
 
 * ``exact``: :class:`torchrecord.MixedDataset`, ``policy="exact"``;
 * ``ready``: the same with ``policy="ready"``;
@@ -48,7 +48,7 @@ import torch
 
 import torchrecord
 from benchmarks.report import format_table
-from torchrecord._mix_source import Chunk, FileSource
+from torchrecord._mix.source import Chunk, FileSource
 
 __all__ = ["PROFILES", "Throttled", "main", "parse_args"]
 

@@ -15,7 +15,7 @@ where the post's code does not run as printed:
   replicate padding does.
 
 The defects torchrecord's :class:`torchrecord.GroupBatchIter` must not have (tests
-in tests/test_memory.py check both sides): ``len()`` counts one batch too many
+in tests/memory/test_batches.py check both sides): ``len()`` counts one batch too many
 when (G+1) mod batch_size is 0 or 1; the last groups are dropped otherwise; and
 seed s+1 gives the seed-s order of the group ids shifted by one.
 """

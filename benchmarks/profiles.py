@@ -38,8 +38,13 @@ import torch
 import torchrecord
 from benchmarks.loaders.torchrecord_loader import record_key, write_records
 from benchmarks.workloads import WORKLOADS, ArraySamples, load_workload
-from torchrecord import _fastread, _fastwrite, _lmdb_writer, _packing, _sources, _walk
-from torchrecord._format import encode_keys
+from torchrecord._store import fastread as _fastread
+from torchrecord._store import walk as _walk
+from torchrecord._store.format import encode_keys
+from torchrecord._write import fastwrite as _fastwrite
+from torchrecord._write import lmdb_writer as _lmdb_writer
+from torchrecord._write import packing as _packing
+from torchrecord._write import sources as _sources
 
 __all__ = ["main"]
 

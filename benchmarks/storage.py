@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 import torchrecord
-from torchrecord import _envcache
-from torchrecord._advise import cached_pages
+from torchrecord._store import envcache as _envcache
+from torchrecord._store.advise import cached_pages
 
 __all__ = ["main", "rendered_images", "resident_fraction"]
 

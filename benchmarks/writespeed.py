@@ -81,7 +81,7 @@ def _remove(*paths: Path) -> None:
 
 
 def _stored_values(path: Path) -> list[bytes]:
-    """Every value of the ``records`` database (the layout in torchrecord._format), in key order."""
+    """Every value of the ``records`` database (the layout in torchrecord._store.format), in key order."""
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=4)
     try:
         db = env.open_db(b"records", create=False)

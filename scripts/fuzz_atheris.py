@@ -23,13 +23,13 @@ with atheris.instrument_imports():
     import numpy as np
     import torch
 
-    from torchrecord import _format
-    from torchrecord._codec import decode_leaves, encode_payloads
-    from torchrecord._kinds import materialize
-    from torchrecord._sources import normalize
-    from torchrecord._structure import unflatten
+    from torchrecord._core.codec import decode_leaves, encode_payloads
+    from torchrecord._core.kinds import materialize
+    from torchrecord._core.schema import Field, Schema
+    from torchrecord._core.structure import unflatten
+    from torchrecord._store import format as _format
+    from torchrecord._write.sources import normalize
     from torchrecord.errors import FormatError
-    from torchrecord.schema import Field, Schema
 
 SAMPLE = {
     "image": torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4),

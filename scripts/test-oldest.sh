@@ -14,14 +14,14 @@ PY=${PYTHON:-python3}
 VENV=.venv-oldest
 TESTS=(
   tests/test_roundtrip.py
-  tests/test_fastpath.py
-  tests/test_dataloader.py
-  tests/test_cli.py
-  tests/test_format.py
-  tests/test_proto.py
-  tests/test_record_block.py
-  tests/test_ipc.py
-  tests/test_stream_loader.py
+  tests/store/test_fastread.py
+  tests/read/test_dataloader.py
+  tests/cli/test_cli.py
+  tests/store/test_format.py
+  tests/core/test_proto.py
+  tests/read/test_record_block.py
+  tests/read/test_ipc.py
+  tests/streams/test_loader.py
 )
 
 rm -rf "$VENV" build

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 import torchrecord
-from torchrecord._isolate import run_each_in_child, run_in_child
-from torchrecord._lmdb_check import (
+from torchrecord._check.isolate import run_each_in_child, run_in_child
+from torchrecord._store.lmdb_check import (
     F_BIGDATA,
     F_DUPDATA,
     F_SUBDATA,

@@ -20,7 +20,8 @@ import torch
 
 import torchrecord
 from tests.conftest import IndexedImages
-from torchrecord import RecordDataset, RecordFile, _format, verify
+from torchrecord import RecordDataset, RecordFile, verify
+from torchrecord._store import format as _format
 from torchrecord.errors import (
     FormatError,
     IncompleteRecordSetError,

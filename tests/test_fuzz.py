@@ -31,15 +31,16 @@ from hypothesis import strategies as st
 
 import torchrecord
 from tests.helpers import varint, wire_field
-from tests.test_reliability_write import report_line
-from torchrecord import _dtypes, _format
-from torchrecord._codec import decode_leaves, encode_payloads
-from torchrecord._kinds import materialize
+from tests.write.test_reliability import report_line
+from torchrecord._core import dtypes as _dtypes
+from torchrecord._core.codec import decode_leaves, encode_payloads
+from torchrecord._core.kinds import materialize
+from torchrecord._core.schema import Field, Schema
+from torchrecord._core.structure import unflatten
 from torchrecord._proto import torchrecord_pb2 as pb
-from torchrecord._sources import normalize
-from torchrecord._structure import unflatten
+from torchrecord._store import format as _format
+from torchrecord._write.sources import normalize
 from torchrecord.errors import FormatError
-from torchrecord.schema import Field, Schema
 
 _INPUTS = {"decoded": 0}
 

@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 
 import torchrecord
-from torchrecord._extras import EXTRAS, install_hint
+from torchrecord._core.extras import EXTRAS, install_hint
 
 ROOT = Path(__file__).resolve().parent.parent
 

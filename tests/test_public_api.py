@@ -33,15 +33,15 @@ MODULES = _module_names()
 def test_modules_are_found() -> None:
     """Control: the walk sees the package's modules (an empty walk would pass everything)."""
     for name in (
-        "torchrecord.writer",
-        "torchrecord.dataset",
-        "torchrecord._partition",
+        "torchrecord._write.writer",
+        "torchrecord._read.dataset",
+        "torchrecord._order.partition",
         "torchrecord.errors",
-        "torchrecord.memory",
-        "torchrecord.shards",
-        "torchrecord._sharded",
-        "torchrecord.mixed",
-        "torchrecord._mix_plan",
+        "torchrecord._memory.batches",
+        "torchrecord._write.shards",
+        "torchrecord._shards.sharded",
+        "torchrecord._mix.dataset",
+        "torchrecord._order.mix_plan",
     ):
         assert name in MODULES
 

@@ -358,7 +358,7 @@ def test_record_file_schema(make_record: MakeRecord) -> None:
 
 
 def test_record_file_metadata(make_record: MakeRecord) -> None:
-    from torchrecord import _format
+    from torchrecord._store import format as _format
 
     user = {"source": "unit test", "classes": ["a", "b"], "n": 3, "nested": {"x": 1.5}}
     rf = RecordFile(make_record(IndexedImages(9), seed=123, metadata=user))

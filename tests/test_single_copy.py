@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import torchrecord
-from torchrecord._fastread import JOIN_LIMIT
-from torchrecord._items import SAMPLE_CHUNK_BYTES
+from torchrecord._read.items import SAMPLE_CHUNK_BYTES
+from torchrecord._store.fastread import JOIN_LIMIT
 
 SIDE = 80  # 3*80*80 = 19,200 bytes: long records (kept as views of the map)
 COUNT = 300  # more than SAMPLE_CHUNK_BYTES of samples

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 import torchrecord
-from torchrecord import _format
-from torchrecord._isolate import ChildOutcome, run_in_child
-from torchrecord._lmdb_check import PAGEHDRSZ, check_structure, describe
+from torchrecord._check.isolate import ChildOutcome, run_in_child
+from torchrecord._store import format as _format
+from torchrecord._store.lmdb_check import PAGEHDRSZ, check_structure, describe
 from torchrecord.errors import TorchRecordError
 
 

@@ -8,22 +8,22 @@ randomly with :class:`RecordFile`; mix many sets by weight with
 and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
 
-from torchrecord._resume import loader_position
-from torchrecord._sharded import ShardedSet
-from torchrecord._summary import SkippedSample, WriteSummary
+from torchrecord._check.verify import VerifyReport, verify
+from torchrecord._core.schema import Field, Schema
+from torchrecord._memory.batches import BatchIter, GroupBatchIter, SampleList, load
+from torchrecord._mix.dataset import MixedDataset
+from torchrecord._mix.position import loader_position
+from torchrecord._read.dataset import RecordDataset
+from torchrecord._robomimic.datasets import SequenceDataset, WindowDataset
+from torchrecord._shards.sharded import ShardedSet
+from torchrecord._store.record_file import RecordFile
+from torchrecord._store.summary import SkippedSample, WriteSummary
+from torchrecord._streams.dataset import StreamDataset
+from torchrecord._streams.loader import StreamLoader
 from torchrecord._version import __version__
-from torchrecord.dataset import RecordDataset
+from torchrecord._write.shards import finalize_shards, write_shard
+from torchrecord._write.writer import RecordWriter, write_record
 from torchrecord.errors import TorchRecordError
-from torchrecord.memory import BatchIter, GroupBatchIter, SampleList, load
-from torchrecord.mixed import MixedDataset
-from torchrecord.record_file import RecordFile
-from torchrecord.robomimic import SequenceDataset, WindowDataset
-from torchrecord.schema import Field, Schema
-from torchrecord.shards import finalize_shards, write_shard
-from torchrecord.stream_loader import StreamLoader
-from torchrecord.streams import StreamDataset
-from torchrecord.verify import VerifyReport, verify
-from torchrecord.writer import RecordWriter, write_record
 
 __all__ = [
     "BatchIter",

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchrecord._structure import flatten
+from torchrecord._core.structure import flatten
 from torchrecord._version import __version__
 from torchrecord.errors import RecordExistsError, TorchRecordError
 
@@ -291,8 +291,8 @@ def _add_info(commands: Any) -> None:
 
 
 def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = None) -> dict[str, Any]:
-    from torchrecord._size import SCAN_LIMIT, payload_bytes
-    from torchrecord.record_file import RecordFile
+    from torchrecord._check.size import SCAN_LIMIT, payload_bytes
+    from torchrecord._store.record_file import RecordFile
 
     rf = RecordFile(path, cache_dir=cache_dir)
     meta = rf.metadata
@@ -311,7 +311,7 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
         }
         for f in rf.schema.fields
     ]
-    from torchrecord._autopack import choose
+    from torchrecord._write.autopack import choose
 
     auto = choose(rf.schema, 4096, meta.get("checksum") is not None) if len(rf) else 1
     return {
@@ -440,7 +440,7 @@ def _preview(leaf: Any) -> str:
 
 
 def _head(args: argparse.Namespace) -> int:
-    from torchrecord.record_file import RecordFile
+    from torchrecord._store.record_file import RecordFile
 
     rf = RecordFile(args.path, cache_dir=args.cache_dir)
     n = len(rf)
@@ -479,7 +479,7 @@ def _add_verify(commands: Any) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from torchrecord.verify import verify
+    from torchrecord._check.verify import verify
 
     report = verify(args.path, progress=_progress(args), cache_dir=args.cache_dir)
     if report.ok:
@@ -535,8 +535,8 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
     from torch.utils.data import DataLoader
 
-    from torchrecord.dataset import RecordDataset
-    from torchrecord.writer import _progress_bar
+    from torchrecord._core.progress import progress_bar as _progress_bar
+    from torchrecord._read.dataset import RecordDataset
 
     dataset = RecordDataset(args.path, batch_size=args.batch_size, shuffle=args.shuffle, cache_dir=args.cache_dir)
     n, size = len(dataset.file), dataset.file.size_bytes

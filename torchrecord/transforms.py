@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrecord._extras import install_hint
+from torchrecord._core.extras import install_hint
 from torchrecord.errors import CorruptRecordError
 
 __all__ = ["decode_image"]

@@ -31,13 +31,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from torchrecord._store.record_file import RecordFile
 from torchrecord.convert._common import existing
 from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
 from torchrecord.convert.images import IMG_EXTENSIONS, from_image_folder, from_list_file
 from torchrecord.convert.robomimic import from_robomimic, is_robomimic
 from torchrecord.errors import SourceError
-from torchrecord.record_file import RecordFile
 
 __all__ = [
     "CONVERTERS",

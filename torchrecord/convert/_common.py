@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from torchrecord import _dtypes
-from torchrecord._extras import install_hint
+from torchrecord._core import dtypes as _dtypes
+from torchrecord._core.extras import install_hint
+from torchrecord._store.record_file import RecordFile
+from torchrecord._write.writer import write_record
 from torchrecord.errors import SourceError
-from torchrecord.record_file import RecordFile
-from torchrecord.writer import write_record
 
 __all__ = ["RowStream", "common_length", "existing", "require", "row_converter", "write", "write_stream"]
 
@@ -52,7 +52,7 @@ def write(
     kwargs = dict(kwargs)
     user = kwargs.pop("metadata", None) or {}
     if kwargs.get("num_shards") is not None:
-        from torchrecord.shards import write_shard
+        from torchrecord._write.shards import write_shard
 
         return write_shard(dataset, path, metadata={**source_meta, **user}, **kwargs)
     kwargs.pop("shard", None)

@@ -29,9 +29,9 @@ from typing import IO, Any
 
 import numpy as np
 
+from torchrecord._store.record_file import RecordFile
 from torchrecord.convert._common import RowStream, common_length, existing, row_converter, write, write_stream
 from torchrecord.errors import SourceError
-from torchrecord.record_file import RecordFile
 
 __all__ = ["NpyRows", "NpzRows", "from_numpy", "sniff_numpy"]
 

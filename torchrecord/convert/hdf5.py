@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from torchrecord._store.record_file import RecordFile
 from torchrecord.convert._common import RowStream, common_length, existing, require, row_converter, write, write_stream
 from torchrecord.errors import SourceError
-from torchrecord.record_file import RecordFile
 
 __all__ = ["H5Rows", "from_hdf5"]
 

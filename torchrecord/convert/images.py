@@ -19,9 +19,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from torchrecord._store.record_file import RecordFile
 from torchrecord.convert._common import existing, require, write
 from torchrecord.errors import SourceError
-from torchrecord.record_file import RecordFile
 
 __all__ = [
     "IMG_EXTENSIONS",

@@ -3,7 +3,7 @@
 A robomimic file holds ``data/demo_N/obs/<key>``, ``next_obs/<key>``,
 ``actions``, ``rewards``, ``dones`` (attribute ``num_samples``), filter lists
 under ``mask/<filter>`` and ``env_args`` on ``data``. :func:`from_robomimic`
-writes the layout described in ``torchrecord._robo_set``: demos contiguous and
+writes the layout described in ``torchrecord._robomimic.episodes``: demos contiguous and
 in robomimic's order (sorted by their number), every next_obs key that is obs
 shifted by one step stored once, and demo names, lengths, attributes, masks and
 ``env_args`` in the user metadata. Read it back with
@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from torchrecord import _compress, _dtypes
-from torchrecord._robo_set import DEMO_FIELD, META_KEY, SHIFT, STORED, TAIL_DEMO, VERSION, field_name
+from torchrecord._core import compress as _compress
+from torchrecord._core import dtypes as _dtypes
+from torchrecord._robomimic.episodes import DEMO_FIELD, META_KEY, SHIFT, STORED, TAIL_DEMO, VERSION, field_name
+from torchrecord._store.record_file import RecordFile
+from torchrecord._write.writer import RecordWriter
 from torchrecord.convert._common import existing, require
 from torchrecord.errors import SourceError
-from torchrecord.record_file import RecordFile
-from torchrecord.writer import RecordWriter
 
 __all__ = ["DEFAULT_DATASET_KEYS", "from_robomimic", "is_robomimic"]
 

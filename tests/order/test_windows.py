@@ -1,0 +1,146 @@
+"""The per-window order: any window rebuilt alone, the same order on both read paths."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import assert_exactly_once
+from torchrecord import RecordDataset
+from torchrecord._order.windows import slice_runs, window_order, window_size
+from torchrecord._read.reader import ShareReader
+
+COUNT = 1_003
+
+
+def _labelled(n: int) -> list[tuple[torch.Tensor, int]]:
+    return [(torch.full((2, 3), i % 200, dtype=torch.int16), i) for i in range(n)]
+
+
+def _labels(items: Any, batched: bool) -> list[int]:
+    if batched:
+        return [int(x) for _, labels in items for x in labels]
+    return [int(label) for _, label in items]
+
+
+def _generic(ds: RecordDataset) -> RecordDataset:
+    ds._force_generic = True
+    return ds
+
+
+def test_window_order_is_a_pure_function() -> None:
+    a = window_order(100, seed=3, epoch=1, rank=0, worker=2, window=5)
+    assert sorted(a.tolist()) == list(range(100))
+    assert np.array_equal(a, window_order(100, seed=3, epoch=1, rank=0, worker=2, window=5))
+    for other in (dict(seed=4), dict(epoch=2), dict(rank=1), dict(worker=3), dict(window=6)):
+        kw: dict[str, int] = dict(seed=3, epoch=1, rank=0, worker=2, window=5)
+        kw.update(other)
+        assert not np.array_equal(a, window_order(100, **kw)), other
+
+
+def test_slice_runs_cuts_the_virtual_sequence() -> None:
+    runs = [(10, 20), (50, 55), (0, 3)]
+    flat = [i for a, b in runs for i in range(a, b)]
+    for lo in range(0, len(flat) + 1):
+        for hi in range(lo, len(flat) + 2):
+            got = [i for a, b in slice_runs(runs, lo, hi) for i in range(a, b)]
+            assert got == flat[lo:hi]
+
+
+def test_window_size_holds_a_batch_and_respects_the_byte_cap() -> None:
+    assert window_size(8192, 256, 3_000) == 8192
+    assert window_size(8192, 256, 150_000) == 447  # 64 MiB of 150 KB samples
+    assert window_size(8192, 1024, 150_000) == 1024  # never below one batch
+    assert window_size(0, 256, None) == 256
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("batch_size", [None, 32])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_fast_and_generic_paths_give_the_same_order(
+    make_record: Callable[..., str], k: int, batch_size: int | None, shuffle: bool
+) -> None:
+    path = make_record(_labelled(COUNT), samples_per_record=k)
+    for epoch in (0, 1):
+        kw: dict[str, Any] = dict(shuffle=shuffle, shuffle_buffer=100, batch_size=batch_size, seed=7)
+        fast = RecordDataset(path, **kw)
+        slow = _generic(RecordDataset(path, **kw))
+        fast.set_epoch(epoch)
+        slow.set_epoch(epoch)
+        fast_items, slow_items = list(fast), list(slow)
+        assert _labels(fast_items, batch_size is not None) == _labels(slow_items, batch_size is not None)
+        assert_exactly_once(_labels(fast_items, batch_size is not None), COUNT)
+        if batch_size is not None:
+            for (a_img, a_lab), (b_img, b_lab) in zip(fast_items, slow_items):
+                assert torch.equal(a_img, b_img) and torch.equal(a_lab, b_lab)
+
+
+def test_same_order_on_both_paths_over_ranks_and_workers(make_record: Callable[..., str]) -> None:
+    path = make_record(_labelled(COUNT))
+    everything: list[int] = []
+    for rank in range(2):
+        for worker in range(3):
+            fast = RecordDataset(path, shuffle_buffer=64, rank=rank, world_size=2)
+            slow = _generic(RecordDataset(path, shuffle_buffer=64, rank=rank, world_size=2))
+            a = _read_share(fast, worker, 3)
+            assert a == _read_share(slow, worker, 3)
+            everything += a
+    assert_exactly_once(everything, COUNT, pad=1)
+
+
+def _read_share(ds: RecordDataset, worker: int, workers: int, start: int = 0) -> list[int]:
+    layout = None if ds._force_generic else ds._fixed_layout()
+    reader = ShareReader(ds.file, ds.share(worker, workers), layout=layout)
+    labels: list[int] = []
+    for chunk in reader.chunks(50, start):
+        labels += chunk[1].reshape(-1).tolist() if reader.fixed else [label for _, label in chunk]
+    return labels
+
+
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("k", [1, 4])
+def test_any_position_is_rebuilt_from_its_window_alone(make_record: Callable[..., str], generic: bool, k: int) -> None:
+    path = make_record(_labelled(COUNT), samples_per_record=k)
+    ds = RecordDataset(path, shuffle_buffer=100)
+    ds._force_generic = generic
+    share = ds.share()
+    full = _read_share(ds, 0, 1)
+    layout = None if generic else ds._fixed_layout()
+    for start in (0, 1, 99, 100, 101, 550, COUNT - 1, COUNT):
+        reader = ShareReader(ds.file, share, layout=layout)
+        got: list[int] = []
+        for chunk in reader.chunks(50, start):
+            got += chunk[1].reshape(-1).tolist() if reader.fixed else [label for _, label in chunk]
+        assert got == full[start:], start
+        # only the windows from the start's on are read: at most one window before the rest
+        window = share.window
+        first = start // window * window
+        assert reader.records_read <= -(-(COUNT - first) // k) + len(share.runs) + 2
+
+
+def test_resume_near_the_end_reads_one_window(make_record: Callable[..., str]) -> None:
+    path = make_record(_labelled(COUNT), samples_per_record=1)  # counts records read
+    ds = RecordDataset(path, shuffle_buffer=128)
+    share = ds.share()
+    assert share.window == 256  # at least the internal batch of per-sample mode
+    reader = ShareReader(ds.file, share, layout=ds._fixed_layout())
+    tail = [c for c in reader.chunks(10, COUNT - 5)]
+    assert sum(len(c[1]) for c in tail) == 5
+    assert reader.records_read == COUNT - COUNT // 256 * 256  # the last window, nothing before it
+
+
+def test_shuffle_is_not_just_local_jitter(make_record: Callable[..., str]) -> None:
+    path = make_record(_labelled(COUNT), shuffle=False)
+    a = [label for _, label in RecordDataset(path, shuffle_buffer=64)]
+    ds = RecordDataset(path, shuffle_buffer=64)
+    ds.set_epoch(1)
+    b = [label for _, label in ds]
+    assert a != b
+    assert_exactly_once(a, COUNT)
+    assert_exactly_once(b, COUNT)
+    # far from the stored order: the first 10% of reads touch most of the file
+    assert len({x * 10 // COUNT for x in a[: COUNT // 10]}) >= 6

@@ -1,0 +1,1 @@
+"""Checking a record set: verify (isolated in a child process) and payload sizes."""

@@ -1,0 +1,184 @@
+"""Decoded bytes -> the kinds the user wrote: the one place that builds tensors, arrays and scalars.
+
+A leaf comes back as the kind it was written as (``tensor``, ``ndarray``,
+``int``/``float``/``bool`` scalars, ``bytes``, ``str``). Two shapes of input
+arrive here:
+
+* one payload of one sample (:func:`materialize`), from the protobuf decoder;
+* typed columns of many samples (:func:`column_leaves`, :func:`stack_columns`),
+  from the fixed-layout gather, where each field is one array of shape [B, ...].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchrecord._core.schema import Field, Schema
+from torchrecord._core.structure import Tree, flatten, unflatten
+from torchrecord.errors import CorruptRecordError, SchemaError
+
+__all__ = [
+    "as_tensor",
+    "check_bools",
+    "collate_samples",
+    "collate_transformed",
+    "column_leaves",
+    "materialize",
+    "sample_builder",
+    "split_columns",
+    "stack_columns",
+]
+
+
+def as_tensor(a: np.ndarray, dtype: str) -> torch.Tensor:
+    """A tensor sharing ``a``'s memory (bfloat16 is stored as its uint16 bit pattern)."""
+    tensor = torch.from_numpy(a)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
+
+
+def materialize(payload: np.ndarray | bytes, fld: Field, where: str) -> Any:
+    """One decoded payload as the kind the user wrote (tensor, array, scalar, str, bytes)."""
+    kind = fld.kind
+    if kind == "bytes":
+        return bytes(payload)
+    if kind == "str":
+        try:
+            return bytes(payload).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(f"{where}, field {fld.name!r}: not valid UTF-8 ({exc})") from None
+    if isinstance(payload, np.generic):  # one row of a chunk's scalar column
+        payload = np.array(payload)
+    assert isinstance(payload, np.ndarray)
+    if kind == "tensor":
+        return as_tensor(payload if payload.flags.writeable else payload.copy(), fld.dtype)
+    if kind == "ndarray":
+        return payload if payload.flags.writeable else payload.copy()
+    return payload.item()
+
+
+def check_bools(typed: Sequence[np.ndarray], fields: Sequence[Field], path: str) -> None:
+    """Raise CorruptRecordError when a bool column holds bytes other than 0 and 1."""
+    for a, f in zip(typed, fields):
+        if f.dtype == "bool" and a.size and a.view(np.uint8).max() > 1:
+            raise CorruptRecordError(f"{path}: field {f.name!r} holds bool bytes other than 0 and 1")
+
+
+def column_leaves(a: np.ndarray, fld: Field) -> list[Any]:
+    """The per-sample leaves of one typed column [B, ...], each of the kind it was written as."""
+    if fld.kind == "tensor":
+        return list(as_tensor(a, fld.dtype).unbind(0))
+    if fld.kind == "ndarray":
+        # a[i, ...] keeps a 0-d field a 0-d array (iterating a 1-d array gives NumPy scalars)
+        return [a[i, ...] for i in range(len(a))]
+    leaves: list[Any] = a.tolist()
+    return leaves
+
+
+def split_columns(typed: Sequence[np.ndarray], schema: Schema) -> Iterator[Any]:
+    """The samples of a batch of typed columns, one by one, in the written structure."""
+    columns = [column_leaves(a, f) for a, f in zip(typed, schema.fields)]
+    build = sample_builder(schema.tree)
+    for leaves in zip(*columns):
+        yield build(list(leaves))
+
+
+def stack_columns(typed: Sequence[np.ndarray], schema: Schema) -> Any:
+    """A batch of typed columns as the sample's structure with one stacked tensor per leaf."""
+    leaves = [as_tensor(a, f.dtype) for a, f in zip(typed, schema.fields)]
+    return unflatten(schema.tree, leaves)
+
+
+def sample_builder(tree: Tree) -> Callable[[list[Any]], Any]:
+    """A fast constructor for the common flat structures, else the general unflatten."""
+    if tree["t"] == "leaf":
+        return lambda leaves: leaves[0]
+    flat = all(c["t"] == "leaf" for c in tree["c"])
+    if flat and tree["t"] == "tuple":
+        return tuple
+    if flat and tree["t"] == "list":
+        return list
+    if flat and tree["t"] == "dict":
+        keys = tree["k"]
+        return lambda leaves: dict(zip(keys, leaves))
+    return lambda leaves: unflatten(tree, leaves)
+
+
+def collate_samples(batch: list[Any], schema: Schema) -> Any:
+    """Collate samples by the schema: fixed numeric fields stack into tensors, the rest become lists."""
+    flat = [flatten(sample)[1] for sample in batch]
+    leaves = [_collate_field([leaves_of[i] for leaves_of in flat], fld) for i, fld in enumerate(schema.fields)]
+    return unflatten(schema.tree, leaves)
+
+
+def _collate_field(column: list[Any], fld: Field) -> Any:
+    """One field's leaves by the schema: stacked when the field is fixed, else a list."""
+    if not fld.is_fixed:
+        return column
+    if fld.kind == "tensor":
+        return torch.stack(column)
+    return as_tensor(np.stack([np.asarray(x) for x in column]), fld.dtype)
+
+
+def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, where: str) -> Any:
+    """Collate what a transform returned, the same way as untransformed samples wherever it can.
+
+    ``sources[i]`` is the decoded sample the transform turned into ``batch[i]``.
+    A leaf the transform passed through unchanged (the very object it was given)
+    is collated by its field, exactly as without a transform: fixed numeric
+    fields stacked, variable-shape and string fields as lists. A leaf the
+    transform made is collated by what it holds: tensors or arrays of one shape
+    and dtype are stacked into a tensor, Python numbers become a tensor (int64,
+    float64 or bool), anything else (strings, bytes, tensors of different
+    shapes, other objects) stays a list. The samples must share one structure.
+
+    Raises:
+        SchemaError: the transformed samples have different structures.
+    """
+    if not batch:
+        return []
+    flat = [flatten(sample) for sample in batch]
+    tree = flat[0][0]
+    for i, (other, _) in enumerate(flat):
+        if other != tree:
+            raise SchemaError(
+                f"{where}: the transform returned samples of different structures in one batch (sample 0 and "
+                f"sample {i} of the batch differ); return one structure, or pass collate_fn= to collate them"
+            )
+    origins = [{id(leaf): f for leaf, f in zip(flatten(src)[1], schema.fields)} for src in sources]
+    leaves: list[Any] = []
+    for j in range(len(flat[0][1])):
+        column = [leaves_of[j] for _, leaves_of in flat]
+        found = [origins[s].get(id(leaf)) for s, leaf in enumerate(column)]
+        fld = found[0]
+        if fld is not None and all(f is fld for f in found):
+            leaves.append(_collate_field(column, fld))
+        else:
+            leaves.append(_collate_any(column))
+    return unflatten(tree, leaves)
+
+
+def _collate_any(column: list[Any]) -> Any:
+    """Leaves of no known field: stack what has one shape and dtype, keep the rest a list."""
+    first = column[0]
+    if isinstance(first, torch.Tensor):
+        if all(isinstance(x, torch.Tensor) and x.shape == first.shape and x.dtype == first.dtype for x in column):
+            return torch.stack(column)
+        return column
+    if isinstance(first, (np.ndarray, np.generic)) and first.dtype.kind in "biufc":
+        if all(
+            isinstance(x, (np.ndarray, np.generic)) and x.shape == first.shape and x.dtype == first.dtype
+            for x in column
+        ):
+            return torch.from_numpy(np.stack(column))
+        return column
+    if all(type(x) is bool for x in column):
+        return torch.tensor(column, dtype=torch.bool)
+    if all(type(x) is int for x in column):
+        return torch.tensor(column, dtype=torch.int64)
+    if all(type(x) in (int, float) for x in column):
+        return torch.tensor(column, dtype=torch.float64)
+    return column

@@ -1,0 +1,1 @@
+"""Record sets in memory: load, BatchIter, GroupBatchIter."""

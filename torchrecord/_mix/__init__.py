@@ -1,0 +1,1 @@
+"""Mixing many record sets by weight: MixedDataset, its sources, read-ahead, mixer and resume positions."""

@@ -1,0 +1,474 @@
+"""MixedDataset: many record sets mixed by weight, exact counts per epoch, never stalled by one slow source."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from torchrecord._core.kinds import collate_samples, split_columns, stack_columns
+from torchrecord._mix.mixer import Mixer, Picked, Placement
+from torchrecord._mix.resume import MIX_POSITION_KIND, MIX_STATE_KIND, reader_units_of
+from torchrecord._mix.source import FileSource, Source, SourceInfo, shared_schema
+from torchrecord._order import mix_plan as _mix_plan
+from torchrecord._order import partition as _partition
+from torchrecord._order import windows as _order
+from torchrecord._read import resume as _resume
+from torchrecord._read.world import EpochAndWorld
+from torchrecord._store.checked import parse_check
+from torchrecord._store.record_file import RecordFile
+
+__all__ = ["MixedDataset"]
+
+POLICIES = ("exact", "ready")
+
+#: Internal chunk of the read path when the dataset yields single samples.
+_SAMPLE_MODE_BATCH = 256
+
+
+class MixedDataset(EpochAndWorld, IterableDataset[Any]):
+    """Mix several record sets by weight into one stream, with exact per-source counts every epoch.
+
+    Every mix epoch takes an exact number of samples from each source (from the
+    weights and the stop rule, by largest remainder), in *draws* of ``block``
+    consecutive samples of that source, interleaved evenly over the epoch by a
+    seeded plan; the plan is split over ranks (equal counts per rank) and
+    DataLoader workers like :class:`~torchrecord.RecordDataset`. Each source reads
+    an endless stream of its own epochs: a source read less than once per mix
+    epoch continues where it stopped in the next one, a source read more than
+    once wraps into its own next epoch (a new order). Everything is a pure
+    function of (seed, epoch, world size): call :meth:`set_epoch` each epoch.
+
+    Each reader reads its draws ahead on a few threads (``threads``, bounded by
+    ``read_ahead_bytes``), the first planned draws first; a slow read (a cold
+    start) stops holding up the others after 10 ms, so cold starts overlap.
+    Draws are mixed in windows of ``shuffle_buffer`` samples holding the *stored*
+    bytes (typed columns of a fixed-layout set, or the stored records), and only
+    the samples handed out are decoded and transformed. The first windows ramp up
+    from one batch (about half more per window), so the first batch waits for
+    about a batch of draws; the next window is filled while the current one is
+    handed out, so each batch waits for about one batch of reading, never for a
+    whole window (a reader holds two windows: the one handed out and the next).
+
+    ``policy="exact"`` places the planned draw next, waiting for it: the order is
+    bit-for-bit reproducible. ``policy="ready"`` places the first draw that is
+    read among the next ``max_defer`` planned ones, so a slow source never stalls
+    the others; the epoch keeps exactly the same samples and a draw moves at most
+    ``max_defer`` draws away from its planned place (then the mixer waits for it).
+    No mixer with exact counts can hide a source slower than its share: once its
+    draws are ``max_defer`` behind, batches come at its pace.
+
+    Args:
+        sources: a list of paths or :class:`~torchrecord.RecordFile`\\ s, or a dict
+            name -> path. They must share one schema (fields, kinds, dtypes and
+            ranks; a size that differs becomes variable). An object implementing
+            ``torchrecord._mix.source.Source`` is read through that interface
+            (tests and benchmarks use it to throttle or gate a set).
+        weights: ``"size"`` (each source's sample count), ``"uniform"``, or one
+            number >= 0 per source (a list, or a dict by name); 0 leaves a source out.
+        stop: the epoch's length when ``epoch_size`` is None: ``"all_once"`` (the
+            sum of the sizes: every sample once with size weights), ``"until_all"``
+            (until every source was read whole at least once) or
+            ``"first_exhausted"`` (until the first source is read whole).
+        epoch_size: the epoch's length in samples (overrides ``stop``).
+        policy: ``"exact"`` or ``"ready"`` (see above).
+        block: samples per draw: consecutive samples of one source read together.
+        batch_size: yield batches of this many samples built in the reader (use
+            ``DataLoader(batch_size=None)``); None yields samples.
+        shuffle_buffer: samples per mixing window once ramped up (capped at 64 MiB
+            of stored records, never below one batch).
+        transform: called on each decoded sample after the mix.
+        batch_transform: called on each batch (batch mode).
+        seed: the base seed of the plan and of every order.
+        drop_last: ranks cut the remainder instead of padding by wrapping; in batch
+            mode each reader also drops its last short batch.
+        rank, world_size: override what ``torch.distributed`` reports.
+        tag_source: yield ``(item, source)``: the source index of a sample (an
+            int), or of each sample of a batch (an int64 tensor).
+        max_defer: how far (in draws) ``policy="ready"`` may move a draw.
+        read_ahead_bytes: budget of draws read ahead and not yet mixed, per reader.
+        threads: reading threads per reader; keep it above the number of sources
+            that may stall at once, so the others keep flowing. Two reads run at
+            once (reading a fast source is Python work under the GIL, and busy
+            readers delay the mixer); a read still running after 10 ms (a stalled
+            source) stops counting, and the next one starts.
+        verify: check every record's CRC-32 as it is read.
+        check: ``"structure"``: check each file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`).
+            A :class:`RecordFile` source made with ``check="structure"`` carries
+            its own check.
+
+    :meth:`stats` reports this process's time to the first batch, draws read per
+    source, waits, deferrals and the realised share of every source.
+
+    Example:
+        >>> ds = MixedDataset({"a": "a.tr", "b": "b.tr"}, weights={"a": 3, "b": 1},   # doctest: +SKIP
+        ...                   stop="until_all", batch_size=128, policy="ready")
+        >>> loader = DataLoader(ds, batch_size=None, num_workers=2)               # doctest: +SKIP
+        >>> for epoch in range(3):                                                  # doctest: +SKIP
+        ...     ds.set_epoch(epoch)
+        ...     for images, labels in loader: ...
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[str | os.PathLike[str] | RecordFile | Source]
+        | Mapping[str, str | os.PathLike[str] | RecordFile | Source],
+        weights: str | Sequence[float] | Mapping[str, float] = "size",
+        *,
+        stop: str = "all_once",
+        epoch_size: int | None = None,
+        policy: str = "exact",
+        block: int = 16,
+        batch_size: int | None = None,
+        shuffle_buffer: int = 2048,
+        transform: Callable[[Any], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        tag_source: bool = False,
+        max_defer: int = 1024,
+        read_ahead_bytes: int = 64 << 20,
+        threads: int = 8,
+        verify: bool = False,
+        check: str | None = None,
+    ) -> None:
+        check = parse_check(check)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be 'exact' or 'ready', got {policy!r}")
+        if stop not in _mix_plan.STOPS:
+            raise ValueError(f"stop must be one of {', '.join(_mix_plan.STOPS)}, got {stop!r}")
+        for name, value, least in (
+            ("block", block, 1),
+            ("max_defer", max_defer, 1),
+            ("threads", threads, 1),
+            ("read_ahead_bytes", read_ahead_bytes, 1),
+            ("shuffle_buffer", shuffle_buffer, 0),
+        ):
+            if value < least:
+                raise ValueError(f"{name} must be >= {least}, got {value}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        if isinstance(sources, Mapping):
+            names = [str(k) for k in sources]
+            given = list(sources.values())
+        else:
+            given = list(sources)
+            names = []
+        if not given:
+            raise ValueError("sources is empty: give at least one record set")
+        self.sources: list[Source] = [
+            s if isinstance(s, Source) else FileSource(s, verify=verify, check=check) for s in given
+        ]
+        with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
+            self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
+        self.names = names or [info.name for info in self.infos]
+        self.schema, self.fixed = shared_schema(self.infos)
+        sizes = [info.count for info in self.infos]
+        fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
+        self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
+        self.weights = [float(w) for w in fractions]
+        self.stop, self.epoch_size, self.policy, self.block = stop, epoch_size, policy, block
+        self.batch_size, self.shuffle_buffer, self.seed, self.drop_last = batch_size, shuffle_buffer, seed, drop_last
+        self.transform, self.batch_transform, self.tag_source = transform, batch_transform, tag_source
+        self.max_defer, self.read_ahead_bytes, self.threads = max_defer, read_ahead_bytes, threads
+        digest = hashlib.sha256("\n".join(info.set_id for info in self.infos).encode()).hexdigest()
+        self.set_id = "mix-" + digest[:32]
+        self._init_epoch_and_world(rank, world_size)
+        self._plan_cache: tuple[int, _mix_plan.MixPlan] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._live: dict[str, Any] | None = None  # the current iteration (this process)
+        self._yielded = 0
+        self._unyielded = 0  # samples of the current chunk not yet yielded (sample mode)
+        self._iter_epoch: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_live"] = None  # threads and locks stay in the process that iterates
+        state["_plan_cache"] = None
+        return state
+
+    # -- configuration ------------------------------------------------------
+    def plan(self) -> _mix_plan.MixPlan:
+        """This epoch's draws over all ranks (a pure function of the sources, weights, seed and epoch)."""
+        epoch = self.epoch
+        if self._plan_cache is None or self._plan_cache[0] != epoch:
+            self._plan_cache = (epoch, _mix_plan.plan_epoch(self.counts, block=self.block, seed=self.seed, epoch=epoch))
+        return self._plan_cache[1]
+
+    @property
+    def epoch_length(self) -> int:
+        """Samples per mix epoch over all ranks (before padding or cutting for the ranks)."""
+        return sum(self.counts)
+
+    def __len__(self) -> int:
+        self._refresh_distributed()
+        per_rank = _partition.samples_per_rank(self.epoch_length, self._distributed[1], self.drop_last)
+        if self.batch_size is None:
+            return per_rank
+        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+
+    def __repr__(self) -> str:
+        return f"MixedDataset({len(self.sources)} sources, epoch_length={self.epoch_length}, policy={self.policy!r})"
+
+    def _window(self) -> int:
+        per_sample = max(info.bytes_per_sample for info in self.infos)
+        return _order.window_size(self.shuffle_buffer, self.batch_size or 1, per_sample)
+
+    def _settings(self, num_workers: int) -> dict[str, Any]:
+        return {
+            "sizes": [info.count for info in self.infos],
+            "counts": list(self.counts),
+            "block": self.block,
+            "seed": int(self.seed),
+            "window": self._window(),
+            "drop_last": bool(self.drop_last),
+            "batch_size": self.batch_size,
+            "world_size": self._distributed[1],
+            "num_workers": num_workers,
+            "policy": self.policy,
+            "horizon": self._horizon(),
+        }
+
+    def _horizon(self) -> int:
+        return self.max_defer if self.policy == "ready" else 1
+
+    # -- iteration ------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        started = time.perf_counter()  # first_batch_seconds counts the plan and the mixer's start too
+        info = get_worker_info()
+        if info is None:
+            self._refresh_distributed()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        rank, world = self._distributed
+        plan = self.plan()
+        base, placement, yielded = self._resume_point(rank, worker, num_workers)
+        units = reader_units_of(
+            plan,
+            base,
+            rank=rank,
+            world_size=world,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=self.drop_last,
+            batch_size=self.batch_size,
+        )
+        seed, epoch = self.seed, self.epoch
+
+        def order(j: int, n: int) -> np.ndarray:
+            return _order.window_order(n, seed=seed, epoch=epoch, rank=rank, worker=worker, window=j)
+
+        blocks = [_mix_plan.order_block(i.count, self.block, i.samples_per_record) for i in self.infos]
+        seeds = [_mix_plan.source_seed(self.seed, s) for s in range(len(self.infos))]
+        sizes = [i.count for i in self.infos]
+
+        def runs_of(u: int) -> list[tuple[int, int]]:
+            s, lo = int(units.source[u]), int(units.stream[u])
+            return _mix_plan.stream_runs(sizes[s], blocks[s], seeds[s], lo, lo + int(units.length[u]))
+
+        mixer = Mixer(
+            self.sources,
+            units.source,
+            units.length,
+            runs_of,
+            window=self._window(),
+            step=self.batch_size or _SAMPLE_MODE_BATCH,
+            order=order,
+            horizon=self._horizon(),
+            placement=placement,
+            readahead={
+                "columns": self.fixed,
+                "estimate": [i.bytes_per_sample for i in self.infos],
+                "max_bytes": self.read_ahead_bytes,
+                "threads": self.threads,
+            },
+        )
+        self._live = {
+            "mixer": mixer,
+            "started": started,
+            "first": None,
+            "base": base,
+            "reader": (rank, worker, num_workers),
+        }
+        self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
+        items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
+        return self._counted(items)
+
+    def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
+        live = self._live
+        for item in items:
+            self._yielded += 1
+            if live is not None and live["first"] is None:
+                live["first"] = time.perf_counter() - live["started"]
+            yield item
+
+    def _samples(self, mixer: Mixer) -> Iterator[Any]:
+        schema, transform, tag = self.schema, self.transform, self.tag_source
+        for picked in mixer.chunks(_SAMPLE_MODE_BATCH, cross=False):
+            samples = list(split_columns(picked.columns, schema)) if picked.columns is not None else picked.samples
+            assert samples is not None
+            sources = picked.source.tolist()
+            self._unyielded = len(samples)
+            for sample, source in zip(samples, sources):
+                self._unyielded -= 1
+                out = transform(sample) if transform is not None else sample
+                yield (out, source) if tag else out
+
+    def _batches(self, mixer: Mixer) -> Iterator[Any]:
+        size = self.batch_size
+        assert size is not None
+        for picked in mixer.chunks(size):
+            if len(picked) < size and self.drop_last:
+                return
+            batch = self._collate(picked)
+            if self.batch_transform is not None:
+                batch = self.batch_transform(batch)
+            yield (batch, torch.from_numpy(picked.source)) if self.tag_source else batch
+
+    def _collate(self, picked: Picked) -> Any:
+        schema = self.schema
+        if self.transform is not None:
+            samples = list(split_columns(picked.columns, schema)) if picked.columns is not None else picked.samples
+            assert samples is not None
+            return torch.utils.data.default_collate([self.transform(s) for s in samples])
+        if picked.columns is not None:
+            return stack_columns(picked.columns, schema)
+        assert picked.samples is not None
+        return collate_samples(picked.samples, schema)
+
+    # -- statistics ---------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Figures of this process's current (or last) iteration; with DataLoader workers, call it in a worker.
+
+        Keys: ``first_batch_seconds`` (from ``iter()`` to the first item),
+        ``draws_read`` and ``reads`` per source name, ``waits`` (times the mixer
+        waited for a read) and ``wait_seconds``, ``deferrals`` (draws placed ahead
+        of an unread planned one), ``samples`` handed out per source, ``share``
+        (their realised fractions) and ``planned_share`` (the epoch's counts as
+        fractions).
+        """
+        total = max(1, self.epoch_length)
+        planned = {n: c / total for n, c in zip(self.names, self.counts)}
+        live = self._live
+        if live is None:
+            return {
+                "first_batch_seconds": None,
+                "draws_read": {},
+                "reads": {},
+                "waits": 0,
+                "wait_seconds": 0.0,
+                "deferrals": 0,
+                "samples": {},
+                "share": {},
+                "planned_share": planned,
+            }
+        mixer: Mixer = live["mixer"]
+        handed = mixer.handed.tolist()
+        out = max(1, sum(handed))
+        return {
+            "first_batch_seconds": live["first"],
+            "draws_read": dict(zip(self.names, mixer.reader.units_read)),
+            "reads": dict(zip(self.names, mixer.reader.reads)),
+            "waits": mixer.reader.waits,
+            "wait_seconds": mixer.reader.wait_seconds,
+            "deferrals": mixer.deferrals,
+            "samples": dict(zip(self.names, handed)),
+            "share": {n: h / out for n, h in zip(self.names, handed)},
+            "planned_share": planned,
+        }
+
+    # -- resume -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's resume point: plain, JSON-serialisable values.
+
+        It holds ``kind``, ``version``, ``set_id`` (a digest of the sources'
+        set ids), ``epoch``, the settings that decide the plan, who this reader is,
+        the items it yielded and where its mix stands (which draws are placed, the
+        draws of the current window, and how many of its samples
+        were handed out).
+        """
+        info = get_worker_info()
+        if info is None:
+            self._refresh_distributed()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        state: dict[str, Any] = {"kind": MIX_STATE_KIND, "version": _resume.STATE_VERSION, "set_id": self.set_id}
+        state["epoch"] = self._iter_epoch if self._iter_epoch is not None else self.epoch
+        state.update(self._settings(num_workers))
+        live = self._live
+        if live is not None and live["reader"] == (self._distributed[0], worker, num_workers):
+            placement = live["mixer"].placement.to_state()
+            placement["offset"] -= self._unyielded
+            base = live["base"]
+        else:
+            placement, base = Placement().to_state(), None
+        state.update(rank=self._distributed[0], worker=worker, yielded=self._yielded, base=base, placement=placement)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the current epoch from a state or a position; the next iteration starts there.
+
+        ``state`` is what :meth:`state_dict` returned (same ranks, workers and
+        settings: with ``policy="exact"`` exactly the rest of the epoch in the same
+        order, with ``"ready"`` every sample not yet handed out, once), or a
+        position from :func:`torchrecord.loader_position` (any world size and
+        number of workers: every sample not yet handed out, exactly once over the
+        new readers). Call :meth:`set_epoch` with the saved epoch first.
+
+        Raises:
+            ValueError: a state of other sources, of a later epoch, of a newer
+                state version, or of other weights, block or seed. A state of an
+                earlier epoch is ignored with a warning.
+        """
+        self._refresh_distributed()
+        accepted = _resume.accept(
+            state, set_id=self.set_id, epoch=self.epoch, path=self._where(), kinds=(MIX_STATE_KIND, MIX_POSITION_KIND)
+        )
+        if accepted is not None:
+            mine = self._settings(int(accepted["num_workers"]))
+            for key in ("sizes", "counts", "block", "seed"):
+                if accepted.get(key) != mine[key]:
+                    raise ValueError(
+                        f"{self._where()}: the state was saved with {key}={accepted.get(key)!r}, this dataset has "
+                        f"{mine[key]!r}: resume with the same sources, weights, stop rule, block and seed"
+                    )
+        self._resume = accepted
+
+    def _where(self) -> str:
+        return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"
+
+    def _resume_point(self, rank: int, worker: int, num_workers: int) -> tuple[dict[str, Any] | None, Placement, int]:
+        """(base position, placement, items yielded) of this reader under the loaded resume point (used once)."""
+        resume, self._resume = self._resume, None
+        if resume is None or int(resume["epoch"]) != self.epoch:
+            return None, Placement(), 0
+        same = all(resume.get(k) == v for k, v in self._settings(num_workers).items())
+        if resume["kind"] == MIX_STATE_KIND:
+            if same and (resume["rank"], resume["worker"]) == (rank, worker):
+                return resume.get("base"), Placement.from_state(resume["placement"]), int(resume["yielded"])
+            raise ValueError(
+                f"{self._where()}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
+                f"{resume['world_size']} ranks x {resume['num_workers']} workers with its settings, not to rank "
+                f"{rank} worker {worker} of {self._distributed[1]} x {num_workers}: merge the states of every reader "
+                "with torchrecord.loader_position(...) and load that position instead"
+            )
+        if same and resume.get("base") is None:
+            mine = [p for r, w, p in resume["readers"] if (r, w) == (rank, worker)]
+            if mine:
+                return None, Placement.from_state(mine[0]), 0
+        assert resume["kind"] == MIX_POSITION_KIND
+        return resume, Placement(), 0

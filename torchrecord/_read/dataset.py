@@ -1,0 +1,525 @@
+"""RecordDataset: an IterableDataset that streams a record set with LMDB cursors."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from torchrecord._core.kinds import collate_samples
+from torchrecord._core.layout import FixedLayout
+from torchrecord._order import partition as _partition
+from torchrecord._order import windows as _order
+from torchrecord._read import glue as _glue
+from torchrecord._read import resume as _resume
+from torchrecord._read.items import SAMPLE_CHUNK, Items
+from torchrecord._read.reader import Share, ShareReader
+from torchrecord._read.world import EpochAndWorld
+from torchrecord._store.checked import parse_check
+from torchrecord._store.record_file import RecordFile
+from torchrecord._store.subset import Subset
+from torchrecord._store.subset import resolve as resolve_subset
+
+__all__ = ["RecordDataset", "collate_samples"]
+
+
+class RecordDataset(EpochAndWorld, IterableDataset[Any]):
+    """Stream a record set into a DataLoader, sharded over ranks and workers.
+
+    Every reader (one per DataLoader worker per distributed rank) opens the file
+    read-only in its own process when iteration starts, takes its share of the
+    epoch's runs (see ``torchrecord._order.partition``: blocks of records visited in a
+    seeded order that changes every epoch), walks them with one LMDB cursor, mixes
+    them, and only then decodes and applies ``transform``.
+
+    Each reader's share of the epoch is cut into windows of ``shuffle_buffer``
+    samples (see ``torchrecord._order.windows``); window ``j`` is read with one cursor walk
+    and permuted by a generator seeded from (seed, epoch, rank, worker, j) alone,
+    so any window can be rebuilt without the ones before it. Two decoding paths
+    give the same samples in the same order:
+
+    * fixed schema (every field numeric with a fixed shape): records are copied
+      once into a window buffer, checked against the layout in one step, and each
+      batch is gathered at fixed byte offsets straight into fresh arrays
+      (``torchrecord._store.fastread``); records that do not match the expected layout
+      are decoded the checked slow way;
+    * any other schema: the window holds the stored bytes, and each sample is
+      decoded by protobuf when it is handed out.
+
+    The order is a pure function of (seed, epoch, world size, rank, number of
+    workers): call :meth:`set_epoch` before each epoch, as with
+    ``DistributedSampler``, to get a new order. It reaches persistent workers too,
+    because the epoch lives in shared memory.
+
+    A sharded set (:func:`torchrecord.write_shard`; a directory, manifest or URL)
+    reads as one set: one global index over its shards, blocks that never
+    straddle two shards, and each reader opens (or fetches) only the shards its
+    share needs, when it first needs them.
+
+    Args:
+        path: a record set written by :func:`torchrecord.write_record`, a sharded
+            set, or a :class:`RecordFile` of either. It is opened, checked and
+            closed when the dataset is made, so a wrong path fails here with a
+            message saying what the path holds; the dataset keeps no open handle
+            (it pickles as configuration).
+        shuffle: visit blocks in a seeded order and mix through the buffer;
+            ``False`` reads each reader's share in stored order.
+        shuffle_buffer: samples per window, mixed at a time by each reader (capped
+            at 64 MiB of records for fixed-size samples, never below one batch).
+        block_size: samples per block of the coarse, per-epoch block shuffle;
+            default: about count/256, within [16, 4096].
+        seed: the base seed of all orders (an integer >= 0).
+        transform: called on each decoded sample (after shuffling). An exception
+            it raises (also in a DataLoader worker) keeps its type and gets a note
+            naming the sample's index and the file (Python 3.11+). In batch mode
+            the transformed samples are collated like untransformed ones: a leaf
+            the transform passes through unchanged by its field (fixed numeric
+            stacked, variable-shape and strings as lists); a leaf it makes by what
+            it holds (tensors or arrays of one shape and dtype stacked, Python
+            numbers into a tensor, anything else a list). The structure may change.
+        collate_fn: batch mode: turns the list of (transformed) samples of a batch
+            into the batch, replacing the default collation (e.g.
+            ``torch.utils.data.default_collate``, or a padding collate).
+        batch_transform: called on each batch (batch mode only), e.g. to convert
+            uint8 images to float in one vectorized step.
+        drop_last: distributed ranks cut the remainder (``True``) or pad by
+            repeating samples from the start of the epoch (``False``), so every
+            rank yields the same number; in batch mode also drop each rank's last
+            short batch.
+        batch_size: yield batches of this many samples built inside the worker;
+            use with ``DataLoader(batch_size=None)``. A batch has the structure of
+            a sample with every fixed-shape numeric leaf stacked into one tensor and
+            every other leaf (strings, variable shapes) a list. ``None`` yields
+            samples, each leaf of the kind it was written as.
+        loader_batch_size: per-sample mode: the ``batch_size`` of the DataLoader,
+            so each worker's share is cut on whole batches and the loader yields
+            exactly ``len(loader)`` batches for any batch size (see below).
+        subset: read only these samples of the set: a ``range``, a ``slice``, a
+            sequence or array of sample indices, or a boolean mask (e.g. a
+            train/validation split of one file, or ``slice(0, n // 100)`` for a
+            quick run). Sharding, shuffling, ``len()`` and resume all work over
+            the selected samples; a resume state records which subset it was
+            saved on and is refused by another.
+        rank, world_size: override what ``torch.distributed`` reports.
+        verify: check each record's CRC-32 as it is read (ChecksumError on mismatch).
+        check: ``"structure"`` for files of unknown provenance: LMDB's page
+            structure is checked in pure Python when the dataset is made, so a
+            damaged file raises :class:`~torchrecord.errors.StructureError` here
+            instead of killing a reader; workers do not check it again unless
+            the file changed (see :class:`RecordFile`, and docs/GUARANTEES.md
+            for the cost). A :class:`RecordFile` given as ``path`` is checked too.
+        cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
+            local folder its shards are fetched to, and the bytes of shards it
+            keeps (see :class:`~torchrecord._shards.sharded.ShardedSet`).
+
+    ``len()`` is the number of items this rank yields per epoch: samples, or
+    batches when ``batch_size`` is set. Rank and world size are read from
+    ``torch.distributed`` when the dataset is made and again by ``len()``,
+    ``set_epoch()`` and iteration in the main process.
+
+    ``len(loader)`` in per-sample mode: a ``DataLoader(ds, batch_size=B,
+    num_workers=N)`` batches each worker's samples on its own, so every worker
+    that ends on a partial batch adds one short batch. Worker shares are
+    therefore cut on whole units: ``loader_batch_size`` when given, else a power
+    of two (up to 4096, at most half a worker's share). The loader then yields
+    exactly ``len(loader)`` batches whenever B divides that unit (any power of
+    two up to it, so the usual 32, 64, 256...); for another B, pass
+    ``loader_batch_size=B``. Taking ``len(loader)`` of a loader whose count
+    would differ warns with the fix, and :meth:`check_loader` checks a loader
+    explicitly.
+
+    Example:
+        >>> ds = RecordDataset("train.tr", batch_size=256)          # doctest: +SKIP
+        >>> loader = DataLoader(ds, batch_size=None, num_workers=2) # doctest: +SKIP
+        >>> for epoch in range(3):                                  # doctest: +SKIP
+        ...     ds.set_epoch(epoch)
+        ...     for images, labels in loader: ...
+    """
+
+    def __init__(
+        self,
+        path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | RecordFile,
+        *,
+        shuffle: bool = True,
+        shuffle_buffer: int = 8192,
+        block_size: int | None = None,
+        seed: int = 0,
+        transform: Callable[[Any], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
+        drop_last: bool = False,
+        batch_size: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        verify: bool = False,
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
+        loader_batch_size: int | None = None,
+        subset: Any = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        check: str | None = None,
+    ) -> None:
+        if shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
+        if block_size is not None and block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if loader_batch_size is not None and loader_batch_size < 1:
+            raise ValueError(f"loader_batch_size must be >= 1 or None, got {loader_batch_size}")
+        if loader_batch_size is not None and batch_size is not None:
+            raise ValueError(
+                "loader_batch_size is for per-sample mode (the DataLoader batches); with batch_size= the "
+                "dataset yields whole batches: use DataLoader(ds, batch_size=None) and leave loader_batch_size out"
+            )
+        if collate_fn is not None and batch_size is None:
+            raise ValueError(
+                "collate_fn is for batch mode (batch_size=...); in per-sample mode the DataLoader collates: "
+                "pass it to DataLoader(ds, batch_size=..., collate_fn=...)"
+            )
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0 (it seeds NumPy's SeedSequence), got {seed!r}")
+        check = parse_check(check)
+        if isinstance(path, RecordFile):
+            self.file = path
+            path._require_check(check)
+        else:
+            self.file = RecordFile(path, cache_dir=cache_dir, cache_limit=cache_limit, check=check)
+        # a bad path fails here, in the main process, not at len() or in a worker; nothing stays open
+        count = int(self.file.check()["count"])
+        self._subset: Subset | None = None
+        if subset is not None:
+            self._subset = resolve_subset(subset, count, self.file.path)
+        self.shuffle = shuffle
+        self.shuffle_buffer = shuffle_buffer
+        self.block_size = block_size
+        self.seed = int(seed)
+        self.transform = transform
+        self.batch_transform = batch_transform
+        self.collate_fn = collate_fn
+        self.verify = verify
+        self._layout_cache: tuple[tuple[str, int], FixedLayout | None] | None = None
+        self._force_generic = False  # tests: read a fixed-layout set the generic way
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.loader_batch_size = loader_batch_size
+        self._init_epoch_and_world(rank, world_size)
+        self._resume: dict[str, Any] | None = None  # a loaded resume point, used by the next iteration only
+        self._yielded = 0  # items this reader yielded in the current iteration
+        self._iter_epoch: int | None = None
+
+    def __repr__(self) -> str:
+        parts = [repr(self.file.path), f"{self._count()} samples"]
+        if self._subset is not None:
+            parts.append(f"subset={self._subset.describe()}")
+        parts.append(f"batch_size={self.batch_size}" if self.batch_size is not None else "per-sample")
+        if self.loader_batch_size is not None:
+            parts.append(f"loader_batch_size={self.loader_batch_size}")
+        parts += [f"shuffle={self.shuffle}", f"seed={self.seed}", f"epoch={self.epoch}"]
+        if self.drop_last:
+            parts.append("drop_last=True")
+        rank, world = self._distributed
+        if world > 1:
+            parts.append(f"rank {rank} of {world}")
+        for name in ("transform", "batch_transform", "collate_fn"):
+            fn = getattr(self, name, None)
+            if fn is not None:
+                parts.append(f"{name}={getattr(fn, '__qualname__', None) or type(fn).__name__}")
+        return f"RecordDataset({', '.join(parts)})"
+
+    # -- configuration ------------------------------------------------------
+    def __len__(self) -> int:
+        self._refresh_distributed()
+        per_rank = self._per_rank()
+        if self.batch_size is None:
+            loader = _glue.calling_loader(self)
+            if loader is not None:  # len(loader): say so now if the loader will yield another count
+                problem = self._loader_problem(loader)
+                if problem:
+                    warnings.warn(problem, UserWarning, stacklevel=3)
+            return per_rank
+        if self.drop_last:
+            return per_rank // self.batch_size
+        return -(-per_rank // self.batch_size)
+
+    def _per_rank(self) -> int:
+        return _partition.samples_per_rank(self._count(), self._distributed[1], self.drop_last)
+
+    def _count(self) -> int:
+        """Samples this dataset reads per epoch over all ranks: the subset's, or the whole set's."""
+        return len(self._subset) if self._subset is not None else len(self.file)
+
+    @property
+    def subset(self) -> range | np.ndarray | None:
+        """The selected sample indices in order (a range or a read-only int64 array), or None for all."""
+        return self._subset.indices if self._subset is not None else None
+
+    def _unit(self, num_workers: int) -> int:
+        """What this rank's span is cut on among ``num_workers`` readers."""
+        return _partition.worker_unit(self._per_rank(), num_workers, self.batch_size, self.loader_batch_size)
+
+    def check_loader(self, loader: Any) -> int:
+        """The number of batches ``loader`` yields from this rank per epoch; raises when it is not ``len(loader)``.
+
+        Use it to size schedules (``OneCycleLR(total_steps=epochs * ds.check_loader(loader))``)
+        or as an assertion before training. In per-sample mode the count
+        differs when the DataLoader's batch size does not divide the unit
+        worker shares are cut on (see the class docstring); the error says
+        which ``loader_batch_size`` fixes it.
+
+        Raises:
+            ValueError: ``loader`` does not read this dataset, or it yields
+                another number of batches than ``len(loader)``.
+        """
+        if getattr(loader, "dataset", None) is not self:
+            raise ValueError("check_loader: the loader does not read this dataset (loader.dataset is another object)")
+        self._refresh_distributed()
+        problem = self._loader_problem(loader)
+        if problem:
+            raise ValueError(problem)
+        return len(loader)
+
+    def _loader_problem(self, loader: Any) -> str | None:
+        """Why ``loader`` yields another number of batches than ``len(loader)``, or None."""
+        return _glue.loader_problem(
+            loader, path=self.file.path, batch_size=self.batch_size, per_rank=self._per_rank(), unit_of=self._unit
+        )
+
+    # -- resume -------------------------------------------------------------------
+    def _plan(self, num_workers: int) -> dict[str, Any]:
+        count = self._count()
+        k = self.file.samples_per_record
+        block = self.block_size or _partition.auto_block_size(count)
+        return {
+            "count": count,
+            "seed": int(self.seed),
+            "shuffle": bool(self.shuffle),
+            "window": self._window_size(),
+            "block_size": -(-block // k) * k,
+            "drop_last": bool(self.drop_last),
+            "batch_size": self.batch_size,
+            "worker_unit": self._unit(num_workers),
+            "world_size": self._distributed[1],
+            "num_workers": num_workers,
+            "subset": self._subset.digest if self._subset is not None else None,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's resume point: small, plain and JSON-serialisable (see the README's resume recipe).
+
+        torchdata's ``StatefulDataLoader`` calls it on each worker's copy after
+        every batch; with ``num_workers=0`` on this object. It holds the set's
+        ``set_id``, the epoch, the order settings, who this reader is and how many
+        items (samples, or batches in batch mode) it yielded this epoch.
+        """
+        info = get_worker_info()
+        if info is None:
+            self._refresh_distributed()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        state: dict[str, Any] = {"kind": _resume.STATE_KIND, "version": _resume.STATE_VERSION}
+        state["set_id"] = self.file.set_id
+        state["epoch"] = self._iter_epoch if self._iter_epoch is not None else self.epoch
+        state.update(self._plan(num_workers))
+        state.update(rank=self._distributed[0], worker=worker, yielded=self._yielded)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the current epoch from a state or a position; the next iteration starts there.
+
+        ``state`` is what :meth:`state_dict` returned (same ranks, workers and
+        batch size: exactly the rest of the epoch, in the same order), or a
+        position from :func:`torchrecord.loader_position` (any world size and
+        number of workers: every sample not yet yielded, exactly once over the new
+        readers). Call :meth:`set_epoch` with the saved epoch first. The resume
+        point is used by one iteration and then cleared.
+
+        Raises:
+            ValueError: a state of another record set, of a later epoch than the
+                dataset's, of a newer state version, or not a torchrecord state.
+                A state of an earlier epoch is ignored with a warning.
+        """
+        self._refresh_distributed()
+        self._resume = _resume.accept(
+            state,
+            set_id=self.file.set_id,
+            epoch=self.epoch,
+            path=self.file.path,
+            subset=self._subset.digest if self._subset is not None else None,
+        )
+
+    def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
+        """The position of this rank after a plain DataLoader handed out ``batches`` batches this epoch.
+
+        For a plain ``torch.utils.data.DataLoader`` (no torchdata): save the
+        number of batches your loop consumed in the epoch, and on resume pass
+        ``ds.position_after(step, num_workers=...)`` (merged over ranks with
+        :func:`torchrecord.loader_position`) to :meth:`load_state_dict`. The
+        DataLoader takes one batch from each worker in turn, so the position of
+        every worker follows from the count. ``loader_batch_size`` is the
+        DataLoader's ``batch_size`` in per-sample mode (None in batch mode;
+        default: the dataset's ``loader_batch_size``).
+        """
+        self._refresh_distributed()
+        if loader_batch_size is None:
+            loader_batch_size = self.loader_batch_size
+        readers = max(1, num_workers)
+        plan = self._plan(readers)
+        per_worker: list[int] = []
+        for worker in range(readers):
+            total = sum(b - a for a, b in self.reader_runs(worker, readers))
+            if self.batch_size is not None:
+                items = total // self.batch_size if self.drop_last else -(-total // self.batch_size)
+            else:
+                items = -(-total // loader_batch_size) if loader_batch_size else total
+            per_worker.append(items)
+        taken, next_worker = _resume.rounds_consumed(per_worker, batches)
+        position: dict[str, Any] = {"kind": _resume.POSITION_KIND, "version": _resume.STATE_VERSION}
+        position.update(set_id=self.file.set_id, epoch=self.epoch, **plan)
+        rank = self._distributed[0]
+        if self.batch_size is None and loader_batch_size:
+            taken = [t * loader_batch_size for t in taken]
+        position["yielded"] = [[rank, w, t] for w, t in enumerate(taken)]
+        # a new DataLoader starts its rotation at worker 0: worker j takes the role of worker
+        # (next + j) mod n, so the rotation goes on where it stopped and the order is unchanged
+        position["rotate"] = next_worker
+        return position
+
+    def _resume_share(self, share: Share, worker: int, num_workers: int) -> tuple[Share, int]:
+        """The share and start position of this reader under the loaded resume point (used once)."""
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return share, 0
+        if int(resume["epoch"]) != self.epoch:
+            return share, 0  # set_epoch moved on after loading: a fresh epoch
+        rank = self._distributed[0]
+        same_plan = _resume.plan_key(resume) == _resume.plan_key(self._plan(num_workers))
+        if resume["kind"] == _resume.STATE_KIND:
+            if same_plan and (resume["rank"], resume["worker"]) == (rank, worker):
+                return share, int(resume["yielded"])
+            raise ValueError(
+                f"{self.file.path}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
+                f"{resume['world_size']} ranks x {resume['num_workers']} workers, not to rank {rank} worker {worker} "
+                f"of {self._distributed[1]} x {num_workers}: merge the states of every reader with "
+                "torchrecord.loader_position(...) and load that position instead"
+            )
+        if same_plan:
+            role = (worker + int(resume.get("rotate", 0))) % max(1, num_workers)
+            if role != worker:
+                share = self.share(role, num_workers)
+            mine = [n for r, w, n in resume["yielded"] if (r, w) == (rank, role)]
+            return share, int(mine[0]) if mine else 0
+        runs = _resume.remaining_runs(
+            resume,
+            rank=rank,
+            world_size=self._distributed[1],
+            worker=worker,
+            num_workers=num_workers,
+            unit=self._unit(num_workers),
+            drop_last=self.drop_last,
+            bounds=self._bounds(),
+        )
+        runs = self._subset.runs(runs) if self._subset is not None else runs
+        return Share(tuple(runs), share.seed, share.epoch, share.rank, share.worker, share.shuffle, share.window), 0
+
+    # -- iteration ------------------------------------------------------------
+    def reader_runs(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int]]:
+        """The sample runs of reader ``worker`` of ``num_workers`` on this rank this epoch (for inspection and tests).
+
+        With a subset, the runs are of the selected sample indices (the order is
+        decided over subset positions, then mapped).
+        """
+        count = self._count()
+        k = self.file.samples_per_record
+        block = self.block_size or _partition.auto_block_size(count)
+        rank, world_size = self._distributed
+        runs = _partition.reader_runs(
+            count,
+            block_size=-(-block // k) * k,  # whole records per block
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle,
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=self.drop_last,
+            unit=self._unit(num_workers),
+            bounds=self._bounds(),
+        )
+        return self._subset.runs(runs) if self._subset is not None else runs
+
+    def _bounds(self) -> Any:
+        """The shard offsets of a sharded set (its blocks restart at each shard), None for one file.
+
+        A subset's positions are not set indices, so its blocks ignore shard bounds (a
+        block that straddles two shards is read from both).
+        """
+        if self._subset is not None or self.file.num_shards == 1:
+            return None
+        return self.file.shard_offsets
+
+    def share(self, worker: int = 0, num_workers: int = 1) -> Share:
+        """What reader ``worker`` of ``num_workers`` reads this epoch and the identity its order is seeded from."""
+        window = self._window_size()
+        return Share(
+            runs=tuple(self.reader_runs(worker, num_workers)),
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self._distributed[0],
+            worker=worker,
+            shuffle=self.shuffle,
+            window=window,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        if info is None:
+            self._refresh_distributed()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        layout = None if self._force_generic else self._fixed_layout()
+        share, start = self._resume_share(self.share(worker, num_workers), worker, num_workers)
+        reader = ShareReader(self.file, share, layout=layout, verify=self.verify)
+        self._iter_epoch = self.epoch
+        self._yielded = start
+        items = Items(
+            self.file.path,
+            self.file.schema,
+            transform=self.transform,
+            collate_fn=self.collate_fn,
+            batch_transform=self.batch_transform,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
+        return self._counted(items.of(reader, start))
+
+    def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
+        """Count each item before it is yielded, so state_dict() always says what was handed out.
+
+        When the pass ends (or the iterator is dropped), the file is let go: it
+        stays in the process's small cache of idle files rather than held open.
+        """
+        try:
+            for item in items:
+                self._yielded += 1
+                yield item
+        finally:
+            self.file._let_go(hard=False)
+
+    def _window_size(self) -> int:
+        layout = self._fixed_layout()
+        per_sample = layout.length // layout.rows if layout is not None else None
+        step = self.batch_size or SAMPLE_CHUNK
+        return _order.window_size(self.shuffle_buffer, step, per_sample, shuffle=self.shuffle)
+
+    def _fixed_layout(self) -> FixedLayout | None:
+        key = (self.file.path, self.file.samples_per_record)
+        if self._layout_cache is None or self._layout_cache[0] != key:
+            self._layout_cache = (key, FixedLayout.of_file(self.file))
+        return self._layout_cache[1]

@@ -1,0 +1,165 @@
+"""How a batch crosses from a DataLoader worker: by value for small batches, one shared block for mid-sized ones.
+
+A worker sends each CPU tensor of a batch through its own shared-memory
+segment (and, with torch's default ``file_descriptor`` strategy, its own file
+descriptor handed over a socket to a thread of the worker). For batches of a few
+kilobytes that per-tensor cost dominates: a batch of five small tensors crossed
+at about half the rate of the same tensors packed as views of one storage
+(measured on the project machine with two workers). :func:`one_storage` repacks
+such a batch.
+
+Below :data:`BY_VALUE_LIMIT` even one segment costs more than the bytes:
+:func:`by_value` wraps the batch so that it pickles as one buffer through the
+worker's pipe, and unpickles in the main process as the plain batch again
+(tensors that are views of one writable buffer). :func:`for_parent` picks.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchrecord._core.structure import flatten, unflatten
+
+__all__ = ["BY_VALUE_LIMIT", "PACK_LIMIT", "by_value", "for_parent", "one_storage"]
+
+#: batches up to this many bytes of tensors are repacked (above it, the copy costs more than it saves)
+PACK_LIMIT = 4 << 20
+#: batches up to this many bytes of tensors cross by value, through the pipe. ``python -m
+#: benchmarks.handover_sizes`` (two workers, project machine, 2026-11-26): by value took 0.28x the time of one
+#: shared block at 80 KB, 0.62x at 256 KB, 1.10x at 1 MB, 2.27x at 4 MB.
+BY_VALUE_LIMIT = 512 << 10
+
+_ALIGN = 64
+
+
+def one_storage(batch: Any) -> Any:
+    """``batch`` with its CPU tensors replaced by equal copies that are views of one uint8 storage.
+
+    Batches whose tensors hold more than :data:`PACK_LIMIT` bytes, or hold
+    fewer than two tensors, are returned as they are.
+    """
+    tree, leaves = flatten(batch)
+    tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
+    if len(tensors) < 2:
+        return batch
+    sizes = [leaves[i].numel() * leaves[i].element_size() for i in tensors]
+    if sum(sizes) > PACK_LIMIT:
+        return batch
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // _ALIGN) * _ALIGN
+    block = torch.empty(end, dtype=torch.uint8)
+    out = list(leaves)
+    for i, offset, size in zip(tensors, offsets, sizes):
+        leaf = leaves[i]
+        view = block[offset : offset + size].view(leaf.dtype).view(leaf.shape)
+        view.copy_(leaf)
+        out[i] = view
+    return unflatten(tree, out)
+
+
+def for_parent(batch: Any) -> Any:
+    """``batch`` ready to leave a DataLoader worker: :func:`by_value`, :func:`one_storage`, or as it is, by size."""
+    _, leaves = flatten(batch)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if tensors and size <= BY_VALUE_LIMIT:
+        return by_value(batch)
+    return one_storage(batch)
+
+
+def by_value(batch: Any) -> Any:
+    """``batch`` marked to pickle as one buffer; unpickling gives back an equal plain batch (see the module doc).
+
+    A dict stays a dict (a subclass holding the same items), so a ``collate_fn``
+    the DataLoader applies in the worker sees the batch it expects; whatever it
+    returns crosses as usual. Anything else is wrapped.
+    """
+    if type(batch) is dict:
+        return _ByValueDict(batch)
+    return _ByValue(*flatten(batch))
+
+
+class _ByValueDict(dict[str, Any]):
+    """A dict batch that pickles as :class:`_ByValue` (and unpickles as a plain dict)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _ByValue(*flatten(dict(self))).__reduce__()
+
+    def __copy__(self) -> _ByValueDict:  # copy.copy (DataLoader's default_convert) keeps the mark, packs nothing
+        return _ByValueDict(self)
+
+
+class _ByValue:
+    """A flattened batch whose pickle is its CPU tensors' bytes in one buffer, plus everything else pickled."""
+
+    def __init__(self, tree: Any, leaves: list[Any]) -> None:
+        self.tree, self.leaves = tree, leaves
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        specs: list[tuple[Any, ...]] = []
+        cpu: list[tuple[torch.Tensor, int]] = []
+        end = 0
+        for leaf in self.leaves:
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad:
+                size = leaf.numel() * leaf.element_size()
+                specs.append((end, size, leaf.dtype, tuple(leaf.shape)))
+                cpu.append((leaf, end))
+                end += -(-size // _ALIGN) * _ALIGN
+            else:
+                specs.append((leaf,))
+        buffer = bytearray(end)
+        for leaf, offset in cpu:
+            if leaf.numel():
+                np.copyto(_view(buffer, offset, leaf.dtype, tuple(leaf.shape)), _as_numpy(leaf))
+        return (_rebuild, (self.tree, specs, buffer))
+
+
+def _rebuild(tree: Any, specs: list[tuple[Any, ...]], buffer: bytearray) -> Any:
+    """The plain batch of a :class:`_ByValue` pickle: its tensors are views of ``buffer``."""
+    leaves: list[Any] = []
+    for spec in specs:
+        if len(spec) == 1:
+            leaves.append(spec[0])
+            continue
+        offset, size, dtype, shape = spec
+        if size:
+            tensor = torch.from_numpy(_view(buffer, offset, dtype, shape))
+            leaves.append(tensor if tensor.dtype == dtype else tensor.view(dtype))
+        else:
+            leaves.append(torch.empty(shape, dtype=dtype))
+    return unflatten(tree, leaves)
+
+
+@functools.cache
+def _holder(dtype: torch.dtype) -> tuple[np.dtype[Any], torch.dtype]:
+    """The NumPy dtype that carries ``dtype``'s items, and its torch twin: the same type, or for types
+    NumPy lacks (bfloat16, float8, ...) unsigned integers of their width (the bit pattern)."""
+    probe = torch.empty(0, dtype=dtype)
+    try:
+        return probe.numpy().dtype, dtype
+    except TypeError:
+        bits = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}[probe.element_size()]
+        return torch.empty(0, dtype=bits).numpy().dtype, bits
+
+
+def _view(buffer: bytearray, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """``buffer[offset:]`` as a NumPy array of ``dtype``'s items (its bit pattern for types NumPy lacks)."""
+    count = 1
+    for d in shape:
+        count *= d
+    return np.frombuffer(buffer, _holder(dtype)[0], count, offset).reshape(shape)
+
+
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor``'s values as a NumPy array (a view where it can be): its bit pattern for types NumPy lacks."""
+    tensor = tensor.detach().resolve_conj().resolve_neg()  # a lazily conjugated or negated view: its values
+    carrier = _holder(tensor.dtype)[1]
+    if carrier != tensor.dtype:
+        tensor = tensor.contiguous().view(carrier)
+    return tensor.numpy()

@@ -1,0 +1,427 @@
+"""One reader's share of an epoch, read window by window, with its position as plain state.
+
+A :class:`ShareReader` is given the runs of sample indices that one reader
+(one DataLoader worker of one rank) visits this epoch, and who it is (seed,
+epoch, rank, worker). It cuts that share into windows (``torchrecord._order.windows``),
+reads each window through the cursor walk, permutes it on its own, and hands
+out consecutive chunks of the permuted sequence, starting from any position.
+
+Two decoding paths give the same samples in the same order:
+
+* fixed layout (every field numeric with a fixed shape): a chunk is a list of
+  typed column arrays [B, ...], one per schema field (``torchrecord._store.fastread``);
+* any other schema: a chunk is a list of decoded samples; the window holds the
+  stored bytes and each sample is decoded by protobuf only when it is handed out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchrecord._core import dtypes as _dtypes
+from torchrecord._core.kinds import check_bools
+from torchrecord._core.layout import FixedLayout
+from torchrecord._order import windows as _order
+from torchrecord._store import advise as _advise
+from torchrecord._store.advise import Advisor
+from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
+from torchrecord._store.record_file import RecordFile
+from torchrecord._store.walk import Walk, record_runs
+
+__all__ = ["LocalRun", "Share", "ShareReader", "split_runs"]
+
+Run = tuple[int, int]
+#: (shard, start, stop): a run of sample indices inside one shard
+LocalRun = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one reader reads in one epoch, and the identity its order is seeded from.
+
+    Attributes:
+        runs: runs [start, stop) of sample indices, in visiting order.
+        seed, epoch, rank, worker: seed the per-window permutations.
+        shuffle: permute each window (False: visit the runs in order).
+        window: samples per window.
+    """
+
+    runs: tuple[Run, ...]
+    seed: int
+    epoch: int
+    rank: int
+    worker: int
+    shuffle: bool
+    window: int
+
+    @property
+    def total(self) -> int:
+        """Samples in the share."""
+        return sum(stop - start for start, stop in self.runs)
+
+    def order(self, j: int, n: int) -> np.ndarray | None:
+        """The permutation of window ``j`` (``n`` samples), or None to keep run order."""
+        if not self.shuffle:
+            return None
+        return _order.window_order(n, seed=self.seed, epoch=self.epoch, rank=self.rank, worker=self.worker, window=j)
+
+
+class ShareReader:
+    """Reads a :class:`Share` of a record set and yields chunks of its permuted sequence.
+
+    Args:
+        file: the record set.
+        share: what to read.
+        layout: the set's fixed layout, or None for the generic (protobuf) path.
+        verify: check every record's CRC-32 as it is read.
+        advise: ask the kernel to read each next window ahead (a background
+            thread per shard, ``torchrecord._store.advise``); False for one-off reads
+            made on a read-ahead thread (MixedDataset's sources), which must not
+            wait for another thread of their own.
+    """
+
+    def __init__(
+        self, file: RecordFile, share: Share, *, layout: FixedLayout | None, verify: bool = False, advise: bool = True
+    ) -> None:
+        self.file, self.share, self.layout, self.verify = file, share, layout, verify
+        self.advise = advise
+        self.offsets = file.shard_offsets
+        self.records_read = 0
+
+    @property
+    def fixed(self) -> bool:
+        """True when chunks are typed column arrays (the fixed-layout path)."""
+        return self.layout is not None
+
+    def chunks(self, size: int, start: int = 0) -> Iterator[list[Any]]:
+        """Consecutive chunks of ``size`` samples from position ``start`` (the last may be short).
+
+        Only the windows at or after ``start``'s are read, and only the shards
+        they need are opened (a sharded set's shard is closed after the last
+        window that needs it).
+        """
+        for chunk, _ in self.indexed_chunks(size, start):
+            yield chunk
+
+    def indexed_chunks(
+        self, size: int, start: int = 0, out: Sequence[np.ndarray | None] | None = None
+    ) -> Iterator[tuple[list[Any], np.ndarray]]:
+        """Like :meth:`chunks`, each chunk with the set's sample index of each of its samples (int64).
+
+        The indices let an error raised while transforming a sample name it.
+        ``out`` (fixed path only: one C-contiguous uint8 array [share total,
+        sample bytes] per field, None to leave a field out) receives every chunk
+        in its rows, in place of fresh arrays; the chunks are views of it (None
+        for the fields left out). :func:`torchrecord.load` reads into its result so.
+        """
+        if out is not None and self.layout is None:
+            raise ValueError("out= needs the fixed-layout path")
+        share = self.share
+        total = share.total
+        if start >= total:
+            return
+        first_window = start // share.window
+        window = share.window
+        window_runs = [
+            _order.slice_runs(share.runs, j * window, min(total, (j + 1) * window))
+            for j in range(first_window, -(-total // window))
+        ]
+        plan = [split_runs(runs, self.offsets) for runs in window_runs]
+        # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make
+        # (compressed sets: views, decompressed straight from the map into the window)
+        layout = self.layout
+        buffers = layout is not None and (layout.length >= JOIN_LIMIT or layout.expander is not None)
+        walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
+        try:
+            if plan and self.advise:
+                walks.advise(plan[0])
+            windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
+            position = start  # the position of the chunk being assembled
+            chunk = _Chunk(self, min(size, total - position), out, position)
+            skip = start - first_window * share.window
+            for i, pieces in enumerate(plan):
+                taker = windows(first_window + i, pieces, _indices(window_runs[i]))
+                # the kernel reads the next window while this one is handed out (asked after this
+                # window's walk, so its pages do not queue behind the next window's)
+                if self.advise:
+                    walks.advise(plan[i + 1] if i + 1 < len(plan) else [])
+                if skip:
+                    taker.offset, skip = skip, 0
+                while taker.remaining:
+                    chunk.take(taker)
+                    if chunk.full:
+                        yield chunk.result()
+                        position += chunk.n
+                        chunk = _Chunk(self, min(size, total - position), out, position)
+                walks.done(i)
+            if chunk.held:  # cannot happen: the windows cover the share exactly
+                yield chunk.result()
+        finally:
+            self.records_read += walks.close()
+
+    # -- the two paths --------------------------------------------------------
+    def _fixed_windows(self, walks: _ShardWalks) -> Any:
+        layout = self.layout
+        assert layout is not None
+        # sized by the samples this reader will hold at once, never by a claim (a batch_size of 10**7
+        # on a set of 2,000 samples makes a window of 10**7 positions, of which 2,000 are filled)
+        reader = FixedWindowReader(layout, min(self.share.window, self.share.total))
+
+        def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
+            win, rec, row = reader.read([(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces])
+            order = self.share.order(j, len(rec))
+            if order is not None:
+                rec, row, indices = rec[order], row[order], indices[order]
+
+            def gather(sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0) -> list[Any]:
+                return win.gather(rec[sel], row[sel], out, at)
+
+            return _Taken(len(rec), gather, indices)
+
+        return window
+
+    def _generic_windows(self, walks: _ShardWalks) -> Any:
+        k = self.file.samples_per_record
+
+        def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
+            items: list[tuple[RecordFile, int, Any]] = []
+            for s, start, stop in pieces:
+                walk, file = walks.walk(s), walks.file(s)
+                if k == 1:
+                    for first, values in walk.pieces(record_runs([(start, stop)], 1)):
+                        items.extend(zip([file] * len(values), range(first, first + len(values)), values))
+                    continue
+                for first, values in walk.pieces(record_runs([(start, stop)], k)):
+                    for record, value in zip(range(first, first + len(values)), values):
+                        for i, sample in enumerate(file.decode_record(value, record)):
+                            if start <= record * k + i < stop:
+                                items.append((file, -1, sample))
+            order = self.share.order(j, len(items))
+            if order is not None:
+                items = [items[i] for i in order.tolist()]
+                indices = indices[order]
+
+            def decode(sel: slice) -> list[Any]:
+                if k == 1:
+                    return [file.decode(value, index) for file, index, value in items[sel]]
+                return [sample for _, _, sample in items[sel]]
+
+            return _Taken(len(items), decode, indices)
+
+        return window
+
+    def typed(self, arrays: Sequence[np.ndarray | None]) -> list[Any]:
+        """The fixed path's gathered uint8 arrays as typed columns [B, ...] (bool bytes checked).
+
+        A None (a field left out of an ``out=`` read) stays None.
+        """
+        layout = self.layout
+        assert layout is not None
+        typed = [
+            None if a is None else a.view(dt).reshape((len(a), *shape)) for a, (shape, dt) in zip(arrays, self._shapes)
+        ]
+        kept = [(a, f) for a, f in zip(typed, layout.fields) if a is not None]
+        check_bools([a for a, _ in kept], [f for _, f in kept], self.file.path)
+        return typed
+
+    @property
+    def _shapes(self) -> list[tuple[tuple[int, ...], Any]]:
+        assert self.layout is not None
+        return [(tuple(int(d or 0) for d in f.shape), _dtypes.by_name(f.dtype).numpy) for f in self.layout.fields]
+
+
+class _Chunk:
+    """One chunk being assembled from the takes of one or more windows.
+
+    On the fixed path a chunk that one window serves whole is gathered into fresh
+    arrays; one that spans windows is gathered in place into arrays made for the
+    whole chunk, so every sample is copied once (no joining copy).
+    """
+
+    def __init__(
+        self, reader: ShareReader, n: int, dest: Sequence[np.ndarray | None] | None = None, position: int = 0
+    ) -> None:
+        self.reader, self.n = reader, n
+        self.held = 0
+        self.parts: list[Any] = []
+        self.indices: list[np.ndarray] = []
+        # the rows of the caller's arrays this chunk fills (ShareReader.indexed_chunks's out=)
+        self.out: list[Any] | None = (
+            None if dest is None else [None if d is None else d[position : position + n] for d in dest]
+        )
+
+    @property
+    def full(self) -> bool:
+        return self.held >= self.n
+
+    def take(self, taker: _Taken) -> None:
+        """Take as many samples from ``taker`` as this chunk still needs."""
+        n = min(self.n - self.held, taker.remaining)
+        if self.reader.layout is None or (self.held == 0 and n == self.n and self.out is None):
+            part, indices = taker.take(n)
+            self.parts.append(part)
+        else:
+            if self.out is None:
+                self.out = [np.empty((self.n, size), np.uint8) for size in self.reader.layout.sample_bytes]
+            indices = taker.take_into(n, self.out, self.held)
+        self.indices.append(indices)
+        self.held += n
+
+    def result(self) -> tuple[list[Any], np.ndarray]:
+        """The chunk (typed columns, or decoded samples) and the sample index of each sample."""
+        indices = self.indices[0] if len(self.indices) == 1 else np.concatenate(self.indices)
+        if self.reader.layout is not None:
+            if self.out is not None:
+                arrays = [None if a is None else a[: self.held] for a in self.out]
+            else:
+                arrays = self.parts[0]
+            return self.reader.typed(arrays), indices
+        return [sample for part in self.parts for sample in part], indices
+
+
+def _indices(runs: Sequence[Run]) -> np.ndarray:
+    """The sample indices of runs, in run order."""
+    if not runs:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
+
+
+def split_runs(runs: Sequence[Run], offsets: np.ndarray) -> list[LocalRun]:
+    """Runs of global sample indices as (shard, start, stop) in shard indices, cut at shard bounds."""
+    out: list[LocalRun] = []
+    bounds = offsets.tolist()
+    for a, b in runs:
+        while a < b:
+            s = bisect.bisect_right(bounds, a) - 1
+            e = min(b, bounds[s + 1])
+            out.append((s, a - bounds[s], e - bounds[s]))
+            a = e
+    return out
+
+
+class _ShardWalks:
+    """The open walks of one reader, one per shard, opened on first use and closed after their last window.
+
+    Args:
+        file: the set (a RecordFile: one shard; a ShardedSet: several).
+        plan: the (shard, start, stop) pieces of each window the reader reads, in order.
+        verify, buffers: as for :class:`~torchrecord._store.walk.Walk`.
+    """
+
+    def __init__(self, file: RecordFile, plan: Sequence[Sequence[LocalRun]], *, verify: bool, buffers: bool) -> None:
+        self.set, self.verify, self.buffers = file, verify, buffers
+        self.counts = np.diff(file.shard_offsets).tolist()
+        self._walks: dict[int, tuple[RecordFile, Walk]] = {}
+        self._advisors: dict[int, Advisor] = {}
+        self._warm: set[int] = set()  # shards found in the page cache: no read-ahead hints
+        self.records_read = 0
+        self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
+        order: list[int] = []  # the shards in the order they are needed (a remote set fetches ahead)
+        for pieces in plan:
+            for s, _, _ in pieces:
+                if not order or order[-1] != s:
+                    order.append(s)
+        prefetch = getattr(file, "prefetch", None)
+        if prefetch is not None:
+            prefetch(order)
+
+    def walk(self, s: int) -> Walk:
+        """The open walk over shard ``s`` (opening, and for a remote set fetching, it first)."""
+        held = self._walks.get(s)
+        if held is None:
+            file = self.set.shard(s)
+            env, db = file.environment()
+            crc_db = file.crc_db if self.verify else None
+            walk = Walk(env, db, file.path, crc_db=crc_db, buffers=self.buffers).__enter__()
+            held = self._walks[s] = (file, walk)
+        return held[1]
+
+    def advise(self, pieces: Sequence[LocalRun]) -> None:
+        """Ask the kernel to read the records of ``pieces`` ahead (shards already open; see ``_advise``)."""
+        if not pieces or not _advise.available():
+            return
+        runs: dict[int, list[tuple[int, int]]] = {}
+        for s, start, stop in pieces:
+            if s in self._walks or self.set.num_shards == 1:
+                runs.setdefault(s, []).append((start, stop))
+        for s, sample_runs in runs.items():
+            if s in self._warm:
+                continue
+            advisor = self._advisors.get(s)
+            if advisor is None:
+                file, walk = self.file(s), self.walk(s)
+                if _advise.resident(file.path):  # checked once per shard and reader (an epoch, a worker)
+                    self._warm.add(s)
+                    continue
+                record_bytes = os.path.getsize(file.path) // max(1, file.num_records)
+                try:
+                    advisor = self._advisors[s] = Advisor(walk.env, walk.db, file.path, record_bytes)
+                except OSError:
+                    continue
+            advisor.advise(record_runs(sample_runs, self.file(s).samples_per_record))
+
+    def file(self, s: int) -> RecordFile:
+        self.walk(s)
+        return self._walks[s][0]
+
+    def count(self, s: int) -> int:
+        """Samples in shard ``s``."""
+        return int(self.counts[s])
+
+    def done(self, i: int) -> None:
+        """Window ``i`` is fully handed out: close the shards the next window does not need.
+
+        A closed shard of a remote set may be evicted from the cache (and is
+        fetched again if a later window needs it); one file is never closed.
+        """
+        if self.set.num_shards == 1:
+            return
+        following = self.plan[i + 1] if i + 1 < len(self.plan) else set()
+        for s in [s for s in self._walks if s not in following]:
+            self._close(s)
+
+    def _close(self, s: int) -> None:
+        advisor = self._advisors.pop(s, None)
+        if advisor is not None:
+            advisor.close()
+        _, walk = self._walks.pop(s)
+        self.records_read += walk.records_read
+        walk.close()
+        release = getattr(self.set, "release", None)
+        if release is not None:
+            release(s)
+
+    def close(self) -> int:
+        """Close every walk; returns the records read through them all."""
+        for s in list(self._walks):
+            self._close(s)
+        return self.records_read
+
+
+class _Taken:
+    """A permuted window handed out front to back: ``take(n)`` gives the next n samples and their indices."""
+
+    def __init__(self, n: int, get: Any, indices: np.ndarray) -> None:
+        self.n, self.get, self.indices, self.offset = n, get, indices, 0
+
+    @property
+    def remaining(self) -> int:
+        return self.n - self.offset
+
+    def take(self, n: int) -> tuple[Any, np.ndarray]:
+        sel = slice(self.offset, self.offset + n)
+        self.offset += n
+        return self.get(sel), self.indices[sel]
+
+    def take_into(self, n: int, out: Sequence[np.ndarray | None], at: int) -> np.ndarray:
+        """Gather the next n samples into ``out`` from row ``at`` (fixed path); returns their indices."""
+        sel = slice(self.offset, self.offset + n)
+        self.offset += n
+        self.get(sel, out, at)
+        return self.indices[sel]

@@ -1,0 +1,1 @@
+"""robomimic demonstrations: SequenceDataset, WindowDataset and their frame store."""

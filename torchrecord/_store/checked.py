@@ -1,0 +1,81 @@
+"""``check="structure"``: LMDB's page structure checked once per file per process, before liblmdb reads it.
+
+liblmdb trusts the file it maps: damage to its page structure can kill the
+reading process (SIGSEGV, SIGBUS, an assertion's SIGABRT). A reader of files of
+unknown provenance turns on the check; :func:`ensure` then runs
+:func:`~torchrecord._store.lmdb_check.check_structure` (pure Python, ``pread``, never
+maps the file) before the file is opened, and remembers every file that passed
+by its identity ``(st_dev, st_ino, st_size, st_mtime_ns)``:
+
+* in this process (and its forked children, which inherit the memo);
+* in pickled RecordFiles, which carry the identity they saw, so DataLoader
+  workers (fork or spawn) do not check the file again;
+
+unless the file changed since (another size or modification time, or another file
+at the path): then it is checked again.
+"""
+
+from __future__ import annotations
+
+import os
+
+from torchrecord._store import format as _format
+from torchrecord._store.lmdb_check import check_structure
+from torchrecord.errors import NotARecordSetError, RecordNotFoundError, StructureError
+
+__all__ = ["CHECKS", "Identity", "ensure", "identity", "parse_check"]
+
+#: The values of ``check=``: None (trust the file's structure) or "structure".
+CHECKS = (None, "structure")
+
+#: (st_dev, st_ino, st_size, st_mtime_ns) of a file.
+Identity = tuple[int, int, int, int]
+
+#: identities of the files that passed the check in this process
+_PASSED: set[Identity] = set()
+_ATTEMPTS = 3
+
+
+def parse_check(check: object) -> str | None:
+    """``check`` as given to a reader, checked: None or ``"structure"`` (ValueError otherwise)."""
+    if check is None or check == "structure":
+        return check
+    raise ValueError(
+        f"check must be None or 'structure', got {check!r}; 'structure' checks LMDB's page structure before "
+        "reading a file of unknown provenance"
+    )
+
+
+def identity(path: str) -> Identity:
+    """The identity of the file now at ``path`` (RecordNotFoundError if there is none)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise RecordNotFoundError(f"{path}: no record set here (write one with torchrecord.write_record)") from None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def ensure(path: str, known: Identity | None = None) -> Identity:
+    """Check the structure of the file at ``path`` unless it passed before; returns its identity.
+
+    ``known``: the identity a pickled reader carries (it passed in the process that
+    made the reader). Raises what :func:`check_structure` raises: StructureError for
+    damage, NotARecordSetError / RecordNotFoundError for what is not a record set.
+    """
+    now = identity(path)
+    if now == known or now in _PASSED:
+        _PASSED.add(now)
+        return now
+    _format.check_path(path)  # a directory, an empty file: say what it is
+    for _ in range(_ATTEMPTS):
+        try:
+            check_structure(path)
+        except NotARecordSetError:
+            _format.check_kind(path)  # an image, an .npy file...: say so
+            raise
+        after = identity(path)
+        if after == now:  # the file did not change while it was checked
+            _PASSED.add(now)
+            return now
+        now = after
+    raise StructureError(f"{path}: the file keeps changing while its structure is checked; try again when it is not")

@@ -1,0 +1,290 @@
+"""The fixed-layout read path: whole windows of records copied once, then gathered in bulk.
+
+When every field has a fixed shape, every record has the same byte layout
+(``torchrecord._core.layout``). A window's records are read through the walk as
+zero-copy views of the LMDB map; short records are copied into one recycled
+buffer, long ones kept as views. The whole window is checked against the
+layout's template at once (length and every non-payload byte); any record that
+differs is decoded the checked slow way and re-encoded, so nothing is misread.
+Batches are then gathered field by field at fixed offsets straight into fresh,
+contiguous arrays (:meth:`FixedWindow.gather`): a long record is copied once,
+from the map into the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from torchrecord._core.layout import FixedLayout
+from torchrecord._store.walk import Walk
+
+__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "joins"]
+
+#: Records at least this long are gathered from their views one sample at a time
+#: (one copy); shorter ones are first joined into one buffer (vectorized gather).
+JOIN_LIMIT = 16 << 10
+
+Run = tuple[int, int]
+
+
+def joins(layout: FixedLayout) -> bool:
+    """True when records are copied (or decompressed) into the window buffer; False: kept as views."""
+    return layout.length < JOIN_LIMIT or layout.expander is not None
+
+
+class FixedWindow:
+    """Whole records of one window, addressed by sample coordinates (record row, row in record)."""
+
+    def __init__(
+        self, layout: FixedLayout, joined: np.ndarray | None, views: list[memoryview] | None, buffer: np.ndarray
+    ) -> None:
+        self.layout = layout
+        self.buffer = buffer  # the reader's storage, recycled once this window is gone
+        length, k = layout.length, layout.rows
+        self.fields: list[np.ndarray] = []
+        if joined is not None:
+            n = len(joined)
+            self.fields = [
+                as_strided(joined[:, off:], shape=(n, k, size), strides=(length, size, 1), writeable=False)
+                for off, size in zip(layout.offsets, layout.sample_bytes)
+            ]
+        self.views = views
+
+    def gather(
+        self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray | None] | None = None, at: int = 0
+    ) -> list[Any]:
+        """Copy the chosen samples' bytes, per field, into (len(rec), sample_bytes) uint8 arrays.
+
+        This is the one place where a field's bytes leave a window: each sample is
+        copied once, from the window buffer (short records) or straight from the
+        LMDB map (long records, kept as views), into the batch. ``out`` (one array
+        per field, ``at`` the first row to fill) lets a batch that spans windows be
+        filled in place (a None entry leaves that field out); without it fresh arrays
+        are made. Returns the arrays filled.
+        """
+        n = len(rec)
+        if out is None and self.views is None:  # one vectorized gather per field into a fresh array
+            return [field[rec, row] for field in self.fields]
+        if out is None:
+            out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
+        if self.views is None:
+            k = self.layout.rows
+            first = _consecutive(rec * k + row) if n else None
+            for field, dst in zip(self.fields, out):
+                if dst is None:  # a field the caller does not want
+                    continue
+                if first is not None:  # consecutive samples (an unshuffled read): strided copies, in place
+                    _copy_run(field, first, dst[at : at + n], k)
+                else:  # a fancy index gathers into a temporary first
+                    dst[at : at + n] = field[rec, row]
+            return list(out)
+        views = self.views
+        # visit the records in stored order (each to its permuted row): the map is read forwards
+        visits = sorted(zip(rec.tolist(), row.tolist(), range(at, at + n)))
+        for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
+            if dst is None:
+                continue
+            flat = dst.data.cast("B")  # dst is a C-contiguous (rows, size) uint8 array
+            for r, j, i in visits:
+                start = off + j * size
+                flat[i * size : (i + 1) * size] = views[r][start : start + size]
+        return list(out)
+
+
+def _consecutive(flat: np.ndarray) -> int | None:
+    """The first sample's position when ``flat`` (positions in the window) is a run of consecutive ones."""
+    n = len(flat)
+    if int(flat[-1]) - int(flat[0]) != n - 1 or (n > 1 and not bool((np.diff(flat) == 1).all())):
+        return None
+    return int(flat[0])
+
+
+def _copy_run(field: np.ndarray, first: int, dst: np.ndarray, k: int) -> None:
+    """Copy ``len(dst)`` consecutive samples from window position ``first`` of ``field`` [records, k, size].
+
+    At most three strided copies (the rest of the first record, whole records,
+    the head of the last one) and no temporary.
+    """
+    n = len(dst)
+    rec, row = divmod(first, k)
+    pos = 0
+    if row:
+        m = min(k - row, n)
+        dst[:m] = field[rec, row : row + m]
+        pos, rec = m, rec + 1
+    whole = (n - pos) // k
+    if whole:
+        dst[pos : pos + whole * k].reshape(whole, k, dst.shape[1])[...] = field[rec : rec + whole]
+        pos, rec = pos + whole * k, rec + whole
+    if pos < n:
+        dst[pos:] = field[rec, : n - pos]
+
+
+#: One piece of a window: (the walk of its shard, samples in that shard, start, stop) in shard indices.
+Piece = tuple[Walk, int, int, int]
+
+
+class FixedWindowReader:
+    """Reads windows of a fixed-layout set through its shards' walks, recycling window buffers.
+
+    Args:
+        layout: the set's fixed layout.
+        capacity: samples a window holds at most (sizes the first buffer).
+    """
+
+    def __init__(self, layout: FixedLayout, capacity: int) -> None:
+        self.layout = layout
+        self.joined = joins(layout)
+        k = layout.rows
+        self._capacity = (-(-capacity // k) + 2) * layout.length if self.joined else 0
+        self._recycled: list[tuple[np.ndarray, weakref.ref[FixedWindow]]] = []
+
+    def read(self, pieces: Sequence[Piece]) -> tuple[FixedWindow, np.ndarray, np.ndarray]:
+        """The window holding ``pieces`` (sample runs of shards), with each sample's (record row, row) in order.
+
+        Each piece's walk is open (``buffers=True``) over its shard's records; the
+        shard's sample count recognises its short final chunk.
+        """
+        build = _WindowBuilder(self.layout, self._buffer())
+        k = self.layout.rows
+        recs: list[np.ndarray] = []
+        rows: list[np.ndarray] = []
+        for walk, count, start, stop in pieces:
+            first, last = start // k, (stop - 1) // k + 1
+            row0 = build.add(first, walk.records(first, last), count, walk.path)
+            samples = np.arange(start, stop, dtype=np.int64)
+            recs.append(samples // k - first + row0)
+            rows.append(samples % k)
+        window = build.finish()
+        self._recycled.append((window.buffer, weakref.ref(window)))
+        empty = np.zeros(0, np.int64)
+        return window, np.concatenate(recs) if recs else empty, np.concatenate(rows) if rows else empty
+
+    def read_records(self, parts: Sequence[tuple[Walk, int, np.ndarray]]) -> FixedWindow:
+        """The window holding whole records: per part (an open walk, samples in its shard, sorted record indices).
+
+        Records are looked up by key (:meth:`Walk.records_at`) and held in the
+        order given, part after part: record ``j`` of the window is the j-th index given.
+        """
+        build = _WindowBuilder(self.layout, self._buffer())
+        for walk, count, records in parts:
+            if not len(records):
+                continue
+            values = walk.records_at(records)
+            breaks = np.flatnonzero(np.diff(records) != 1) + 1
+            bounds = [0, *breaks.tolist(), len(records)]
+            for a, e in itertools.pairwise(bounds):  # consecutive records: one piece (the builder names each)
+                build.add(int(records[a]), values[a:e], count, walk.path)
+        window = build.finish()
+        self._recycled.append((window.buffer, weakref.ref(window)))
+        return window
+
+    def _buffer(self) -> np.ndarray:
+        # reuse the storage of a window nobody holds any more: no fresh pages to fault in
+        for i, (buffer, window) in enumerate(self._recycled):
+            if window() is None:
+                del self._recycled[i]
+                return buffer
+        return np.empty(self._capacity, np.uint8)
+
+
+class _WindowBuilder:
+    """Collects whole records for one window and checks them against the layout.
+
+    Short records are copied one by one into a preallocated buffer (one copy out
+    of the map, no per-record objects kept alive); long ones are kept as views.
+    A record of the wrong length, the short final chunk of a shard, or one whose
+    header bytes differ from the template is replaced by its checked canonical
+    encoding.
+    """
+
+    def __init__(self, layout: FixedLayout, buffer: np.ndarray) -> None:
+        self.layout = layout
+        self.joined = joins(layout)
+        self.buffer = buffer
+        self.views: list[Any] = []
+        #: per piece: (first row, first record index, record count, samples in its shard, its file)
+        self.pieces: list[tuple[int, int, int, int, str]] = []
+        self.held = 0  # records held
+        self.odd: dict[int, Any] = {}  # row -> original value of a record of the wrong length
+
+    def add(self, first: int, values: list[Any], count: int, path: str) -> int:
+        """Append the values of records first, first+1, ... of a shard; returns the row of the first one."""
+        row0 = self.held
+        n = len(values)
+        if self.joined:
+            self._copy_in(values, row0)
+        else:
+            self.views.extend(values)
+        self.pieces.append((row0, first, n, count, path))
+        self.held += n
+        return row0
+
+    def _copy_in(self, values: list[Any], row0: int) -> None:
+        length = self.layout.length
+        n = len(values)
+        if (row0 + n) * length > len(self.buffer):
+            # at least doubled: a window of many short pieces (StreamDataset's runs of frames in
+            # records of many samples) grew it piece by piece, copying it whole each time (quadratic)
+            grown = np.empty(max((row0 + n) * length, 2 * len(self.buffer)), np.uint8)
+            grown[: row0 * length] = self.buffer[: row0 * length]
+            self.buffer = grown
+        out = self.buffer.data
+        pos = row0 * length
+        expand = self.layout.expander  # compressed fields: decompressed straight into the slot
+        for i, value in enumerate(values):
+            try:
+                if expand is None:
+                    out[pos : pos + length] = value
+                else:
+                    expand(value, out[pos : pos + length])
+            except ValueError:  # wrong length: keep it aside for the checked decoder
+                self.odd[row0 + i] = bytes(value)
+            pos += length
+
+    def _piece_of(self, row: int) -> tuple[int, int, str]:
+        """(record index, samples in its shard, its file) of the record held at ``row``."""
+        for row0, first, n, count, path in self.pieces:
+            if row0 <= row < row0 + n:
+                return first + row - row0, count, path
+        raise IndexError(row)
+
+    def finish(self) -> FixedWindow:
+        layout, k = self.layout, self.layout.rows
+        suspects = set(self.odd)
+        for row0, first, n, count, _ in self.pieces:
+            partial = count // k if count % k else -1  # the shard's short final chunk, if any
+            if first <= partial < first + n:
+                suspects.add(row0 + partial - first)
+        if self.joined:
+            joined = np.frombuffer(self.buffer, np.uint8, count=self.held * layout.length)
+            joined = joined.reshape(self.held, layout.length)
+            bad = np.flatnonzero((joined[:, layout.header_cols] != layout.header).any(axis=1))
+            suspects.update(int(r) for r in bad)
+            if suspects:
+                joined = joined.copy()
+                for row in suspects:
+                    joined[row] = np.frombuffer(self._canonical(row, self.odd.get(row, joined[row])), np.uint8)
+            return FixedWindow(layout, joined, None, self.buffer)
+        # long records: check each view's length and its few header bytes as bytes (no array per record)
+        views = [memoryview(v) for v in self.views]
+        length = layout.length
+        segments = layout.header_segments()
+        for row, view in enumerate(views):
+            if len(view) != length or any(view[a:b].tobytes() != seg for a, b, seg in segments):
+                suspects.add(row)
+        for row in suspects:
+            views[row] = memoryview(self._canonical(row, self.views[row]))
+        return FixedWindow(layout, None, views, self.buffer)
+
+    def _canonical(self, row: int, value: Any) -> bytes:
+        record, count, path = self._piece_of(row)
+        rows = min(self.layout.rows, count - record * self.layout.rows)
+        data = value.tobytes() if isinstance(value, (np.ndarray, memoryview)) else value
+        return self.layout.canonical(data, record, rows, f"{path}: record {record}")

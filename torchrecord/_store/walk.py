@@ -1,0 +1,203 @@
+"""The cursor walk: the one place that reads records out of LMDB.
+
+Every reader (``RecordDataset``'s two decoding paths, ``RecordFile``, ``verify``)
+reads through a :class:`Walk`: one read transaction, one cursor on the records
+database (and one on the checksums), a ``set_range`` seek to the first record of
+a run, then sequential steps. Each step is checked before a byte is used:
+
+* every key read must be the next expected index (compared in bulk, one join
+  per piece), so a damaged tree can never duplicate or skip records silently;
+* with checksums on, every value's CRC-32 must match the stored 4-byte one;
+* LMDB's own errors become :class:`~torchrecord.errors.CorruptRecordError`
+  naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from types import TracebackType
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from torchrecord._store.format import encode_key, lmdb_errors
+from torchrecord.errors import ChecksumError, CorruptRecordError
+
+__all__ = ["PIECE", "Walk", "check_crc", "record_runs"]
+
+#: Records fetched per cursor step by :meth:`Walk.pieces`: bounds memory, amortizes the calls.
+PIECE = 256
+
+_CRC_BYTES = 4
+
+
+def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, where: str) -> None:
+    """Raise ChecksumError unless ``stored`` is the 4-byte little-endian CRC-32 of ``value``."""
+    if stored is None:
+        raise CorruptRecordError(f"{where}: no checksum stored")
+    actual = zlib.crc32(value)
+    if len(stored) != _CRC_BYTES:
+        raise ChecksumError(f"{where}: the stored checksum has {len(stored)} bytes, not {_CRC_BYTES}")
+    expected = int.from_bytes(stored, "little")
+    if actual != expected:
+        raise ChecksumError(f"{where}: CRC-32 is {actual:08x}, the stored checksum is {expected:08x}")
+
+
+def record_runs(sample_runs: Sequence[tuple[int, int]], samples_per_record: int) -> list[tuple[int, int]]:
+    """The record runs [first, stop) holding each run of sample indices, in the same order."""
+    k = samples_per_record
+    return [(start // k, (stop - 1) // k + 1) for start, stop in sample_runs if stop > start]
+
+
+def _expected_keys(first: int, stop: int) -> bytes:
+    return np.arange(first, stop, dtype=">u8").tobytes()
+
+
+class Walk:
+    """One read transaction over a record set's records, used as a context manager.
+
+    Args:
+        env: the open environment.
+        db: its records database.
+        path: the file, for error messages.
+        crc_db: the checksums database, to check every value read (None: no check).
+        buffers: values are zero-copy views of the map (valid while the walk is
+            open) instead of bytes.
+        keyed: look every record up by its key (a tree descent each) instead of
+            stepping the cursor from leaf to leaf. Slower; ``verify`` uses it
+            because liblmdb's leaf-to-leaf step aborts the process on some damaged
+            pages where a keyed lookup reports an error.
+    """
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        db: Any,
+        path: str,
+        *,
+        crc_db: Any = None,
+        buffers: bool = False,
+        keyed: bool = False,
+    ) -> None:
+        self.env, self.db, self.path, self.crc_db, self.buffers = env, db, path, crc_db, buffers
+        self._read = _read_keyed if keyed else _read_checked
+        self.txn: Any = None
+        self.records_read = 0
+
+    def __enter__(self) -> Walk:
+        with lmdb_errors(self.path):
+            begin: Any = self.env.begin
+            self.txn = begin(db=self.db, buffers=self.buffers)
+            self._cursor = self.txn.cursor(db=self.db)
+            self._crc_cursor = self.txn.cursor(db=self.crc_db) if self.crc_db is not None else None
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the transaction (views handed out before become invalid)."""
+        if self.txn is not None:
+            txn, self.txn = self.txn, None
+            txn.abort()
+
+    def records(self, first: int, stop: int) -> list[Any]:
+        """The values of records [first, stop), every key and (optionally) checksum checked."""
+        n = stop - first
+        if n <= 0:
+            return []
+        with self._reading(f"records {first} to {stop - 1}"):
+            values = self._read(self._cursor, first, stop, self.path)
+            if self._crc_cursor is not None:
+                crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
+                for i, (value, stored) in enumerate(zip(values, crcs)):
+                    check_crc(value, stored, f"{self.path}: record {first + i}")
+        self.records_read += n
+        return values
+
+    def records_at(self, records: np.ndarray) -> list[Any]:
+        """The values of ``records`` (int64, any order), each looked up by its key; checksums checked.
+
+        For records scattered over the file (``StreamDataset``'s frames): one
+        tree descent each in C, instead of a Python-level seek and step per run.
+        A lookup finds its exact key or nothing, so no key can be misplaced.
+        """
+        n = len(records)
+        if not n:
+            return []
+        packed = np.asarray(records, dtype=">u8").tobytes()
+        keys = [packed[i : i + 8] for i in range(0, 8 * n, 8)]
+        with self._reading(f"{n} records from {int(records[0])}"):
+            get = self._cursor.get
+            values = [get(key) for key in keys]
+            crcs = None
+            if self._crc_cursor is not None:
+                get_crc = self._crc_cursor.get
+                crcs = [get_crc(key) for key in keys]
+        if None in values:
+            missing = int(records[values.index(None)])
+            raise CorruptRecordError(f"{self.path}: record {missing} is missing; the file is damaged")
+        if crcs is not None:
+            for record, value, stored in zip(records.tolist(), values, crcs):
+                check_crc(value, stored, f"{self.path}: record {record}")
+        self.records_read += n
+        return values
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """LMDB's errors, and a value too large to copy, as CorruptRecordError naming the file and ``what``."""
+        try:
+            with lmdb_errors(self.path):
+                yield
+        except MemoryError:  # a damaged node can claim a value of gigabytes: py-lmdb cannot copy it
+            raise CorruptRecordError(
+                f"{self.path}: {what}: LMDB returned a value larger than the memory available; the file is "
+                "probably damaged: run torchrecord.verify on it"
+            ) from None
+
+    def pieces(self, runs: Sequence[tuple[int, int]], piece: int = PIECE) -> Iterator[tuple[int, list[Any]]]:
+        """``(first record, values)`` for pieces of at most ``piece`` records covering each record run."""
+        for first, stop in runs:
+            for lo in range(first, stop, piece):
+                hi = min(stop, lo + piece)
+                yield lo, self.records(lo, hi)
+
+
+def _read_checked(cursor: Any, first: int, stop: int, path: str) -> list[Any]:
+    """Values of keys [first, stop) read sequentially; the keys must be exactly those indices."""
+    n = stop - first
+    if not cursor.set_range(encode_key(first)):
+        raise CorruptRecordError(f"{path}: record {first} is missing")
+    pairs = list(islice(cursor.iternext(keys=True, values=True), n))
+    keys = b"".join([k for k, _ in pairs])
+    if len(pairs) != n or keys != _expected_keys(first, stop):
+        raise CorruptRecordError(f"{path}: {_describe_gap(keys, first, stop)}; the file is damaged")
+    return [v for _, v in pairs]
+
+
+def _read_keyed(cursor: Any, first: int, stop: int, path: str) -> list[Any]:
+    """Values of keys [first, stop), each looked up by its key."""
+    keys = [encode_key(i) for i in range(first, stop)]
+    pairs = cursor.getmulti(keys)
+    found = b"".join([k for k, _ in pairs])
+    if len(pairs) != len(keys) or found != b"".join(keys):
+        raise CorruptRecordError(f"{path}: {_describe_gap(found, first, stop)}; the file is damaged")
+    return [v for _, v in pairs]
+
+
+def _describe_gap(keys: bytes, first: int, stop: int) -> str:
+    """Say which record is missing or out of place in a run whose keys did not match."""
+    if len(keys) % 8 == 0:
+        got = np.frombuffer(keys, ">u8")
+        want = np.arange(first, first + len(got), dtype=np.uint64)
+        bad = np.flatnonzero(got != want)
+        if len(bad):
+            i = int(bad[0])
+            return f"record {first + i} is missing or out of place (found key {int(got[i])})"
+        if len(got) < stop - first:
+            return f"records {first + len(got)} to {stop - 1} are missing"
+    return f"records {first} to {stop - 1} do not have well-formed keys"

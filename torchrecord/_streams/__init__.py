@@ -1,0 +1,1 @@
+"""Sequence streams: StreamDataset and StreamLoader."""

@@ -1,0 +1,155 @@
+"""The options of one write, checked before any file is touched or any sample is read.
+
+``write_record`` and ``RecordWriter`` build a :class:`WriteSettings` and call
+:meth:`WriteSettings.check`: an option that cannot work (a seed or metadata that
+the metadata cannot hold, a ``max_skipped`` out of range, a malformed
+``schema=``) fails at once with a ValueError or TypeError saying what to pass
+instead, not after the whole source was read.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchrecord._core import compress as _compress
+from torchrecord._store import format as _format
+from torchrecord._write.admission import ON_ERROR
+from torchrecord._write.declared import Declared
+from torchrecord._write.grouping import key_function
+
+__all__ = ["MAX_SEED", "WriteSettings", "check_packs", "check_storable"]
+
+GroupBy = str | Callable[[Any], Any] | None
+#: The largest seed: NumPy takes any non-negative int, the metadata holds 64 bits.
+MAX_SEED = 2**64 - 1
+
+_INT_RANGE = (-(2**63), 2**64 - 1)  # what msgpack stores
+_MAX_NESTING = 64
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    """The options of one write that both entry points share (see ``write_record``)."""
+
+    shuffle: bool = True
+    seed: int = 0
+    samples_per_record: int | None = None
+    progress: bool | None = None
+    metadata: dict[str, Any] | None = None
+    on_error: str = "raise"
+    max_skipped: int | float | None = None
+    checksums: bool = True
+    group_by: GroupBy = None
+    schema: Any = None
+    initial_map_size: int = 1 << 28
+    commit_bytes: int = 64 << 20
+    compression: Any = None
+    compression_level: int | None = None
+
+    def check(self) -> Declared | None:
+        """ValueError / TypeError for an option that cannot work; returns the parsed ``schema``."""
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        k = self.samples_per_record
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
+            raise TypeError(f"samples_per_record must be an int >= 1 or None (automatic), got {k!r}")
+        if k is not None and k < 1:
+            raise ValueError(f"samples_per_record must be >= 1 (or None: automatic), got {k}")
+        _compress.parse_option(self.compression, self.compression_level)
+        if k is not None and k > _format.MAX_SAMPLES_PER_RECORD:
+            raise ValueError(f"samples_per_record must be from 1 to {_format.MAX_SAMPLES_PER_RECORD}, got {k}")
+        _check_seed(self.seed)
+        if self.metadata is not None and not isinstance(self.metadata, dict):
+            raise TypeError("metadata must be a dict of msgpack-able values")
+        if self.metadata is not None:
+            check_storable(self.metadata, "metadata")
+            check_packs({"user": self.metadata, "seed": int(self.seed)}, "metadata")
+        _check_max_skipped(self.max_skipped, self.on_error)
+        if self.group_by is not None:
+            key_function(self.group_by)  # raises for anything but a field name or a function
+        return Declared.parse(self.schema)
+
+
+def _check_seed(seed: Any) -> None:
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int from 0 to 2**64-1, got {type(seed).__name__} {seed!r}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"seed must be an int from 0 to 2**64-1 (the metadata stores 64 bits), got {seed}")
+
+
+def _check_max_skipped(value: Any, on_error: str) -> None:
+    if value is None:
+        return
+    if on_error != "skip":
+        raise ValueError(f"max_skipped={value!r} bounds on_error='skip'; pass on_error='skip' with it")
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float)):
+        raise TypeError(f"max_skipped must be a count (int >= 0) or a fraction (float between 0 and 1), got {value!r}")
+    if isinstance(value, numbers.Integral) and value < 0:
+        raise ValueError(f"max_skipped must be a count >= 0 or a fraction between 0 and 1, got {value}")
+    if isinstance(value, float) and not 0.0 < value < 1.0:
+        raise ValueError(
+            f"max_skipped as a fraction must be between 0 and 1 (exclusive), got {value}; pass an int for a count"
+        )
+
+
+def check_storable(value: Any, where: str, depth: int = 0) -> None:
+    """Raise ValueError / TypeError naming the first part of ``value`` the metadata cannot hold.
+
+    The metadata is msgpack: None, bool, int (-2**63 .. 2**64-1), float, str,
+    bytes, lists/tuples and dicts with str keys (``where``: ``"metadata"``).
+    """
+    if depth > _MAX_NESTING:
+        raise ValueError(f"{where}: nested deeper than {_MAX_NESTING} levels; flatten the metadata")
+    if value is None or isinstance(value, (bool, float, bytes, bytearray)):
+        return
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{where}: the str cannot be encoded as UTF-8 ({exc})") from None
+        return
+    if isinstance(value, int):
+        if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            raise ValueError(
+                f"{where}: the int {value} does not fit the metadata's 64 bits (-2**63 .. 2**64-1); "
+                "store it as a str (str(n))"
+            )
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_storable(item, f"{where}[{i}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, bytes)):
+                raise TypeError(f"{where}: key {key!r} ({type(key).__name__}) is not a str; metadata keys must be str")
+            check_storable(item, f"{where}[{key!r}]", depth + 1)
+        return
+    raise TypeError(
+        f"{where}: a {type(value).__name__} cannot be stored in the metadata; use None, bool, int, float, "
+        "str, bytes, and lists and dicts (str keys) of these (NumPy scalars: .item())"
+    )
+
+
+def check_packs(meta: dict[str, Any], where: str) -> None:
+    """The last word: msgpack itself packs ``meta`` within the size readers accept (ValueError otherwise)."""
+    try:
+        packed = _format.pack_metadata(meta)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ValueError(f"{where} cannot be stored: {type(exc).__name__}: {exc}") from None
+    try:
+        _format.check_metadata_size(packed, _containers(meta))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _containers(value: Any) -> int:
+    """Maps and lists in ``value`` (nesting is bounded by :func:`check_storable`)."""
+    if isinstance(value, dict):
+        return 1 + sum(_containers(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return 1 + sum(_containers(v) for v in value)
+    return 0

@@ -1,0 +1,336 @@
+"""Sharded record sets: written in parallel without a coordinator, finalized into one set.
+
+``write_shard(dataset, directory, shard=i, num_shards=n)`` writes shard ``i`` of
+``n`` as an ordinary record set ``shard-IIIII-of-NNNNN.tr`` through the same
+writer as :func:`~torchrecord.write_record` (temporary file, atomic rename), in
+any process on any machine: under torchrun (rank and world size), as a Ray,
+Dask or Spark task, or as a SLURM array job. ``finalize_shards(directory)``
+checks that every shard is there, complete and of one schema, and publishes
+``manifest.json`` atomically; the last writer to finish runs it itself. The
+format is specified in docs/FORMAT.md (*Sharded sets*).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+
+from torchrecord._shards import manifest as _manifest
+from torchrecord._shards.sharded import ShardedSet
+from torchrecord._store.record_file import RecordFile
+from torchrecord._version import __version__
+from torchrecord._write.settings import WriteSettings
+from torchrecord._write.sources import is_map_style
+from torchrecord._write.writer import write_source
+from torchrecord.errors import (
+    FormatError,
+    IncompleteRecordSetError,
+    RecordExistsError,
+    RecordNotFoundError,
+    TorchRecordError,
+    WriteError,
+)
+
+__all__ = ["finalize_shards", "write_shard"]
+
+#: What every shard of one set must agree on (from each shard's ``shard`` metadata and its own).
+_PLAN_KEYS = ("of", "seed", "source", "total", "shuffled", "samples_per_record", "checksum")
+
+
+def write_shard(
+    dataset: Any,
+    directory: str | os.PathLike[str],
+    *,
+    shard: int | None = None,
+    num_shards: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    finalize: bool = True,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+    on_error: str = "raise",
+    checksums: bool = True,
+    samples_per_record: int = 1,
+    initial_map_size: int = 1 << 28,
+    commit_bytes: int = 64 << 20,
+    multiprocessing_context: str | None = None,
+) -> RecordFile:
+    """Write shard ``shard`` of ``num_shards`` of a sharded set in ``directory``.
+
+    A map-style source (``__len__`` and ``__getitem__``) is the whole data set,
+    the same in every writer: shard ``i`` writes positions
+    ``[i*N//n, (i+1)*N//n)`` of the one global permutation seeded by ``seed``, so
+    the shards in order hold exactly what one :func:`write_record` of the source
+    with that seed holds, in the same order. An iterable source is this writer's
+    own part of the data: it is written whole, shuffled with a seed derived from
+    ``(seed, shard)``.
+
+    Writing a shard again (a retried task) replaces it atomically; once the set
+    is finalized, a retry with the same plan returns the existing shard
+    unchanged. With ``finalize=True`` the writer that finds every shard done
+    after its own publishes the manifest (:func:`finalize_shards`; concurrent
+    finalizers publish the same bytes).
+
+    Args:
+        dataset: the whole map-style data set, or this shard's iterable.
+        directory: the sharded set's folder (created if needed; on a file system
+            every writer sees).
+        shard, num_shards: which shard of how many; default: the rank and world
+            size of ``torch.distributed`` (torchrun).
+        overwrite: rewrite the shard of a finalized set (its manifest is removed
+            until the set is finalized again).
+        finalize: finalize the set when this writer finds every shard done.
+        shuffle, seed, num_workers, progress, metadata, on_error, checksums,
+        samples_per_record, initial_map_size, commit_bytes,
+        multiprocessing_context: as for :func:`torchrecord.write_record`.
+
+    Returns:
+        The shard, a :class:`RecordFile` (a record set on its own).
+
+    Raises:
+        RecordExistsError: the set is finalized with another plan (``overwrite``
+            rewrites it).
+        SourceError, SchemaError, WriteError: as for :func:`write_record`; the
+            shard is then absent and :func:`finalize_shards` names it.
+    """
+    shard, num_shards = _who(shard, num_shards)
+    folder = os.fspath(directory)
+    settings = WriteSettings(
+        shuffle=shuffle,
+        seed=seed,
+        samples_per_record=samples_per_record,
+        progress=progress,
+        metadata=metadata,
+        on_error=on_error,
+        checksums=checksums,
+        initial_map_size=initial_map_size,
+        commit_bytes=commit_bytes,
+    )
+    settings.check()
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise WriteError(f"{folder}: cannot create the sharded set's folder: {exc}") from exc
+    target = os.path.join(folder, _manifest.shard_name(shard, num_shards))
+    if is_map_style(dataset):
+        total = len(dataset)
+        lo, hi = shard * total // num_shards, (shard + 1) * total // num_shards
+        info = {"index": shard, "of": num_shards, "first": lo, "total": total, "seed": seed, "source": "map"}
+        positions: slice | None = slice(lo, hi)
+    else:
+        info = {"index": shard, "of": num_shards, "first": None, "total": None, "seed": seed, "source": "iterable"}
+        positions = None
+        # each writer shuffles its own part, with its own stream of the seed
+        mixed = np.random.SeedSequence([seed, shard, 0x73686172]).generate_state(1)[0]
+        settings = dataclasses.replace(settings, seed=int(mixed))
+    plan = {**info, "shuffled": bool(shuffle), "samples_per_record": samples_per_record}
+    plan["checksum"] = "crc32" if checksums else None
+    existing = _finalized_shard(folder, shard, plan, overwrite)
+    if existing is not None:
+        return existing
+    digest: dict[str, Any] = {}
+
+    def take_digest(temp: str) -> None:
+        digest["sha256"], digest["bytes"] = _manifest.file_digest(temp)
+
+    rf = write_source(
+        dataset,
+        target,
+        settings,
+        True,  # a shard written again replaces the earlier one
+        num_workers,
+        multiprocessing_context,
+        positions=positions,
+        extra={"shard": info},
+        before_publish=take_digest,
+    )
+    # this write's identity and count, not read back from the path (a duplicate writer may have replaced it)
+    note = {"shard": shard, "num_shards": num_shards, "set_id": rf._pin, "count": rf.write_summary.count, **digest}
+    _manifest.write_json_atomic(_manifest.note_path(target), note)
+    if finalize and _all_written(folder, num_shards):
+        with contextlib.suppress(IncompleteRecordSetError):  # a shard vanished meanwhile: not ours to finalize
+            finalize_shards(folder)
+    return rf
+
+
+def finalize_shards(directory: str | os.PathLike[str]) -> RecordFile:
+    """Check the shards in ``directory`` and publish its manifest; returns the set as one RecordFile.
+
+    Every shard ``0 .. n-1`` must be there and complete, written with one plan
+    (number of shards, seed, source kind, ...) and one schema (shapes may differ
+    between shards: the manifest widens them). Running it again (or in several
+    processes at once) publishes the same manifest.
+
+    Raises:
+        IncompleteRecordSetError: a shard is missing or unfinished; the message
+            names every such shard (and a writer's leftover temporary file).
+        SchemaError: two shards hold different kinds of sample (names both).
+        FormatError: shards of different plans, or of several shard counts.
+        RecordNotFoundError: ``directory`` holds no shard at all.
+    """
+    folder = os.fspath(directory)
+    if not os.path.isdir(folder):
+        raise RecordNotFoundError(f"{folder}: no such folder; write its shards with torchrecord.write_shard")
+    names = os.listdir(folder)
+    counts = sorted({parsed[1] for parsed in map(_manifest.parse_shard_name, names) if parsed is not None})
+    if not counts:
+        raise RecordNotFoundError(f"{folder}: holds no shard files; write them with torchrecord.write_shard")
+    if len(counts) > 1:
+        raise FormatError(
+            f"{folder}: holds shards of sets of {', '.join(map(str, counts))} shards; a folder holds one sharded "
+            "set: remove the files of the other one"
+        )
+    n = counts[0]
+    missing = [i for i in range(n) if _manifest.shard_name(i, n) not in names]
+    if missing:
+        raise IncompleteRecordSetError(f"{folder}: {_describe_missing(folder, names, missing, n)}")
+    entries: list[dict[str, Any]] = []
+    metas: list[dict[str, Any]] = []
+    for i in range(n):
+        entry, meta = _shard_entry(folder, i, n)
+        entries.append(entry)
+        metas.append(meta)
+    _check_plans(folder, metas)
+    schema = _manifest.merge_schemas([(e["name"], m.get("schema")) for e, m in zip(entries, metas)])
+    first = metas[0]
+    manifest: dict[str, Any] = {
+        "format": _manifest.MANIFEST_FORMAT,
+        "manifest_version": _manifest.MANIFEST_VERSION,
+        "library_version": __version__,
+        "set_id": _manifest.manifest_set_id([e["set_id"] for e in entries]),
+        "count": sum(e["count"] for e in entries),
+        "samples_per_record": int(first.get("samples_per_record", 1)),
+        "schema": schema,
+        "shuffled": bool(first.get("shuffled")),
+        "seed": int(first["shard"]["seed"]),
+        "source": first["shard"]["source"],
+        "skipped": sum(int(m.get("skipped", 0)) for m in metas),
+        "checksum": first.get("checksum"),
+        "created": max(str(m.get("created", "")) for m in metas),
+        "user": first.get("user") or {},
+        "shards": entries,
+    }
+    _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), manifest)
+    result = ShardedSet(folder)
+    result._manifest = manifest
+    return result
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _who(shard: int | None, num_shards: int | None) -> tuple[int, int]:
+    if shard is None and num_shards is None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if shard is None or num_shards is None:
+        raise ValueError(
+            "give shard= and num_shards= (or run under torch.distributed, whose rank and world size are the default)"
+        )
+    if isinstance(shard, bool) or not isinstance(shard, int) or not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"shard and num_shards must be ints with num_shards >= 1, got {shard!r}, {num_shards!r}")
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} is not in [0, {num_shards})")
+    return shard, num_shards
+
+
+def _finalized_shard(folder: str, shard: int, plan: dict[str, Any], overwrite: bool) -> RecordFile | None:
+    """For a finalized set: the existing shard (a retry with the same plan), or an error, or None."""
+    manifest_path = os.path.join(folder, _manifest.MANIFEST_NAME)
+    if not os.path.exists(manifest_path):
+        return None
+    if overwrite:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(manifest_path)  # the set changes: it is not readable until finalized again
+        return None
+    try:
+        manifest = _manifest.check_manifest(_manifest.read_json(manifest_path), manifest_path)
+        entry = manifest["shards"][shard] if len(manifest["shards"]) == plan["of"] else None
+        if entry is not None:
+            rf = RecordFile(os.path.join(folder, entry["name"]))
+            same = {k: rf.metadata.get("shard", {}).get(k, rf.metadata.get(k)) for k in _PLAN_KEYS}
+            if rf.set_id == entry["set_id"] and same == {k: plan[k] for k in _PLAN_KEYS}:
+                return rf
+    except (TorchRecordError, OSError, KeyError, TypeError):
+        pass
+    raise RecordExistsError(
+        f"{folder}: holds a finalized sharded set written with another plan (or a damaged one); pass "
+        "overwrite=True to rewrite it, or write to another folder"
+    )
+
+
+def _all_written(folder: str, n: int) -> bool:
+    names = set(os.listdir(folder))
+    return all(_manifest.shard_name(i, n) in names and _manifest.shard_name(i, n) + ".json" in names for i in range(n))
+
+
+def _describe_missing(folder: str, names: list[str], missing: list[int], n: int) -> str:
+    parts = []
+    for i in missing:
+        name = _manifest.shard_name(i, n)
+        temp = re.compile(r"^\." + re.escape(name) + r"\.tmp-(\d+)-")
+        pids = sorted({m.group(1) for m in map(temp.match, names) if m})
+        why = (
+            f"its writer did not finish (it left a temporary file, pid {', '.join(pids)}: killed, or still running)"
+            if pids
+            else "it was never written, or its writer failed"
+        )
+        parts.append(f"shard {i} ({name}) is missing: {why}")
+    return (
+        f"{len(missing)} of {n} shards missing: "
+        + "; ".join(parts)
+        + ". Run write_shard(..., shard=i) for each, then finalize_shards again"
+    )
+
+
+def _shard_entry(folder: str, i: int, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest entry of shard ``i`` and its metadata, the checksum from its note (or computed)."""
+    name = _manifest.shard_name(i, n)
+    path = os.path.join(folder, name)
+    rf = RecordFile(path)
+    meta = rf.metadata  # raises IncompleteRecordSetError / FormatError naming the shard's file
+    info = meta.get("shard")
+    if not isinstance(info, dict) or info.get("index") != i or info.get("of") != n:
+        raise FormatError(f"{path}: not shard {i} of {n} written by write_shard (its metadata says {info!r})")
+    note: Any = None
+    with contextlib.suppress(OSError, FormatError):
+        note = _manifest.read_json(_manifest.note_path(path))
+    if isinstance(note, dict) and note.get("set_id") == rf.set_id and isinstance(note.get("sha256"), str):
+        digest, size = note["sha256"], int(note["bytes"])
+    else:  # no note (the writer stopped right after its rename), or one of an earlier write
+        digest, size = _manifest.file_digest(path)
+    entry = {
+        "name": name,
+        "count": len(rf),
+        "records": rf.num_records,
+        "bytes": size,
+        "sha256": digest,
+        "set_id": rf.set_id,
+    }
+    return entry, meta
+
+
+def _check_plans(folder: str, metas: list[dict[str, Any]]) -> None:
+    def plan(meta: dict[str, Any]) -> dict[str, Any]:
+        info = meta["shard"]
+        return {k: info.get(k, meta.get(k)) for k in _PLAN_KEYS}
+
+    first = plan(metas[0])
+    for i, meta in enumerate(metas[1:], 1):
+        other = plan(meta)
+        for key in _PLAN_KEYS:
+            if other[key] != first[key]:
+                raise FormatError(
+                    f"{folder}: shard {i} was written with {key}={other[key]!r}, shard 0 with {first[key]!r}; "
+                    "write every shard of a set with the same settings"
+                )
+        info = meta["shard"]
+        if info["source"] == "map" and info["first"] != i * info["total"] // info["of"]:
+            raise FormatError(f"{folder}: shard {i} starts at position {info['first']} of the permutation, not its own")

@@ -1,0 +1,398 @@
+"""Writing record sets: ``write_record`` reads a whole source, ``RecordWriter`` takes pushed samples.
+
+Nothing appears at the target path until the write is complete: records go to a
+hidden temporary file beside it, which is renamed over the path at the end. Both
+entry points run the same :class:`~torchrecord._write.session.WriteSession`; the parts
+it puts together live in ``_sources`` (reading a source), ``_admission`` (schema
+and error policy), ``_grouping`` (group keys), ``_packing`` (records),
+``_spool`` (the shuffle spool) and ``_publish`` (temporary files and the rename).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, NoReturn
+
+import numpy as np
+
+from torchrecord._core.progress import progress_bar
+from torchrecord._core.schema import Schema
+from torchrecord._store.record_file import RecordFile
+from torchrecord._write.publish import as_write_error
+from torchrecord._write.session import WriteSession
+from torchrecord._write.settings import WriteSettings
+from torchrecord._write.sources import Preparer, is_map_style, iterate_source, read_in_order
+from torchrecord.errors import IgnoredOptionWarning
+
+__all__ = ["RecordWriter", "write_record", "write_source"]
+
+#: cli.py and verify.py take their progress bar from here
+_progress_bar = progress_bar
+
+#: A path as ``RecordFile`` takes it: str, bytes or a path-like object.
+PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+#: ``schema=``: a Schema, or {field name: shape, dtype name or {"shape": ..., "dtype": ...}}.
+SchemaArg = Schema | Mapping[str, Any] | None
+
+
+def write_record(
+    dataset: Any,
+    path: PathArg,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+    on_error: str = "raise",
+    max_skipped: int | float | None = None,
+    checksums: bool = True,
+    samples_per_record: int | None = None,
+    group_by: str | Callable[[Any], Any] | None = None,
+    schema: SchemaArg = None,
+    initial_map_size: int = 1 << 28,
+    commit_bytes: int = 64 << 20,
+    multiprocessing_context: str | None = None,
+    compression: str | Mapping[str, str | None] | None = None,
+    compression_level: int | None = None,
+) -> RecordFile:
+    """Write every sample of ``dataset`` to a record set at ``path``.
+
+    Args:
+        dataset: a map-style dataset (``__len__`` and ``__getitem__``) or any
+            iterable. Samples are tensors, NumPy arrays, Python scalars, bytes or
+            str, or tuples/lists/dicts (str keys) of these, nested. A list whose
+            items are all Python numbers of one kind (all bool, all int, or ints
+            and floats) is one field: a 1-d tensor (bool, int64 or float64) whose
+            length may vary from sample to sample (token ids).
+        path: the record set to create: a single file (str, bytes or path-like).
+        shuffle: pre-shuffle with a permutation seeded by ``seed``; ``False``
+            keeps the source order.
+        seed: the shuffle seed (an int from 0 to 2**64-1), recorded in the metadata.
+        num_workers: read a map-style source with this many DataLoader worker
+            processes (useful when reading a sample is slow, e.g. image decoding).
+            An iterable is read in this process: ``num_workers`` then gives an
+            ``IgnoredOptionWarning`` (pass a ``DataLoader`` over it as the
+            source to read it in parallel).
+        overwrite: replace an existing record set at ``path`` (atomically).
+            Without it the write never replaces anything: if another writer
+            publishes at ``path`` first, this one raises ``RecordExistsError``.
+        progress: show a tqdm bar (if tqdm is installed); ``None`` shows it only
+            on a terminal.
+        metadata: user metadata stored with the record set (None, bool, int,
+            float, str, bytes, lists and dicts with str keys; checked at once).
+        on_error: ``"raise"`` aborts on the first sample the source fails to give
+            (or that cannot be stored), naming its index; ``"skip"`` leaves such
+            samples out and records them (``RecordFile.write_summary``, and the
+            metadata: ``skipped`` and the first 1,000 ``skipped_samples``). A
+            write that keeps no sample at all is a ``SourceError``.
+        max_skipped: with ``on_error="skip"``, the most samples that may be left
+            out: a count (int) or a fraction of the source (float in (0, 1)).
+            More is a ``SourceError`` naming the first failures, and nothing is
+            written. None: no bound.
+        checksums: store a CRC-32 per record (checked by ``verify``).
+        samples_per_record: store this many consecutive samples per LMDB value
+            (chunked records, stacked along a new first axis) to cut per-record
+            overhead for small samples; needs fixed shapes. Readers mix samples
+            across chunks as usual. None (the default) chooses it from the first
+            sample: when every field has a fixed shape, as many samples as make a
+            record fill its LMDB pages (the file comes within about 1.1x of the
+            payload bytes; ``RecordFile.samples_per_record`` says what was
+            chosen), else 1. If a later sample then changes a field's shape, the
+            write goes back to one sample per record.
+        group_by: write a grouped set: a field name (as in the schema, e.g.
+            ``"episode"`` for a dict key) or a function of the sample giving a
+            hashable key. The samples of one group must come one after another
+            (a key that comes back later is a ``SourceError``); the pre-shuffle
+            permutes whole groups and keeps the order inside each. The source is
+            then read in its own order (map-style ones too, still with
+            ``num_workers``; a function must pickle for spawn workers) and, when
+            shuffling, spooled to a temporary file. ``RecordFile.groups`` gives
+            the group offsets.
+        schema: state fields up front: a :class:`Schema` (e.g. another set's
+            ``RecordFile.schema``: the set gets exactly that schema), or a dict
+            of field name -> shape (``(3, None, None)``: ``None`` where the size
+            may vary), dtype name, or ``{"shape": ..., "dtype": ...}``. A sample
+            that breaks it is a ``SchemaError``. Without it, a field whose shape
+            changes gives a ``VariableShapeWarning`` and is listed in
+            ``write_summary.variable_fields``.
+        initial_map_size: starting LMDB map size; it grows on its own.
+        commit_bytes: bytes per LMDB transaction (bounded memory for retries).
+        multiprocessing_context: start method of the reader workers.
+        compression: compress numeric fields: ``"zstd"`` or ``"lz4"`` (every
+            numeric field), or a dict of field name -> codec or None. A field
+            whose first records do not shrink below 0.9 of their size is left
+            alone (``metadata["compression"]`` says what was applied, with the
+            ratio). Needs cramjam (``pip install 'cramjam>=2.11'``, the ``compress`` extra);
+            a set with compressed fields has format version 2, which older
+            torchrecord refuses with a VersionError. Strings are never compressed.
+        compression_level: the codec's level: zstd -7..22 (default 3), LZ4
+            1..12 (high-compression mode; default: LZ4's fast mode).
+
+    Returns:
+        A :class:`RecordFile` for the new record set; its ``write_summary`` says
+        what was skipped and which fields turned variable. It reads this write's
+        set: if another write replaced ``path`` before it opens, it raises
+        ``RecordReplacedError`` instead of reading that other set.
+
+    Raises:
+        RecordExistsError: ``path`` exists and ``overwrite`` is false (also when
+            another writer published there while this one was writing).
+        SourceError: the source raised at a sample (``on_error="raise"``), every
+            sample failed or more than ``max_skipped`` did, or a group came back
+            after another one.
+        SchemaError: a sample's structure or dtype differs from the first one's,
+            or breaks the stated ``schema``.
+        ValueError, TypeError: an option cannot work (checked before reading).
+        WriteError: the write failed (disk full, ...); nothing is left at ``path``.
+    """
+    settings = WriteSettings(
+        shuffle=shuffle,
+        seed=seed,
+        samples_per_record=samples_per_record,
+        progress=progress,
+        metadata=metadata,
+        on_error=on_error,
+        max_skipped=max_skipped,
+        checksums=checksums,
+        group_by=group_by,
+        schema=schema,
+        initial_map_size=initial_map_size,
+        commit_bytes=commit_bytes,
+        compression=compression,
+        compression_level=compression_level,
+    )
+    settings.check()
+    return write_source(dataset, os.fsdecode(path), settings, overwrite, num_workers, multiprocessing_context)
+
+
+def write_source(
+    dataset: Any,
+    target: str,
+    settings: WriteSettings,
+    overwrite: bool,
+    num_workers: int = 0,
+    multiprocessing_context: str | None = None,
+    *,
+    positions: slice | None = None,
+    extra: dict[str, Any] | None = None,
+    before_publish: Callable[[str], None] | None = None,
+) -> RecordFile:
+    """The body of :func:`write_record` (also used by ``write_shard``).
+
+    ``positions``: write only these positions of the map-style write order (a
+    shard's slice of the global permutation); ``extra``: more metadata keys;
+    ``before_publish``: see :meth:`WriteSession.close`.
+    """
+    shuffle, seed = settings.shuffle, settings.seed
+    map_style = is_map_style(dataset)
+    if num_workers > 0 and not map_style:
+        warnings.warn(
+            f"{target}: num_workers={num_workers} is ignored: the source is an iterable "
+            f"({type(dataset).__name__}), read in this process in its own order. To read it in parallel, "
+            "pass a torch DataLoader over it as the source (DataLoader(source, batch_size=None, "
+            "num_workers=N), each worker yielding its own share), or give a map-style dataset",
+            IgnoredOptionWarning,
+            stacklevel=3,
+        )
+    grouped = settings.group_by is not None
+    # a map-style set is read in permuted order; groups and iterables are known only at the end
+    session = WriteSession(target, overwrite, settings, spool=shuffle and (grouped or not map_style), extra=extra)
+    try:
+        if map_style:
+            n = len(dataset)
+            order = np.random.default_rng(seed).permutation(n) if shuffle and not grouped else np.arange(n)
+            if positions is not None:
+                order = order[positions]
+            stream = read_in_order(
+                dataset, order, num_workers, multiprocessing_context, fast=session.fast, key=session.key
+            )
+            session.consume(stream, len(order))
+        else:
+            session.consume(iterate_source(dataset, fast=session.fast, key=session.key), None)
+        return session.close(before_publish)
+    except BaseException as exc:
+        session.abort()
+        _reraise(exc, target)
+
+
+class RecordWriter:
+    """Write a record set by pushing samples, published atomically when the block ends.
+
+    ``append`` takes one sample at a time. Leaving the ``with`` block normally
+    (or calling :meth:`close`) publishes the set at ``path`` with one atomic
+    rename; leaving it by an exception, calling :meth:`abort`, or an error in
+    ``append`` removes everything written and leaves ``path`` as it was (the
+    previous set there, or nothing). A writer killed mid-way (SIGKILL) leaves
+    only hidden files (a temporary and its lock file), removed by the next write
+    to ``path`` once its lock is free.
+
+    With ``shuffle=True`` the samples are spooled to a temporary file beside
+    ``path`` and written at close in an order seeded by ``seed`` (the same
+    permutation ``write_record`` gives an iterable); with ``shuffle=False`` they
+    are appended as they come. Memory stays bounded either way.
+
+    A writer holds an open LMDB file: use it from one thread of the process that
+    created it (never across ``fork``).
+
+    Args:
+        path: the record set to create: a single file.
+        overwrite: replace an existing record set at ``path`` (atomically, at close).
+        seed: the shuffle seed, recorded in the metadata.
+        shuffle: write the samples in a seeded permuted order (of whole groups
+            with ``group_by``); ``False`` keeps the order of ``append``.
+        samples_per_record: samples per LMDB value (chunked records; fixed
+            shapes); None chooses it from the first sample (see :func:`write_record`).
+        progress: show a tqdm bar (if installed); ``None``: only on a terminal.
+        metadata: user metadata stored with the set (checked at once, see :func:`write_record`).
+        on_error: ``"raise"``: a sample that cannot be stored aborts the write and
+            raises; ``"skip"``: it is left out and recorded (``write_summary``).
+            A write that keeps no sample is a ``SourceError`` at close.
+        max_skipped: with ``"skip"``: the most samples that may be left out, a
+            count (int) or a fraction (float in (0, 1), checked at close).
+        checksums: store a CRC-32 per record.
+        group_by: a field name or a function of the sample: write a grouped set
+            (see :func:`write_record`); samples of one group must be appended one
+            after another.
+        schema: fields stated up front, as for :func:`write_record`.
+        initial_map_size: starting LMDB map size; it grows on its own.
+        commit_bytes: bytes per LMDB transaction.
+        compression, compression_level: compress numeric fields (see :func:`write_record`).
+
+    Attributes:
+        result: the published :class:`RecordFile` after a successful close, else
+            None; ``result.write_summary`` says what was skipped and which fields
+            turned variable.
+
+    Raises:
+        RecordExistsError: at creation, when ``path`` exists and ``overwrite`` is false.
+
+    Example:
+        >>> with RecordWriter("train.tr", seed=0) as w:        # doctest: +SKIP
+        ...     for image, label in pairs:
+        ...         w.append({"image": image, "label": label})
+        >>> w.result                                           # doctest: +SKIP
+        RecordFile('train.tr')
+    """
+
+    def __init__(
+        self,
+        path: PathArg,
+        *,
+        overwrite: bool = False,
+        seed: int = 0,
+        shuffle: bool = True,
+        samples_per_record: int | None = None,
+        progress: bool | None = None,
+        metadata: dict[str, Any] | None = None,
+        on_error: str = "raise",
+        max_skipped: int | float | None = None,
+        checksums: bool = True,
+        group_by: str | Callable[[Any], Any] | None = None,
+        schema: SchemaArg = None,
+        initial_map_size: int = 1 << 28,
+        commit_bytes: int = 64 << 20,
+        compression: str | Mapping[str, str | None] | None = None,
+        compression_level: int | None = None,
+    ) -> None:
+        self.path = os.fsdecode(path)
+        settings = WriteSettings(
+            shuffle=shuffle,
+            seed=seed,
+            samples_per_record=samples_per_record,
+            progress=progress,
+            metadata=metadata,
+            on_error=on_error,
+            max_skipped=max_skipped,
+            checksums=checksums,
+            group_by=group_by,
+            schema=schema,
+            initial_map_size=initial_map_size,
+            commit_bytes=commit_bytes,
+            compression=compression,
+            compression_level=compression_level,
+        )
+        settings.check()
+        self.result: RecordFile | None = None
+        self._session: WriteSession | None = None
+        try:
+            session = WriteSession(self.path, overwrite, settings, spool=shuffle, source="append")
+        except BaseException as exc:
+            _reraise(exc, self.path)
+        self._session = session
+        self._prepare = Preparer(session.fast, session.key)
+        self._appended = 0
+        # a writer dropped without close or abort (or alive at exit) removes its files
+        self._cleanup = weakref.finalize(self, _abort_in, session, os.getpid())
+
+    def append(self, sample: Any) -> None:
+        """Add one sample (same kinds as :func:`write_record`); an error aborts the write."""
+        session = self._open_session()
+        try:
+            session.push(self._prepare(self._appended, sample))
+        except BaseException as exc:
+            self._fail(exc)
+        self._appended += 1
+
+    def close(self) -> RecordFile:
+        """Publish the set (once; later calls return the same result) and return it."""
+        if self.result is not None:
+            return self.result
+        session = self._open_session()
+        try:
+            self.result = session.close()
+        except BaseException as exc:
+            self._fail(exc)
+        self._session = None
+        self._cleanup.detach()
+        return self.result
+
+    def abort(self) -> None:
+        """Discard the write: nothing is published (no effect after a successful close)."""
+        if self._session is not None:
+            self._session = None
+            self._cleanup()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._session is not None:  # not aborted inside the block
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "published" if self.result is not None else "open" if self._session is not None else "aborted"
+        return f"RecordWriter({self.path!r}, {state})"
+
+    def _open_session(self) -> WriteSession:
+        if self._session is None:
+            what = "was published" if self.result is not None else "was aborted"
+            raise ValueError(f"{self.path}: this RecordWriter {what}; create a new one to write again")
+        return self._session
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        self.abort()
+        _reraise(exc, self.path)
+
+
+def _abort_in(session: WriteSession, pid: int) -> None:
+    """Abort ``session`` in the process that started it (a forked child must not delete its files)."""
+    if os.getpid() == pid:
+        session.abort()
+
+
+def _reraise(exc: BaseException, target: str) -> NoReturn:
+    """Raise ``exc``, LMDB and OS errors as a WriteError naming the target."""
+    error = as_write_error(exc, target)
+    if error is exc:
+        raise exc
+    raise error from exc
