@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pickle
 import pkgutil
 from types import ModuleType
 from typing import Any
@@ -170,3 +171,11 @@ def test_errors_keep_builtin_bases() -> None:
     for name in ("NotARecordSetError", "IncompleteRecordSetError", "VersionError", "CorruptRecordError"):
         assert issubclass(getattr(e, name), e.FormatError)
     assert issubclass(e.ChecksumError, e.CorruptRecordError)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_no_public_name_lives_in_a_private_module(name: str) -> None:
+    """help(), reprs and pickles show ``torchrecord.NAME`` (or a public module), never ``torchrecord._x``."""
+    obj = getattr(torchrecord, name)
+    assert not any(part.startswith("_") for part in obj.__module__.split(".")), obj.__module__
+    assert pickle.loads(pickle.dumps(obj)) is obj

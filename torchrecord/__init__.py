@@ -52,3 +52,18 @@ __all__ = [
     "write_record",
     "write_shard",
 ]
+
+
+def _present_as_public() -> None:
+    """Show every public name as ``torchrecord.NAME`` in help(), reprs and pickles.
+
+    The names are defined in private modules (``torchrecord._read.dataset``...), which may move;
+    ``torchrecord.NAME`` is the one path a user, a pickle or a saved config should hold.
+    """
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith(f"{__name__}._"):
+            obj.__module__ = __name__
+
+
+_present_as_public()
