@@ -13,8 +13,8 @@ The parts (after torchdata's ``run_test_save_load_state``, for datasets):
 2. :func:`check_set_epoch`: ``set_epoch`` reaches persistent workers: epochs 0 and
    1 differ in order, not in content, and epoch 1 through persistent workers is
    epoch 1 read by a new loader.
-3. :func:`check_state_round_trip`: ``state_dict()`` taken after k items (seeded
-   random k, and 0 and the last) and loaded into a fresh reader gives exactly the
+3. :func:`check_state_round_trip`: ``state_dict()`` taken after k items (0, 1, a
+   seeded random k and the last) and loaded into a fresh reader gives exactly the
    rest of the epoch, in order (in the process, through JSON, with 0 workers and
    with torchdata's ``StatefulDataLoader`` over 2 workers); the resume point is used
    once; and :func:`check_state_in_another_process` resumes from a JSON state in a
@@ -29,10 +29,15 @@ The parts (after torchdata's ``run_test_save_load_state``, for datasets):
    the same epoch.
 6. :func:`check_refuses_breaking_loader`: a DataLoader that would break the
    reader's order or count (one that batches the batches again, one that
-   delivers out of order, one whose ``len()`` is not what it yields) is refused
-   with the reader's documented error (``ValueError``, a ``TorchRecordError``
-   where the reader has one) by ``check_loader`` or when it runs, rather than
+   delivers out of order with ``in_order=False``, one whose ``len()`` is not what
+   it yields) is refused with the reader's documented error (``ValueError``, or a
+   ``TorchRecordError``) by ``check_loader`` or when it runs, rather than
    silently yielding something else.
+
+Per-sample mode is read through ``DataLoader(batch_size=case.batch_size)`` (the
+way it is used), telling the reader with ``loader_batch_size=`` where its class
+takes that parameter; batch mode through ``DataLoader(batch_size=None)``.
+Workers are forked; the one spawned process is the state check's.
 
 Only the public API is used: the constructor (through ``case.make``),
 ``set_epoch``, ``state_dict``/``load_state_dict``, ``len``, ``check_loader``,
@@ -55,6 +60,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from torch.utils.data import DataLoader
 
 from tests.helpers import assert_exactly_once
@@ -109,7 +115,7 @@ class Case:
         epoch: ``epoch(world_size) -> Epoch``: what one epoch over that many ranks holds,
             from the reader's documented epoch (padding included).
         modes: ``SAMPLE`` and/or ``BATCH``.
-        batch_size: the batch size of batch mode.
+        batch_size: the batch size of batch mode, and the DataLoader's in per-sample mode.
         dataloader: the reader is an IterableDataset for ``DataLoader`` (workers, ranks);
             ``False`` for in-process iterators, which are iterated directly.
         distributed: the reader takes ``rank=`` and ``world_size=``.
@@ -303,8 +309,6 @@ def check_state_round_trip(case: Case, *, epoch: int = 1) -> None:
         for num_workers in _workers(case):
             stateful = num_workers > 0
             if stateful:
-                import pytest
-
                 pytest.importorskip("torchdata.stateful_dataloader")
             reference_reader = case.reader(mode)
             reference_reader.set_epoch(epoch)
