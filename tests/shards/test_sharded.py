@@ -212,8 +212,9 @@ def test_schema_mismatch_between_shards_names_the_shard(tmp_path: Path) -> None:
 
 def test_shapes_that_differ_between_shards_are_widened(tmp_path: Path) -> None:
     directory = str(tmp_path / "shards")
-    write_shard(iter([torch.zeros(2, 3)] * 5), directory, shard=0, num_shards=2, progress=False)  # own parts
-    write_shard(iter([torch.ones(2, 5)] * 5), directory, shard=1, num_shards=2, progress=False)
+    # shards of other shapes choose other packings: one packing for the whole set (see below)
+    write_shard(iter([torch.zeros(2, 3)] * 5), directory, shard=0, num_shards=2, samples_per_record=1, progress=False)
+    write_shard(iter([torch.ones(2, 5)] * 5), directory, shard=1, num_shards=2, samples_per_record=1, progress=False)
     rf = RecordFile(directory)
     assert rf.schema.fields[0].shape == (2, None)
     batches = list(RecordDataset(directory, batch_size=4))
@@ -328,7 +329,7 @@ def test_a_state_of_another_set_is_refused(tmp_path: Path) -> None:
 
 
 def test_load_and_verify_a_sharded_set(tmp_path: Path) -> None:
-    directory = _sharded(tmp_path)
+    directory = _sharded(tmp_path, samples_per_record=1)  # a record per sample: verify counts and names records
     one = tmp_path / "one.tr"
     write_record(IndexedImages(COUNT), one, seed=3, progress=False)
     images, labels = torchrecord.load(directory)
