@@ -101,8 +101,8 @@ def detect_format(source: str | os.PathLike[str]) -> str:
 
 #: write_record's options that do not apply to a robomimic source (see :func:`from_robomimic`), and why.
 _NOT_ROBOMIMIC = {
-    "shard": "a robomimic set is grouped by demo and a sharded set has no groups",
     "num_shards": "a robomimic set is grouped by demo and a sharded set has no groups",
+    "shard": "a robomimic set is grouped by demo and a sharded set has no groups",
     "seed": "the set keeps robomimic's demo order (the windows are shuffled when read)",
     "num_workers": "the file is read in this process, one demo at a time",
     "multiprocessing_context": "the file is read in this process, one demo at a time",
