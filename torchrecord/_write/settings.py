@@ -7,7 +7,7 @@ their settings with :meth:`WriteSettings.of` from their arguments, which checks
 them: an option that cannot work (a seed or metadata that the metadata cannot
 hold, a ``max_skipped`` out of range, a malformed ``schema=``) fails at once
 with a ValueError or TypeError saying what to pass instead, not after the whole
-source was read. ``tests/write/test_options.py`` checks that every signature's
+source was read. ``tests/write/test_settings.py`` checks that every signature's
 defaults agree with the ones here.
 """
 

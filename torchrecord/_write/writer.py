@@ -123,7 +123,8 @@ def write_record(
             ``write_summary.variable_fields``.
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction (bounded memory for retries).
-        multiprocessing_context: start method of the reader workers.
+        multiprocessing_context: start method of the reader workers: ``"fork"``,
+            ``"spawn"`` or ``"forkserver"``; None: the platform's default.
         compression: compress numeric fields: ``"zstd"`` or ``"lz4"`` (every
             numeric field), or a dict of field name -> codec or None. A field
             whose first records do not shrink below 0.9 of their size is left
