@@ -207,7 +207,85 @@ def _add_convert(commands: Any) -> None:
         action="store_false",
         help="images: do not store each file's relative path as the 'path' field",
     )
+    w = p.add_argument_group("write options (as write_record's, with the same defaults)")
+    w.add_argument(
+        "--max-skipped",
+        type=_max_skipped,
+        metavar="N",
+        help="with --skip-bad: the most samples that may be left out, a count (10) or a fraction (0.01) "
+        "(default: no bound)",
+    )
+    w.add_argument("--no-checksums", dest="checksums", action="store_false", help="store no CRC-32 per record")
+    w.add_argument(
+        "--samples-per-record",
+        type=_positive,
+        metavar="K",
+        help="samples stored per record (fixed shapes); default: chosen from the first sample",
+    )
+    w.add_argument(
+        "--group-by",
+        metavar="FIELD",
+        help="write a grouped set by this field (samples of a group must come one after another)",
+    )
+    w.add_argument(
+        "--schema",
+        type=_json_object,
+        metavar="JSON",
+        help='fields stated up front, e.g. \'{"x": [3, null], "y": "int64"}\'',
+    )
+    w.add_argument("--metadata", type=_json_object, metavar="JSON", help="user metadata, a JSON object")
+    w.add_argument(
+        "--compression",
+        type=_compression,
+        metavar="CODEC",
+        help="compress numeric fields: zstd or lz4, or FIELD=CODEC,... (CODEC none: leave the field alone); "
+        "needs the compress extra (default: none)",
+    )
+    w.add_argument(
+        "--compression-level",
+        type=int,
+        metavar="L",
+        help="the codec's level: zstd -7..22 (default 3), lz4 1..12 (default: fast mode)",
+    )
+    w.add_argument(
+        "--multiprocessing-context",
+        choices=("fork", "spawn", "forkserver"),
+        help="start method of the --workers processes (default: the platform's)",
+    )
     _add_quiet(p)
+
+
+def _max_skipped(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count (10) or a fraction (0.01), got {text!r}") from None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {text!r}")
+    return value
+
+
+def _compression(text: str) -> str | dict[str, str | None]:
+    if "=" not in text:
+        return text.strip()
+    fields: dict[str, str | None] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, codec = part.rpartition("=")
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"expected FIELD=CODEC pairs, got {part!r}")
+        fields[name.strip()] = None if codec.strip().lower() == "none" else codec.strip()
+    return fields
 
 
 def _extensions(text: str) -> list[str] | str:
@@ -227,6 +305,8 @@ def _convert(args: argparse.Namespace) -> int:
         raise ValueError("give both --shards N and --shard I, or neither")
     if args.shards is not None and args.shard >= args.shards:
         raise ValueError(f"--shard {args.shard} is not in [0, {args.shards})")
+    if args.max_skipped is not None and not args.skip_bad:
+        raise ValueError("--max-skipped bounds --skip-bad: pass --skip-bad with it")
     sharding = {"shard": args.shard, "num_shards": args.shards} if args.shards is not None else {}
     started = time.perf_counter()
     extensions = IMG_EXTENSIONS if args.extensions is None else None if args.extensions == "*" else args.extensions
@@ -243,8 +323,17 @@ def _convert(args: argparse.Namespace) -> int:
             seed=args.seed,
             num_workers=args.workers,
             on_error="skip" if args.skip_bad else "raise",
+            max_skipped=args.max_skipped,
             overwrite=args.overwrite,
             progress=_progress(args),
+            checksums=args.checksums,
+            samples_per_record=args.samples_per_record,
+            group_by=args.group_by,
+            schema=args.schema,
+            metadata=args.metadata,
+            compression=args.compression,
+            compression_level=args.compression_level,
+            multiprocessing_context=args.multiprocessing_context,
             **sharding,
         )
     except RecordExistsError as exc:
@@ -258,6 +347,9 @@ def _convert(args: argparse.Namespace) -> int:
         f"{order}, {meta.get('skipped', 0)} skipped, {_size(os.path.getsize(rf.path))}, "
         f"{time.perf_counter() - started:.1f} s"
     )
+    compressed = {name: c["codec"] for name, c in (meta.get("compression") or {}).items() if c.get("applied")}
+    if compressed:
+        print("compressed: " + ", ".join(f"{name} ({codec})" for name, codec in compressed.items()))
     for skipped in rf.write_summary.skipped_samples:  # every one (image errors start with the file)
         print(f"skipped sample {skipped.index}: {skipped.error}")
     if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):

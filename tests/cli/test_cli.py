@@ -264,6 +264,31 @@ def test_convert_arrays(run: Run, tmp_path: Path) -> None:
     assert [s["x"].tolist() for s in RecordFile(tmp_path / "d.tr")] == x.tolist()
 
 
+def test_convert_takes_the_write_options(run: Run, tmp_path: Path) -> None:
+    pytest.importorskip("cramjam")
+    x = np.repeat(np.arange(400, dtype=np.float32)[:, None], 64, axis=1)  # compressible rows
+    np.save(tmp_path / "x.npy", x)
+    code, out, err = run("convert", tmp_path / "x.npy", tmp_path / "z.tr", "--compression", "zstd")
+    assert (code, err) == (0, "") and "compressed: value (zstd)" in out
+    rf = RecordFile(tmp_path / "z.tr")
+    assert rf.metadata["compression"]["value"]["applied"] and rf.metadata["compression"]["value"]["codec"] == "zstd"
+    assert rf.samples_per_record > 1  # packed automatically, as write_record does
+    assert sorted(float(row[0]) for row in rf) == x[:, 0].tolist()
+    argv = ["--compression", "value=lz4", "--compression-level", "9", "--samples-per-record", "1", "--no-checksums"]
+    code, out, err = run("convert", tmp_path / "x.npy", tmp_path / "l.tr", *argv, "--metadata", '{"run": 7}')
+    assert (code, err) == (0, "") and "compressed: value (lz4)" in out
+    rf = RecordFile(tmp_path / "l.tr")
+    assert rf.metadata["compression"]["value"]["level"] == 9 and rf.samples_per_record == 1
+    assert rf.metadata["checksum"] is None and rf.user_metadata["run"] == 7
+    code, out, err = run("convert", tmp_path / "x.npy", tmp_path / "g.tr", "--compression", "gzip")
+    assert code == 1
+    assert_one_line_error(err, "convert", "unknown compression 'gzip'")
+    code, out, err = run("convert", tmp_path / "x.npy", tmp_path / "m.tr", "--max-skipped", "3")
+    assert code == 1
+    assert_one_line_error(err, "convert", "--max-skipped bounds --skip-bad")
+    assert not (tmp_path / "g.tr").exists() and not (tmp_path / "m.tr").exists()
+
+
 @pytest.mark.parametrize(
     ("make", "argv", "fragments"),
     [

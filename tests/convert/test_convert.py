@@ -32,7 +32,7 @@ from torchrecord.convert import (
     from_numpy,
 )
 from torchrecord.convert.arrays import NpyRows
-from torchrecord.errors import CorruptRecordError, RecordExistsError, SourceError
+from torchrecord.errors import CorruptRecordError, IgnoredOptionWarning, RecordExistsError, SourceError
 from torchrecord.transforms import decode_image
 
 # -- helpers ---------------------------------------------------------------------
@@ -425,6 +425,26 @@ def test_numpy_bad_sources(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=r"keys= selects arrays of an \.npz"):
         from_numpy(tmp_path / "none.npy", tmp_path / "o.tr", keys=["a"])
     assert not (tmp_path / "o.tr").exists()
+
+
+def test_converters_take_the_write_options(tmp_path: Path) -> None:
+    """issue 26: every write_record option reaches the write, sharding too; none is dropped silently."""
+    x, g = np.arange(240, dtype=np.float32).reshape(60, 4), np.repeat(np.arange(12), 5)
+    np.savez(tmp_path / "a.npz", x=x, g=g)
+    rf = from_numpy(tmp_path / "a.npz", tmp_path / "g.tr", group_by="g", seed=4, checksums=False, progress=False)
+    assert rf.num_groups == 12 and rf.metadata["checksum"] is None and rf.metadata["seed"] == 4
+    assert all(len({int(s["g"]) for s in rf.group(i)}) == 1 for i in range(12))
+    for i in range(2):
+        from_numpy(tmp_path / "a.npz", tmp_path / "shards", shard=i, num_shards=2, seed=4, progress=False)
+    one = from_numpy(tmp_path / "a.npz", tmp_path / "one.tr", seed=4, progress=False)
+    sharded = RecordFile(tmp_path / "shards")
+    assert [s["x"].tolist() for s in sharded] == [s["x"].tolist() for s in one]
+    assert sharded.samples_per_record == one.samples_per_record > 1
+    with pytest.raises(ValueError, match="a sharded set has no groups"):
+        from_numpy(tmp_path / "a.npz", tmp_path / "gs", shard=0, num_shards=2, group_by="g", progress=False)
+    np.savez_compressed(tmp_path / "c.npz", x=x)  # read as one stream: workers cannot help
+    with pytest.warns(IgnoredOptionWarning, match="num_workers=2 is ignored: the source is read as one stream"):
+        from_numpy(tmp_path / "c.npz", tmp_path / "c.tr", num_workers=2, progress=False)
 
 
 def test_compressed_npz_damage_stops_the_conversion_even_when_skipping(tmp_path: Path) -> None:

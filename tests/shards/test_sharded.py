@@ -22,7 +22,7 @@ from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
 from torchrecord import RecordDataset, RecordFile, ShardedSet, finalize_shards, write_record, write_shard
 from torchrecord._order.partition import reader_runs
-from torchrecord.errors import IncompleteRecordSetError, RecordExistsError, SchemaError
+from torchrecord.errors import FormatError, IncompleteRecordSetError, RecordExistsError, SchemaError, SourceError
 
 COUNT = 103  # not a multiple of 4: shards of 25 and 26
 
@@ -212,12 +212,112 @@ def test_schema_mismatch_between_shards_names_the_shard(tmp_path: Path) -> None:
 
 def test_shapes_that_differ_between_shards_are_widened(tmp_path: Path) -> None:
     directory = str(tmp_path / "shards")
-    write_shard(iter([torch.zeros(2, 3)] * 5), directory, shard=0, num_shards=2, progress=False)  # own parts
-    write_shard(iter([torch.ones(2, 5)] * 5), directory, shard=1, num_shards=2, progress=False)
+    # shards of other shapes choose other packings: one packing for the whole set (see below)
+    write_shard(iter([torch.zeros(2, 3)] * 5), directory, shard=0, num_shards=2, samples_per_record=1, progress=False)
+    write_shard(iter([torch.ones(2, 5)] * 5), directory, shard=1, num_shards=2, samples_per_record=1, progress=False)
     rf = RecordFile(directory)
     assert rf.schema.fields[0].shape == (2, None)
     batches = list(RecordDataset(directory, batch_size=4))
     assert sum(len(b) for b in batches) == 10  # variable shapes come as lists
+
+
+# -- the write options (issue 26): write_shard takes write_record's, with its defaults ------------
+
+
+def _set_bytes(directory: str) -> int:
+    return sum(os.path.getsize(os.path.join(directory, e["name"])) for e in RecordFile(directory).manifest["shards"])
+
+
+def test_default_shards_pack_like_write_record_and_are_about_its_size(tmp_path: Path) -> None:
+    samples = [(torch.full((16,), float(i)), i) for i in range(4000)]  # small samples: packing matters
+    one = write_record(samples, tmp_path / "one.tr", seed=3, progress=False)
+    directory = str(tmp_path / "shards")
+    for i in range(4):
+        write_shard(samples, directory, shard=i, num_shards=4, seed=3, progress=False)
+    sharded = RecordFile(directory)
+    assert sharded.samples_per_record == one.samples_per_record > 1
+    assert [int(s[1]) for s in sharded] == [int(s[1]) for s in one]  # the same global order
+    assert _set_bytes(directory) < 1.5 * os.path.getsize(one.path)
+    # what the old default (one sample per record) gave: the bound above can fail
+    unpacked = str(tmp_path / "unpacked")
+    for i in range(4):
+        write_shard(samples, unpacked, shard=i, num_shards=4, seed=3, samples_per_record=1, progress=False)
+    assert _set_bytes(unpacked) > 2 * os.path.getsize(one.path)
+
+
+def test_compressed_shards_hold_what_write_record_holds(tmp_path: Path) -> None:
+    pytest.importorskip("cramjam")
+    one = write_record(IndexedImages(COUNT, size=16), tmp_path / "one.tr", seed=3, compression="zstd", progress=False)
+    directory = str(tmp_path / "shards")
+    for i in range(4):
+        write_shard(
+            IndexedImages(COUNT, size=16), directory, shard=i, num_shards=4, seed=3, compression="zstd", progress=False
+        )
+    sharded = RecordFile(directory)
+    for entry in sharded.manifest["shards"]:
+        shard = RecordFile(os.path.join(directory, entry["name"]))
+        assert shard.metadata["compression"]["0"]["applied"] and shard.metadata["compression"]["0"]["codec"] == "zstd"
+    assert _labels(sharded) == _labels(one)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(sharded, one))
+    plain = str(tmp_path / "plain")
+    for i in range(4):
+        write_shard(IndexedImages(COUNT, size=16), plain, shard=i, num_shards=4, seed=3, progress=False)
+    assert _set_bytes(directory) < _set_bytes(plain)
+
+
+def test_max_skipped_and_schema_reach_each_shard(tmp_path: Path) -> None:
+    class Flaky(IndexedImages):
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            if i % 10 == 0:
+                raise OSError(f"cannot read sample {i}")
+            return super().__getitem__(i)
+
+    directory = str(tmp_path / "shards")
+    with pytest.raises(SourceError, match="more than"):
+        write_shard(Flaky(COUNT), directory, shard=0, num_shards=2, on_error="skip", max_skipped=1, progress=False)
+    stated = {"0": (3, None, None)}
+    for i in range(2):
+        write_shard(Flaky(COUNT), directory, shard=i, num_shards=2, on_error="skip", schema=stated, progress=False)
+    sharded = RecordFile(directory)
+    assert len(sharded) == COUNT - 11 and sharded.metadata["skipped"] == 11
+    assert sharded.schema.fields[0].shape == (3, None, None)
+
+
+def test_group_by_is_refused_with_the_reason(tmp_path: Path) -> None:
+    samples = [{"x": torch.tensor([i]), "episode": i // 5} for i in range(20)]
+    with pytest.raises(ValueError, match="a sharded set has no groups"):
+        write_shard(samples, tmp_path / "shards", shard=0, num_shards=2, group_by="episode", progress=False)
+    assert not (tmp_path / "shards").exists() or not os.listdir(tmp_path / "shards")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("checksums", False), ("shuffle", False), ("samples_per_record", 4), ("schema", {"0": (3, None, None)})],
+)
+def test_shards_written_with_other_options_are_refused(tmp_path: Path, option: str, value: Any) -> None:
+    directory = str(tmp_path / "shards")
+    _write(directory, 0, n=2)
+    with pytest.raises(FormatError, match=rf"shard 1 was written with {option}=.*, shard 0 with"):
+        _write(directory, 1, n=2, **{option: value})  # this last writer finalizes
+    assert not os.path.exists(os.path.join(directory, "manifest.json"))
+
+
+def test_shards_compressed_otherwise_are_refused(tmp_path: Path) -> None:
+    pytest.importorskip("cramjam")
+    directory = str(tmp_path / "shards")
+    _write(directory, 0, n=2, compression="zstd")
+    with pytest.raises(FormatError, match=r"shard 1 was written with compression='lz4', shard 0 with 'zstd'"):
+        _write(directory, 1, n=2, compression="lz4")
+    with pytest.raises(FormatError, match=r"compression_level=9, shard 0 with None"):
+        _write(directory, 1, n=2, compression="zstd", compression_level=9)
+
+
+def test_shards_that_choose_other_packings_are_refused_naming_the_fix(tmp_path: Path) -> None:
+    directory = str(tmp_path / "shards")
+    write_shard(iter([torch.zeros(2, 3)] * 5), directory, shard=0, num_shards=2, progress=False)
+    pattern = r"shard 1 holds \d+ samples per record, shard 0 \d+ .*same samples_per_record=K"
+    with pytest.raises(FormatError, match=pattern):
+        write_shard(iter([torch.ones(2, 50)] * 5), directory, shard=1, num_shards=2, progress=False)
 
 
 def test_blocks_never_straddle_a_shard() -> None:
@@ -328,7 +428,7 @@ def test_a_state_of_another_set_is_refused(tmp_path: Path) -> None:
 
 
 def test_load_and_verify_a_sharded_set(tmp_path: Path) -> None:
-    directory = _sharded(tmp_path)
+    directory = _sharded(tmp_path, samples_per_record=1)  # a record per sample: verify counts and names records
     one = tmp_path / "one.tr"
     write_record(IndexedImages(COUNT), one, seed=3, progress=False)
     images, labels = torchrecord.load(directory)

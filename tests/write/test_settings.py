@@ -3,8 +3,11 @@ the source is read, samples that every reader would refuse are refused when writ
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchrecord import RecordFile, RecordWriter, write_record
+import torchrecord.convert as convert_module
+from torchrecord import RecordFile, RecordWriter, write_record, write_shard
+from torchrecord._write.settings import WriteSettings
 from torchrecord.errors import IgnoredOptionWarning, SchemaError, SourceError
 
 
@@ -125,3 +130,111 @@ def test_workers_with_an_iterable_source_are_not_silently_ignored(tmp_path: Path
 def test_unknown_leaf_types_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=r"sample 0.*field 'meta\.x'.*cannot store a leaf of type set"):
         write_record([{"meta": {"x": {1}}}], tmp_path / "s.tr", progress=False)
+
+
+# -- one definition of the write options (issue 26) ------------------------------------------
+
+#: Every entry point that writes, and the options of ``WriteSettings`` it legitimately lacks, with why.
+#: Besides these, the entry points differ only in their own arguments: the source and target
+#: (write_record's ``dataset, path``; write_shard's ``dataset, directory``; a converter's source
+#: file or folder and ``path``), the sharding of write_shard and the converters (``shard``,
+#: ``num_shards``; write_shard's ``finalize``), and each converter's own (``keys``, ``check_images``,
+#: ``extensions``, ``keep_paths``, ``format``, robomimic's ``obs_keys``, ``dataset_keys``).
+ENTRY_POINTS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
+    "write_shard": (write_shard, {}),
+    "RecordWriter": (
+        RecordWriter,
+        {
+            "num_workers": "samples are pushed by the caller: there is no source to read in workers",
+            "multiprocessing_context": "no reader workers",
+        },
+    ),
+    "from_image_folder": (convert_module.from_image_folder, {}),
+    "from_list_file": (convert_module.from_list_file, {}),
+    "from_numpy": (convert_module.from_numpy, {}),
+    "from_hdf5": (convert_module.from_hdf5, {}),
+    "convert": (convert_module.convert, {}),
+    "from_robomimic": (
+        convert_module.from_robomimic,
+        {
+            "shuffle": "robomimic's demo order is kept (the windows are shuffled when read)",
+            "seed": "nothing is shuffled when written",
+            "num_workers": "the file is read in this process, one demo at a time",
+            "multiprocessing_context": "no reader workers",
+            "on_error": "a bad demo stops the conversion",
+            "max_skipped": "nothing is skipped",
+            "samples_per_record": "one time step per record (the window datasets read frames by record)",
+            "group_by": "grouped by demo, always",
+            "schema": "the schema is built from the file",
+        },
+    ),
+}
+OPTIONS = [f.name for f in dataclasses.fields(WriteSettings)]
+REFERENCE = inspect.signature(write_record).parameters
+
+
+def test_write_record_takes_every_option_with_the_default_of_the_one_definition() -> None:
+    defaults = WriteSettings()
+    assert [name for name in REFERENCE if name not in ("dataset", "path")] == OPTIONS
+    for name in OPTIONS:
+        assert REFERENCE[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert REFERENCE[name].default == getattr(defaults, name), name
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_entry_point_takes_every_option_with_the_same_name_default_and_type(entry: str, option: str) -> None:
+    function, lacking = ENTRY_POINTS[entry]
+    parameters = inspect.signature(function).parameters
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()), "no **kwargs"
+    if option in lacking:
+        assert option not in parameters, f"{entry} takes {option}, listed as not applying: {lacking[option]}"
+        return
+    assert option in parameters, f"{entry} lacks write_record's {option}"
+    ours, reference = parameters[option], REFERENCE[option]
+    assert ours.kind is inspect.Parameter.KEYWORD_ONLY
+    assert ours.default == reference.default, f"{entry}'s {option} defaults to {ours.default!r}"
+    assert str(ours.annotation) == str(reference.annotation), f"{entry}'s {option} is typed otherwise"
+
+
+@pytest.mark.parametrize("entry", ["write_shard", "from_image_folder", "from_list_file", "from_numpy", "from_hdf5"])
+def test_sharding_is_taken_alike(entry: str) -> None:
+    parameters = inspect.signature(ENTRY_POINTS[entry][0]).parameters
+    reference = inspect.signature(convert_module.convert).parameters
+    for name in ("shard", "num_shards"):
+        assert parameters[name].default is None and str(parameters[name].annotation) == str(reference[name].annotation)
+
+
+def test_string_options_are_literal_types_checked_at_run_time(tmp_path: Path) -> None:
+    hints = typing.get_type_hints(write_record)
+    assert typing.get_args(hints["on_error"]) == ("raise", "skip")
+    assert typing.Literal["fork", "spawn", "forkserver"] in typing.get_args(hints["multiprocessing_context"])
+    assert typing.Literal["zstd", "lz4"] in typing.get_args(hints["compression"])
+    bad: list[dict[str, Any]] = [
+        {"on_error": "ignore"},
+        {"multiprocessing_context": "threads"},
+        {"compression": "gzip"},
+        {"num_workers": -1},
+    ]
+    for options in bad:
+        with pytest.raises(ValueError, match=next(iter(options))):
+            write_record(Untouchable(), tmp_path / "a.tr", **options)
+        with pytest.raises(ValueError, match=next(iter(options))):  # checked before the source is opened
+            convert_module.from_numpy(tmp_path / "missing.npy", tmp_path / "a.tr", **options)
+        with pytest.raises(ValueError, match=next(iter(options))):
+            write_shard(Untouchable(), tmp_path / "shards", shard=0, num_shards=2, **options)
+    assert os.listdir(tmp_path) == []  # nothing written, not even the shards' folder
+
+
+def test_settings_of_takes_the_named_options_and_checks_them() -> None:
+    settings = WriteSettings.of({"seed": 5, "dataset": object(), "keys": ["x"]})
+    assert settings == dataclasses.replace(WriteSettings(), seed=5)
+    with pytest.raises(ValueError, match="max_skipped=3 bounds on_error='skip'"):
+        WriteSettings.of({"max_skipped": 3})
+
+
+def test_robomimic_refuses_the_options_that_do_not_apply(tmp_path: Path) -> None:
+    for options in ({"seed": 1}, {"on_error": "skip"}, {"samples_per_record": 4}, {"num_shards": 2, "shard": 0}):
+        name = next(iter(options))
+        with pytest.raises(ValueError, match=rf"{name}=.* does not apply to a robomimic source"):
+            convert_module.convert(tmp_path / "demo.hdf5", tmp_path / "o.tr", format="robomimic", **options)

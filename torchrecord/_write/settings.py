@@ -1,18 +1,22 @@
-"""The options of one write, checked before any file is touched or any sample is read.
+"""The options of one write, defined once and checked before any file is touched or any sample is read.
 
-``write_record`` and ``RecordWriter`` build a :class:`WriteSettings` and call
-:meth:`WriteSettings.check`: an option that cannot work (a seed or metadata that
-the metadata cannot hold, a ``max_skipped`` out of range, a malformed
-``schema=``) fails at once with a ValueError or TypeError saying what to pass
-instead, not after the whole source was read.
+:class:`WriteSettings` is the one definition of the write options and their
+defaults. ``write_record``, ``RecordWriter``, ``write_shard`` and the converters
+spell the options out in their signatures (so ``help()`` shows them) and build
+their settings with :meth:`WriteSettings.of` from their arguments, which checks
+them: an option that cannot work (a seed or metadata that the metadata cannot
+hold, a ``max_skipped`` out of range, a malformed ``schema=``) fails at once
+with a ValueError or TypeError saying what to pass instead, not after the whole
+source was read. ``tests/write/test_settings.py`` checks that every signature's
+defaults agree with the ones here.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args
 
 from torchrecord._core import compress as _compress
 from torchrecord._store import format as _format
@@ -20,8 +24,29 @@ from torchrecord._write.admission import ON_ERROR
 from torchrecord._write.declared import Declared
 from torchrecord._write.grouping import key_function
 
-__all__ = ["MAX_SEED", "WriteSettings", "check_packs", "check_storable"]
+__all__ = [
+    "Codec",
+    "Compression",
+    "GroupBy",
+    "MAX_SEED",
+    "OnError",
+    "START_METHODS",
+    "StartMethod",
+    "WriteSettings",
+    "check_packs",
+    "check_storable",
+]
 
+#: ``on_error=``: abort at the first bad sample, or leave bad samples out.
+OnError = Literal["raise", "skip"]
+#: A compression codec (``compression=``; the ``compress`` extra).
+Codec = Literal["zstd", "lz4"]
+#: ``compression=``: one codec for every numeric field, or field name -> codec or None.
+Compression = Codec | Mapping[str, Codec | None] | None
+#: ``multiprocessing_context=``: the start method of the reader workers.
+StartMethod = Literal["fork", "spawn", "forkserver"]
+START_METHODS: tuple[str, ...] = get_args(StartMethod)
+#: ``group_by=``: a field name or a function of the sample giving a hashable key.
 GroupBy = str | Callable[[Any], Any] | None
 #: The largest seed: NumPy takes any non-negative int, the metadata holds 64 bits.
 MAX_SEED = 2**64 - 1
@@ -32,27 +57,54 @@ _MAX_NESTING = 64
 
 @dataclass(frozen=True)
 class WriteSettings:
-    """The options of one write that both entry points share (see ``write_record``)."""
+    """Every option of a write with its default: the one definition (see ``write_record`` for each).
+
+    ``num_workers`` and ``multiprocessing_context`` concern reading a source
+    (``RecordWriter`` has none); ``overwrite`` is the target's.
+    """
 
     shuffle: bool = True
     seed: int = 0
-    samples_per_record: int | None = None
+    num_workers: int = 0
+    overwrite: bool = False
     progress: bool | None = None
     metadata: dict[str, Any] | None = None
-    on_error: str = "raise"
+    on_error: OnError = "raise"
     max_skipped: int | float | None = None
     checksums: bool = True
+    samples_per_record: int | None = None
     group_by: GroupBy = None
     schema: Any = None
     initial_map_size: int = 1 << 28
     commit_bytes: int = 64 << 20
-    compression: Any = None
+    multiprocessing_context: StartMethod | None = None
+    compression: Compression = None
     compression_level: int | None = None
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> WriteSettings:
+        """The checked settings from ``options`` (e.g. a public function's ``locals()``).
+
+        Takes the keys that name an option and leaves the others (a converter's
+        ``source``, ``keys``...); an option ``options`` lacks keeps its default.
+        """
+        settings = cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
+        settings.check()
+        return settings
 
     def check(self) -> Declared | None:
         """ValueError / TypeError for an option that cannot work; returns the parsed ``schema``."""
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        workers = self.num_workers
+        if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
+        context = self.multiprocessing_context
+        if context is not None and context not in START_METHODS:
+            raise ValueError(
+                f"multiprocessing_context must be one of {START_METHODS} or None (the default start method), "
+                f"got {context!r}"
+            )
         k = self.samples_per_record
         if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
             raise TypeError(f"samples_per_record must be an int >= 1 or None (automatic), got {k!r}")

@@ -16,18 +16,21 @@ import contextlib
 import dataclasses
 import os
 import re
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch.distributed as dist
 
+from torchrecord._core import compress as _compress
 from torchrecord._shards import manifest as _manifest
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.record_file import RecordFile
 from torchrecord._version import __version__
+from torchrecord._write.declared import Declared
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import is_map_style
-from torchrecord._write.writer import write_source
+from torchrecord._write.writer import SchemaArg, write_source
 from torchrecord.errors import (
     FormatError,
     IncompleteRecordSetError,
@@ -37,10 +40,19 @@ from torchrecord.errors import (
     WriteError,
 )
 
-__all__ = ["finalize_shards", "write_shard"]
+__all__ = ["finalize_shards", "write_shard", "write_shard_source"]
 
-#: What every shard of one set must agree on (from each shard's ``shard`` metadata and its own).
-_PLAN_KEYS = ("of", "seed", "source", "total", "shuffled", "samples_per_record", "checksum")
+#: What every shard of one set must agree on (from each shard's ``shard`` metadata): its place in
+#: the plan, and the options that decide what the shards hold and how (``options``).
+_PLAN_KEYS = ("of", "seed", "source", "total", "options")
+
+_GROUPS_REFUSED = (
+    "write_shard does not take group_by: a sharded set has no groups (ShardedSet.groups is None, so "
+    "SequenceDataset, WindowDataset and GroupBatchIter could not read them), and a map-style source's "
+    "slices of the global order would cut a group at a shard boundary. Write a grouped set with "
+    "write_record(..., group_by=...), or give each writer whole groups as its own iterable and leave "
+    "group_by out"
+)
 
 
 def write_shard(
@@ -56,12 +68,17 @@ def write_shard(
     finalize: bool = True,
     progress: bool | None = None,
     metadata: dict[str, Any] | None = None,
-    on_error: str = "raise",
+    on_error: Literal["raise", "skip"] = "raise",
+    max_skipped: int | float | None = None,
     checksums: bool = True,
-    samples_per_record: int = 1,
+    samples_per_record: int | None = None,
+    group_by: str | Callable[[Any], Any] | None = None,
+    schema: SchemaArg = None,
     initial_map_size: int = 1 << 28,
     commit_bytes: int = 64 << 20,
-    multiprocessing_context: str | None = None,
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
+    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
+    compression_level: int | None = None,
 ) -> RecordFile:
     """Write shard ``shard`` of ``num_shards`` of a sharded set in ``directory``.
 
@@ -79,6 +96,11 @@ def write_shard(
     after its own publishes the manifest (:func:`finalize_shards`; concurrent
     finalizers publish the same bytes).
 
+    Every writer of one set must pass the same ``shuffle``, ``seed``,
+    ``checksums``, ``samples_per_record``, ``schema``, ``compression`` and
+    ``compression_level``: :func:`finalize_shards` refuses shards written with
+    different ones, naming the shard and the option.
+
     Args:
         dataset: the whole map-style data set, or this shard's iterable.
         directory: the sharded set's folder (created if needed; on a file system
@@ -88,9 +110,18 @@ def write_shard(
         overwrite: rewrite the shard of a finalized set (its manifest is removed
             until the set is finalized again).
         finalize: finalize the set when this writer finds every shard done.
-        shuffle, seed, num_workers, progress, metadata, on_error, checksums,
-        samples_per_record, initial_map_size, commit_bytes,
-        multiprocessing_context: as for :func:`torchrecord.write_record`.
+        samples_per_record: as for :func:`torchrecord.write_record`; None (the
+            default) lets each shard choose from its first sample. A sharded set
+            is read with one packing, so shards that choose differently (their
+            fields differ in shape, or one turned variable) are refused by
+            :func:`finalize_shards`: pass the same count (e.g. 1) to every writer
+            of such a set.
+        group_by: not supported (None only; ValueError): a sharded set has no groups.
+        shuffle, seed, num_workers, progress, metadata, on_error, max_skipped,
+        checksums, schema, initial_map_size, commit_bytes,
+        multiprocessing_context, compression, compression_level: as for
+        :func:`torchrecord.write_record`, for this shard (``max_skipped`` bounds
+        what this shard leaves out).
 
     Returns:
         The shard, a :class:`RecordFile` (a record set on its own).
@@ -100,26 +131,33 @@ def write_shard(
             rewrites it).
         SourceError, SchemaError, WriteError: as for :func:`write_record`; the
             shard is then absent and :func:`finalize_shards` names it.
+        ValueError, TypeError: an option cannot work (checked before reading).
     """
+    settings = WriteSettings.of(locals())
+    return write_shard_source(dataset, directory, settings, shard, num_shards, finalize=finalize)
+
+
+def write_shard_source(
+    dataset: Any,
+    directory: str | os.PathLike[str],
+    settings: WriteSettings,
+    shard: int | None,
+    num_shards: int | None,
+    *,
+    finalize: bool = True,
+) -> RecordFile:
+    """The body of :func:`write_shard` with checked ``settings`` (also run by the converters)."""
+    if settings.group_by is not None:
+        raise ValueError(_GROUPS_REFUSED)
     shard, num_shards = _who(shard, num_shards)
     folder = os.fspath(directory)
-    settings = WriteSettings(
-        shuffle=shuffle,
-        seed=seed,
-        samples_per_record=samples_per_record,
-        progress=progress,
-        metadata=metadata,
-        on_error=on_error,
-        checksums=checksums,
-        initial_map_size=initial_map_size,
-        commit_bytes=commit_bytes,
-    )
-    settings.check()
+    seed = settings.seed
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise WriteError(f"{folder}: cannot create the sharded set's folder: {exc}") from exc
     target = os.path.join(folder, _manifest.shard_name(shard, num_shards))
+    options = _plan_options(settings)
     if is_map_style(dataset):
         total = len(dataset)
         lo, hi = shard * total // num_shards, (shard + 1) * total // num_shards
@@ -131,9 +169,8 @@ def write_shard(
         # each writer shuffles its own part, with its own stream of the seed
         mixed = np.random.SeedSequence([seed, shard, 0x73686172]).generate_state(1)[0]
         settings = dataclasses.replace(settings, seed=int(mixed))
-    plan = {**info, "shuffled": bool(shuffle), "samples_per_record": samples_per_record}
-    plan["checksum"] = "crc32" if checksums else None
-    existing = _finalized_shard(folder, shard, plan, overwrite)
+    info["options"] = options
+    existing = _finalized_shard(folder, shard, info, settings.overwrite)
     if existing is not None:
         return existing
     digest: dict[str, Any] = {}
@@ -144,10 +181,7 @@ def write_shard(
     rf = write_source(
         dataset,
         target,
-        settings,
-        True,  # a shard written again replaces the earlier one
-        num_workers,
-        multiprocessing_context,
+        dataclasses.replace(settings, overwrite=True),  # a shard written again replaces the earlier one
         positions=positions,
         extra={"shard": info},
         before_publish=take_digest,
@@ -159,6 +193,28 @@ def write_shard(
         with contextlib.suppress(IncompleteRecordSetError):  # a shard vanished meanwhile: not ours to finalize
             finalize_shards(folder)
     return rf
+
+
+def _plan_options(settings: WriteSettings) -> dict[str, Any]:
+    """The options every shard of a set must share, as the shard's metadata stores them."""
+    declared = Declared.parse(settings.schema)
+    schema = None
+    if declared is not None:
+        schema = {
+            "full": declared.full is not None,
+            "fields": {
+                name: [s.kind, s.dtype, None if s.shape is None else list(s.shape)]
+                for name, s in sorted(declared.fields.items())
+            },
+        }
+    return {
+        "shuffle": bool(settings.shuffle),
+        "checksums": bool(settings.checksums),
+        "samples_per_record": None if settings.samples_per_record is None else int(settings.samples_per_record),
+        "schema": schema,
+        "compression": _compress.parse_option(settings.compression, settings.compression_level),
+        "compression_level": settings.compression_level,
+    }
 
 
 def finalize_shards(directory: str | os.PathLike[str]) -> RecordFile:
@@ -200,6 +256,7 @@ def finalize_shards(directory: str | os.PathLike[str]) -> RecordFile:
         metas.append(meta)
     _check_plans(folder, metas)
     schema = _manifest.merge_schemas([(e["name"], m.get("schema")) for e, m in zip(entries, metas)])
+    _check_packing(folder, metas)
     first = metas[0]
     manifest: dict[str, Any] = {
         "format": _manifest.MANIFEST_FORMAT,
@@ -320,17 +377,41 @@ def _shard_entry(folder: str, i: int, n: int) -> tuple[dict[str, Any], dict[str,
 def _check_plans(folder: str, metas: list[dict[str, Any]]) -> None:
     def plan(meta: dict[str, Any]) -> dict[str, Any]:
         info = meta["shard"]
-        return {k: info.get(k, meta.get(k)) for k in _PLAN_KEYS}
+        flat = {k: info.get(k) for k in _PLAN_KEYS if k != "options"}
+        options = info.get("options")
+        if not isinstance(options, dict):  # a shard of an older writer: its options are unknown
+            return {**flat, "options": options}
+        return {**flat, **options}
 
     first = plan(metas[0])
     for i, meta in enumerate(metas[1:], 1):
         other = plan(meta)
-        for key in _PLAN_KEYS:
-            if other[key] != first[key]:
+        for key in dict.fromkeys([*first, *other]):
+            if other.get(key) != first.get(key):
                 raise FormatError(
-                    f"{folder}: shard {i} was written with {key}={other[key]!r}, shard 0 with {first[key]!r}; "
-                    "write every shard of a set with the same settings"
+                    f"{folder}: shard {i} was written with {key}={other.get(key)!r}, shard 0 with "
+                    f"{first.get(key)!r}; write every shard of a set with the same settings"
                 )
         info = meta["shard"]
         if info["source"] == "map" and info["first"] != i * info["total"] // info["of"]:
             raise FormatError(f"{folder}: shard {i} starts at position {info['first']} of the permutation, not its own")
+
+
+def _check_packing(folder: str, metas: list[dict[str, Any]]) -> None:
+    """One packing for every shard (after the schemas: a shard of other fields packs differently)."""
+    options = metas[0]["shard"].get("options")
+    auto = isinstance(options, dict) and options.get("samples_per_record", 0) is None
+    for i, meta in enumerate(metas[1:], 1):
+        packed, packed_first = meta.get("samples_per_record", 1), metas[0].get("samples_per_record", 1)
+        if packed != packed_first:
+            chosen = (
+                " (samples_per_record=None: each shard chose from its first sample, and one with fields of "
+                "other shapes, or one that turned variable, chooses differently)"
+                if auto
+                else ""
+            )
+            raise FormatError(
+                f"{folder}: shard {i} holds {packed} samples per record, shard 0 {packed_first}{chosen}; a "
+                "sharded set is read with one packing: write every shard with the same samples_per_record=K "
+                "(1 packs nothing)"
+            )

@@ -15,7 +15,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def write_record(
     overwrite: bool = False,
     progress: bool | None = None,
     metadata: dict[str, Any] | None = None,
-    on_error: str = "raise",
+    on_error: Literal["raise", "skip"] = "raise",
     max_skipped: int | float | None = None,
     checksums: bool = True,
     samples_per_record: int | None = None,
@@ -57,8 +57,8 @@ def write_record(
     schema: SchemaArg = None,
     initial_map_size: int = 1 << 28,
     commit_bytes: int = 64 << 20,
-    multiprocessing_context: str | None = None,
-    compression: str | Mapping[str, str | None] | None = None,
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
+    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
     compression_level: int | None = None,
 ) -> RecordFile:
     """Write every sample of ``dataset`` to a record set at ``path``.
@@ -123,7 +123,8 @@ def write_record(
             ``write_summary.variable_fields``.
         initial_map_size: starting LMDB map size; it grows on its own.
         commit_bytes: bytes per LMDB transaction (bounded memory for retries).
-        multiprocessing_context: start method of the reader workers.
+        multiprocessing_context: start method of the reader workers: ``"fork"``,
+            ``"spawn"`` or ``"forkserver"``; None: the platform's default.
         compression: compress numeric fields: ``"zstd"`` or ``"lz4"`` (every
             numeric field), or a dict of field name -> codec or None. A field
             whose first records do not shrink below 0.9 of their size is left
@@ -151,33 +152,14 @@ def write_record(
         ValueError, TypeError: an option cannot work (checked before reading).
         WriteError: the write failed (disk full, ...); nothing is left at ``path``.
     """
-    settings = WriteSettings(
-        shuffle=shuffle,
-        seed=seed,
-        samples_per_record=samples_per_record,
-        progress=progress,
-        metadata=metadata,
-        on_error=on_error,
-        max_skipped=max_skipped,
-        checksums=checksums,
-        group_by=group_by,
-        schema=schema,
-        initial_map_size=initial_map_size,
-        commit_bytes=commit_bytes,
-        compression=compression,
-        compression_level=compression_level,
-    )
-    settings.check()
-    return write_source(dataset, os.fsdecode(path), settings, overwrite, num_workers, multiprocessing_context)
+    settings = WriteSettings.of(locals())
+    return write_source(dataset, os.fsdecode(path), settings)
 
 
 def write_source(
     dataset: Any,
     target: str,
     settings: WriteSettings,
-    overwrite: bool,
-    num_workers: int = 0,
-    multiprocessing_context: str | None = None,
     *,
     positions: slice | None = None,
     extra: dict[str, Any] | None = None,
@@ -189,7 +171,7 @@ def write_source(
     shard's slice of the global permutation); ``extra``: more metadata keys;
     ``before_publish``: see :meth:`WriteSession.close`.
     """
-    shuffle, seed = settings.shuffle, settings.seed
+    shuffle, seed, num_workers = settings.shuffle, settings.seed, settings.num_workers
     map_style = is_map_style(dataset)
     if num_workers > 0 and not map_style:
         warnings.warn(
@@ -202,7 +184,9 @@ def write_source(
         )
     grouped = settings.group_by is not None
     # a map-style set is read in permuted order; groups and iterables are known only at the end
-    session = WriteSession(target, overwrite, settings, spool=shuffle and (grouped or not map_style), extra=extra)
+    session = WriteSession(
+        target, settings.overwrite, settings, spool=shuffle and (grouped or not map_style), extra=extra
+    )
     try:
         if map_style:
             n = len(dataset)
@@ -210,7 +194,7 @@ def write_source(
             if positions is not None:
                 order = order[positions]
             stream = read_in_order(
-                dataset, order, num_workers, multiprocessing_context, fast=session.fast, key=session.key
+                dataset, order, num_workers, settings.multiprocessing_context, fast=session.fast, key=session.key
             )
             session.consume(stream, len(order))
         else:
@@ -290,34 +274,18 @@ class RecordWriter:
         samples_per_record: int | None = None,
         progress: bool | None = None,
         metadata: dict[str, Any] | None = None,
-        on_error: str = "raise",
+        on_error: Literal["raise", "skip"] = "raise",
         max_skipped: int | float | None = None,
         checksums: bool = True,
         group_by: str | Callable[[Any], Any] | None = None,
         schema: SchemaArg = None,
         initial_map_size: int = 1 << 28,
         commit_bytes: int = 64 << 20,
-        compression: str | Mapping[str, str | None] | None = None,
+        compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
         compression_level: int | None = None,
     ) -> None:
         self.path = os.fsdecode(path)
-        settings = WriteSettings(
-            shuffle=shuffle,
-            seed=seed,
-            samples_per_record=samples_per_record,
-            progress=progress,
-            metadata=metadata,
-            on_error=on_error,
-            max_skipped=max_skipped,
-            checksums=checksums,
-            group_by=group_by,
-            schema=schema,
-            initial_map_size=initial_map_size,
-            commit_bytes=commit_bytes,
-            compression=compression,
-            compression_level=compression_level,
-        )
-        settings.check()
+        settings = WriteSettings.of(locals())
         self.result: RecordFile | None = None
         self._session: WriteSession | None = None
         try:

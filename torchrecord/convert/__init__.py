@@ -13,13 +13,15 @@ robomimic robomimic HDF5 (``data/demo_N/...``)    one time step, demos as groups
                                                 :func:`from_robomimic`
 ========  ====================================  ==============================================
 
-Every converter returns the :class:`~torchrecord.RecordFile` it wrote and passes
-its other keyword arguments to :func:`torchrecord.write_record` (``shuffle``,
-``seed``, ``num_workers``, ``on_error``, ``overwrite``, ``progress``, ``metadata``).
-The user metadata also records ``source_format``. robomimic files (detected
-before the generic HDF5 converter) keep robomimic's demo order: ``shuffle``,
-``seed``, ``num_workers`` and ``on_error`` do not apply to them (the windows are
-shuffled when read), and ``keys`` chooses their obs keys. Images are stored encoded; use
+Every converter returns the :class:`~torchrecord.RecordFile` it wrote and takes
+every option of :func:`torchrecord.write_record` (``shuffle``, ``seed``,
+``num_workers``, ``on_error``, ``compression``, ...), with the same defaults,
+and ``shard``/``num_shards`` to write one shard of a sharded set
+(:func:`torchrecord.write_shard`). The user metadata also records
+``source_format``. robomimic files (detected before the generic HDF5 converter)
+keep robomimic's demo order: the options that do not apply to them (``seed``,
+``num_workers``, ``on_error``, ...; the windows are shuffled when read) are
+refused, and ``keys`` chooses their obs keys. Images are stored encoded; use
 ``RecordDataset(path, transform=torchrecord.transforms.decode_image)`` to decode
 them after shuffling. Pillow (``images`` extra) and h5py (``hdf5`` extra) are
 imported only when needed.
@@ -27,11 +29,15 @@ imported only when needed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from typing import Any, Literal
 
 from torchrecord._store.record_file import RecordFile
+from torchrecord._write.settings import WriteSettings
+from torchrecord._write.writer import SchemaArg
 from torchrecord.convert._common import existing
 from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
@@ -93,6 +99,21 @@ def detect_format(source: str | os.PathLike[str]) -> str:
     raise SourceError(f"{path}: cannot tell its format; choose one with format= (--format): {', '.join(FORMATS)}")
 
 
+#: write_record's options that do not apply to a robomimic source (see :func:`from_robomimic`), and why.
+_NOT_ROBOMIMIC = {
+    "num_shards": "a robomimic set is grouped by demo and a sharded set has no groups",
+    "shard": "a robomimic set is grouped by demo and a sharded set has no groups",
+    "seed": "the set keeps robomimic's demo order (the windows are shuffled when read)",
+    "num_workers": "the file is read in this process, one demo at a time",
+    "multiprocessing_context": "the file is read in this process, one demo at a time",
+    "on_error": "a bad demo stops the conversion",
+    "max_skipped": "a bad demo stops the conversion",
+    "samples_per_record": "the set holds one time step per record",
+    "group_by": "the set is grouped by demo",
+    "schema": "the converter builds the schema from the file",
+}
+
+
 def convert(
     source: str | os.PathLike[str],
     path: str | os.PathLike[str],
@@ -102,13 +123,31 @@ def convert(
     check_images: bool = True,
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
     keep_paths: bool = True,
-    **kwargs: Any,
+    shard: int | None = None,
+    num_shards: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    max_skipped: int | float | None = None,
+    checksums: bool = True,
+    samples_per_record: int | None = None,
+    group_by: str | Callable[[Any], Any] | None = None,
+    schema: SchemaArg = None,
+    initial_map_size: int = 1 << 28,
+    commit_bytes: int = 64 << 20,
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
+    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
+    compression_level: int | None = None,
 ) -> RecordFile:
     """Convert ``source`` into a record set at ``path`` with the converter of its format.
 
     Args:
         source: a folder, list file, ``.npy``/``.npz`` or HDF5 file.
-        path: the record set to write.
+        path: the record set to write (a folder with ``num_shards``).
         format: one of :data:`FORMATS`, or ``"auto"`` (:func:`detect_format`).
         keys: arrays to convert (``npz`` and ``hdf5``), obs keys (``robomimic``).
         check_images: decode each image while converting (``folder`` and ``list``
@@ -116,16 +155,34 @@ def convert(
         extensions: the file extensions a ``folder`` is scanned for (None: every file).
         keep_paths: store each image's file path as the ``"path"`` field
             (``folder`` and ``list`` only).
-        **kwargs: passed to :func:`torchrecord.write_record`.
+        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
+            set in the folder ``path`` (see :func:`torchrecord.write_shard`).
+        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
+        max_skipped, checksums, samples_per_record, group_by, schema,
+        initial_map_size, commit_bytes, multiprocessing_context, compression,
+        compression_level: as for :func:`torchrecord.write_record`, with the
+            same defaults. A robomimic source keeps its demo order whatever
+            ``shuffle`` says, and refuses the options that do not apply to it
+            (ValueError naming the option; see :func:`from_robomimic`).
     """
+    settings = WriteSettings.of(locals())
     fmt = detect_format(source) if format == "auto" else format
     if fmt not in CONVERTERS:
         raise ValueError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
-    options: dict[str, Any] = {}
+    written = {f.name: getattr(settings, f.name) for f in fields(WriteSettings)}
+    sharding = {"shard": shard, "num_shards": num_shards}
     if fmt == "robomimic":
-        for name in ("shuffle", "seed", "num_workers", "on_error"):
-            kwargs.pop(name, None)
-        return from_robomimic(source, path, obs_keys=keys, **kwargs)
+        defaults = {**dataclasses.asdict(WriteSettings()), "shard": None, "num_shards": None}
+        given = {**written, **sharding}
+        for name, why in _NOT_ROBOMIMIC.items():
+            if given[name] != defaults[name]:
+                raise ValueError(
+                    f"{name}={given[name]!r} does not apply to a robomimic source ({os.fspath(source)}): {why}; "
+                    "leave it out"
+                )
+        applies = {name: value for name, value in written.items() if name not in _NOT_ROBOMIMIC and name != "shuffle"}
+        return from_robomimic(source, path, obs_keys=keys, **applies)
+    options: dict[str, Any] = {}
     if keys is not None:
         if fmt not in ("npz", "hdf5"):
             raise ValueError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
@@ -135,4 +192,4 @@ def convert(
         options["keep_paths"] = keep_paths
     if fmt == "folder":
         options["extensions"] = extensions
-    return CONVERTERS[fmt](source, path, **options, **kwargs)
+    return CONVERTERS[fmt](source, path, **options, **sharding, **written)

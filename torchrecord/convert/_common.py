@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,8 +14,10 @@ import numpy as np
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.extras import install_hint
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.writer import write_record
-from torchrecord.errors import SourceError
+from torchrecord._write.settings import WriteSettings
+from torchrecord._write.shards import write_shard_source
+from torchrecord._write.writer import write_source
+from torchrecord.errors import IgnoredOptionWarning, SourceError
 
 __all__ = ["RowStream", "common_length", "existing", "require", "row_converter", "write", "write_stream"]
 
@@ -42,37 +46,55 @@ def require(module: str, extra: str, purpose: str) -> Any:
 
 
 def write(
-    dataset: Any, path: str | os.PathLike[str], source_meta: dict[str, Any], kwargs: dict[str, Any]
+    dataset: Any,
+    path: str | os.PathLike[str],
+    source_meta: dict[str, Any],
+    settings: WriteSettings,
+    shard: int | None = None,
+    num_shards: int | None = None,
 ) -> RecordFile:
-    """write_record with the converter's description merged under the caller's ``metadata``.
+    """Write ``dataset`` as write_record does, the converter's description merged under the caller's ``metadata``.
 
-    With ``shard`` and ``num_shards`` in ``kwargs``, :func:`torchrecord.write_shard`
-    writes that shard of a sharded set in the folder ``path`` instead.
+    With ``num_shards``, write shard ``shard`` of a sharded set in the folder
+    ``path`` instead, as :func:`torchrecord.write_shard` does.
     """
-    kwargs = dict(kwargs)
-    user = kwargs.pop("metadata", None) or {}
-    if kwargs.get("num_shards") is not None:
-        from torchrecord._write.shards import write_shard
-
-        return write_shard(dataset, path, metadata={**source_meta, **user}, **kwargs)
-    kwargs.pop("shard", None)
-    kwargs.pop("num_shards", None)
-    return write_record(dataset, path, metadata={**source_meta, **user}, **kwargs)
+    settings = dataclasses.replace(settings, metadata={**source_meta, **(settings.metadata or {})})
+    settings.check()  # the merged metadata too
+    if num_shards is not None or shard is not None:
+        return write_shard_source(dataset, path, settings, shard, num_shards)
+    return write_source(dataset, os.fsdecode(path), settings)
 
 
 def write_stream(
-    stream: RowStream, path: str | os.PathLike[str], source_meta: dict[str, Any], kwargs: dict[str, Any]
+    stream: RowStream,
+    path: str | os.PathLike[str],
+    source_meta: dict[str, Any],
+    settings: WriteSettings,
+    shard: int | None = None,
+    num_shards: int | None = None,
 ) -> RecordFile:
-    """:func:`write` for a :class:`RowStream`: any read error is fatal (``on_error`` is ignored)."""
-    kwargs = {**kwargs, "on_error": "raise"}
-    kwargs.pop("max_skipped", None)  # nothing is skipped
-    kwargs.pop("num_workers", None)  # an iterable is read in this process
-    if kwargs.get("num_shards") is not None:  # a shard writes its own rows: an iterable is one writer's part
-        n, i = int(kwargs["num_shards"]), int(kwargs["shard"])
-        lo, hi = i * stream.length // n, (i + 1) * stream.length // n
-        whole = stream
-        stream = RowStream(hi - lo, lambda: itertools.islice(whole.open_rows(), lo, hi))
-    return write(stream, path, source_meta, kwargs)
+    """:func:`write` for a :class:`RowStream`: any read error is fatal, whatever ``on_error`` says.
+
+    A stream cannot skip past a read error, so it is written with
+    ``on_error="raise"`` (and no ``max_skipped``); ``num_workers`` gives the
+    ``IgnoredOptionWarning`` of an iterable source.
+    """
+    if settings.num_workers > 0:
+        warnings.warn(
+            f"{os.fsdecode(path)}: num_workers={settings.num_workers} is ignored: the source is read as one "
+            "stream in file order (members of a compressed .npz, or chunked HDF5 datasets, cannot be read at "
+            "random); save it uncompressed (np.savez) or contiguous to read it in parallel",
+            IgnoredOptionWarning,
+            stacklevel=3,
+        )
+    settings = dataclasses.replace(settings, on_error="raise", max_skipped=None, num_workers=0)
+    if num_shards is not None and shard is not None:  # a shard writes its own rows: an iterable is one writer's part
+        n, i = int(num_shards), int(shard)
+        if 0 <= i < n:
+            lo, hi = i * stream.length // n, (i + 1) * stream.length // n
+            whole = stream
+            stream = RowStream(hi - lo, lambda: itertools.islice(whole.open_rows(), lo, hi))
+    return write(stream, path, source_meta, settings, shard, num_shards)
 
 
 class RowStream:

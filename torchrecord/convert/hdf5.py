@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from torchrecord._store.record_file import RecordFile
+from torchrecord._write.settings import WriteSettings
+from torchrecord._write.writer import SchemaArg
 from torchrecord.convert._common import RowStream, common_length, existing, require, row_converter, write, write_stream
 from torchrecord.errors import SourceError
 
@@ -152,7 +154,29 @@ def _stream(
 
 
 def from_hdf5(
-    source: str | os.PathLike[str], path: str | os.PathLike[str], *, keys: Sequence[str] | None = None, **kwargs: Any
+    source: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    keys: Sequence[str] | None = None,
+    shard: int | None = None,
+    num_shards: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    max_skipped: int | float | None = None,
+    checksums: bool = True,
+    samples_per_record: int | None = None,
+    group_by: str | Callable[[Any], Any] | None = None,
+    schema: SchemaArg = None,
+    initial_map_size: int = 1 << 28,
+    commit_bytes: int = 64 << 20,
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
+    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
+    compression_level: int | None = None,
 ) -> RecordFile:
     """Convert the datasets of an HDF5 file into a record set, one sample per row.
 
@@ -162,13 +186,21 @@ def from_hdf5(
         keys: dataset paths to convert (``"images"``, ``"meta/ids"``), in this order;
             default: every dataset in the file, which must then all share their
             first dimension.
-        **kwargs: passed to :func:`torchrecord.write_record`.
+        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
+            set in the folder ``path`` (see :func:`torchrecord.write_shard`);
+            None: a single file.
+        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
+        max_skipped, checksums, samples_per_record, group_by, schema,
+        initial_map_size, commit_bytes, multiprocessing_context, compression,
+        compression_level: as for :func:`torchrecord.write_record`, with the
+            same defaults; ``metadata`` is stored beside the converter's keys.
 
     Raises:
         ImportError: h5py is not installed (``pip install h5py``, or the ``hdf5`` extra).
         SourceError: the file is missing or not HDF5, a dataset is missing, scalar,
             of an unsupported dtype, or the datasets disagree in length.
     """
+    settings = WriteSettings.of(locals())
     src = existing(source)
     h5py = _h5py()
     try:
@@ -181,9 +213,9 @@ def from_hdf5(
     meta = {"source_format": "hdf5"}
     if any(c.chunk_rows for c in columns):
         stream = RowStream(length, functools.partial(_stream, src, columns, length, converts))
-        return write_stream(stream, path, meta, kwargs)
+        return write_stream(stream, path, meta, settings, shard, num_shards)
     rows = H5Rows(src, columns, length, converts)
     try:
-        return write(rows, path, meta, kwargs)
+        return write(rows, path, meta, settings, shard, num_shards)
     finally:
         rows.close()

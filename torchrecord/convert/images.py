@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from torchrecord._store.record_file import RecordFile
+from torchrecord._write.settings import WriteSettings
+from torchrecord._write.writer import SchemaArg
 from torchrecord.convert._common import existing, require, write
 from torchrecord.errors import SourceError
 
@@ -217,7 +219,25 @@ def from_image_folder(
     check_images: bool = True,
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
     keep_paths: bool = True,
-    **kwargs: Any,
+    shard: int | None = None,
+    num_shards: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    max_skipped: int | float | None = None,
+    checksums: bool = True,
+    samples_per_record: int | None = None,
+    group_by: str | Callable[[Any], Any] | None = None,
+    schema: SchemaArg = None,
+    initial_map_size: int = 1 << 28,
+    commit_bytes: int = 64 << 20,
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
+    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
+    compression_level: int | None = None,
 ) -> RecordFile:
     """Convert a class-per-folder image tree (``root/<class>/<image>``) into a record set.
 
@@ -237,21 +257,29 @@ def from_image_folder(
             alone. None takes every file.
         keep_paths: store each file's relative path as the ``"path"`` field, to
             trace a sample back to its file; ``False`` leaves it out.
-        **kwargs: passed to :func:`torchrecord.write_record` (``shuffle``, ``seed``,
-            ``num_workers`` to read files in parallel, ``on_error="skip"`` to leave
-            bad files out, each named in ``write_summary.skipped_samples``,
-            ``overwrite``, ``progress``, ``metadata``...).
+        num_workers: read the files in this many worker processes.
+        on_error: ``"skip"`` leaves bad files out, each named in
+            ``write_summary.skipped_samples``.
+        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
+            set in the folder ``path`` (see :func:`torchrecord.write_shard`);
+            None: a single file.
+        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
+        max_skipped, checksums, samples_per_record, group_by, schema,
+        initial_map_size, commit_bytes, multiprocessing_context, compression,
+        compression_level: as for :func:`torchrecord.write_record`, with the
+            same defaults; ``metadata`` is stored beside the converter's keys.
 
     Raises:
         SourceError: root is missing or holds no image files, or a file is bad (naming it).
         ImportError: ``check_images`` is true and Pillow is not installed.
     """
+    settings = WriteSettings.of(locals())
     source = existing(root, directory=True)
     _pillow_unless(check_images)
     files, labels, classes = scan_folder(source, extensions)
     names = [_relative(f, source) for f in files] if keep_paths else None
     meta = {"source_format": "folder", "classes": classes}
-    return write(ImageFiles(files, labels, check_images, names), path, meta, kwargs)
+    return write(ImageFiles(files, labels, check_images, names), path, meta, settings, shard, num_shards)
 
 
 def from_list_file(
@@ -260,7 +288,25 @@ def from_list_file(
     *,
     check_images: bool = True,
     keep_paths: bool = True,
-    **kwargs: Any,
+    shard: int | None = None,
+    num_shards: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    max_skipped: int | float | None = None,
+    checksums: bool = True,
+    samples_per_record: int | None = None,
+    group_by: str | Callable[[Any], Any] | None = None,
+    schema: SchemaArg = None,
+    initial_map_size: int = 1 << 28,
+    commit_bytes: int = 64 << 20,
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
+    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
+    compression_level: int | None = None,
 ) -> RecordFile:
     """Convert the images named by a list file of ``<path> <label>`` lines into a record set.
 
@@ -269,12 +315,14 @@ def from_list_file(
     stay absolute). Every listed file is converted, whatever its extension; see
     :func:`scan_list_file`. Other arguments as for :func:`from_image_folder`.
     """
+    settings = WriteSettings.of(locals())
     source = existing(list_file)
     _pillow_unless(check_images)
     files, labels = scan_list_file(source)
     base = os.path.dirname(os.path.abspath(source))
     names = [_relative(f, base) for f in files] if keep_paths else None
-    return write(ImageFiles(files, labels, check_images, names), path, {"source_format": "list"}, kwargs)
+    meta = {"source_format": "list"}
+    return write(ImageFiles(files, labels, check_images, names), path, meta, settings, shard, num_shards)
 
 
 def _relative(file: str, base: str) -> str:

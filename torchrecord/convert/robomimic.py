@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from torchrecord._core import compress as _compress
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._robomimic.episodes import DEMO_FIELD, META_KEY, SHIFT, STORED, TAIL_DEMO, VERSION, field_name
 from torchrecord._store.record_file import RecordFile
+from torchrecord._write.settings import WriteSettings
 from torchrecord._write.writer import RecordWriter
 from torchrecord.convert._common import existing, require
 from torchrecord.errors import SourceError
@@ -74,7 +74,9 @@ def from_robomimic(
     progress: bool | None = None,
     metadata: dict[str, Any] | None = None,
     checksums: bool = True,
-    compression: str | dict[str, str | None] | None = None,
+    initial_map_size: int = 1 << 28,
+    commit_bytes: int = 64 << 20,
+    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
     compression_level: int | None = None,
 ) -> RecordFile:
     """Convert a robomimic HDF5 file into a grouped record set, one record per time step.
@@ -100,11 +102,19 @@ def from_robomimic(
         progress: a tqdm bar (None: on a terminal only).
         metadata: more user metadata, stored beside ``"robomimic"``.
         checksums: store a CRC-32 per record.
+        initial_map_size, commit_bytes: as for :func:`torchrecord.write_record`.
         compression, compression_level: compress fields as ``write_record``
             does: ``"zstd"`` or ``"lz4"`` for every numeric field (fields that do
             not shrink are left alone), or a dict of field name -> codec, e.g.
             ``{"obs.agentview_image": "zstd"}`` for rendered camera images.
             Needs the ``compress`` extra.
+
+    The other options of :func:`torchrecord.write_record` do not apply: the set
+    keeps robomimic's demo order (``shuffle``, ``seed``; the windows are
+    shuffled when read), is grouped by demo (``group_by``), holds one time step
+    per record (``samples_per_record``), reads the file in this process
+    (``num_workers``, ``multiprocessing_context``), stops at the first bad demo
+    (``on_error``, ``max_skipped``) and builds its own schema (``schema``).
 
     Raises:
         SourceError: the file is not robomimic's layout, a demo lacks a key or
@@ -112,8 +122,8 @@ def from_robomimic(
             (naming the demo and key), shapes or dtypes differ between demos, or a
             mask names a demo the file lacks.
     """
+    settings = WriteSettings.of(locals())
     src = existing(hdf5_path)
-    _compress.parse_option(compression, compression_level)
     h5py = _h5py()
     for key in dataset_keys:
         if key in _RESERVED or "." in key:
@@ -129,20 +139,7 @@ def from_robomimic(
         description = _description(f, src, demos, lengths, keys, dataset_keys)
         modes = _first_guess(f, keys["obs"], keys["next_obs"], demos[0])
         while True:  # a later demo that breaks a shift switches that key to stored and starts over
-            broken = _write(
-                f,
-                src,
-                path,
-                demos,
-                keys,
-                modes,
-                description,
-                overwrite,
-                progress,
-                metadata,
-                checksums,
-                (compression, compression_level),
-            )
+            broken = _write(f, src, path, demos, keys, modes, description, settings)
             if broken is None:
                 break
             modes[broken] = STORED
@@ -316,28 +313,26 @@ def _write(
     keys: dict[str, list[_Key]],
     modes: dict[str, str],
     description: dict[str, Any],
-    overwrite: bool,
-    progress: bool | None,
-    metadata: dict[str, Any] | None,
-    checksums: bool,
-    compress: tuple[Any, int | None] = (None, None),
+    settings: WriteSettings,
 ) -> str | None:
     """Write the set with these next_obs modes; returns a key whose shift breaks (nothing published), or None."""
     data = f["data"]
     stored_next = [n for n in keys["next_obs"] if modes[n.h5[len("next_obs/") :]] == STORED]
     shifted = [o for o in keys["obs"] if keys["next_obs"] and modes[o.h5[len("obs/") :]] == SHIFT]
-    meta = {**(metadata or {}), "source_format": "robomimic"}
+    meta = {**(settings.metadata or {}), "source_format": "robomimic"}
     meta[META_KEY] = {**description, "next_obs": dict(modes) if keys["next_obs"] else {}, "tail_group": bool(shifted)}
     writer = RecordWriter(
         path,
-        overwrite=overwrite,
+        overwrite=settings.overwrite,
         shuffle=False,
         group_by=DEMO_FIELD,
-        progress=progress,
+        progress=settings.progress,
         metadata=meta,
-        checksums=checksums,
-        compression=compress[0],
-        compression_level=compress[1],
+        checksums=settings.checksums,
+        initial_map_size=settings.initial_map_size,
+        commit_bytes=settings.commit_bytes,
+        compression=settings.compression,
+        compression_level=settings.compression_level,
         samples_per_record=1,  # one record per time step (the window datasets read frames by record)
     )
     try:
