@@ -209,11 +209,6 @@ GAPS: dict[tuple[str, str], str] = {
         "no check_loader and no guard when it runs: DataLoader(batch_size=4) over its batches, in_order=False, "
         "run without an error"
     ),
-    ("StreamDataset", "state_round_trip"): (
-        "state_dict() in worker w > 0 before its first batch says next_step=0, not w (_next_step starts at 0 "
-        "until the generator runs): a StatefulDataLoader(num_workers=2) state taken after 0 or 1 batches "
-        "resumes with batch 0 in place of batch 1"
-    ),
     ("WindowDataset", "len_loader"): (
         "no loader_batch_size: per-sample DataLoader(batch_size=7 or 8, num_workers=2) yields one batch more "
         "than len(loader) (12 for 11, 10 for 9)"

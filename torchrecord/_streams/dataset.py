@@ -199,7 +199,12 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         """
         if first is None:
             first = start + worker
+        # set now, not when the generator first runs: a StatefulDataLoader asks a worker for its
+        # state before that worker has built anything (worker 1 after the loader's first batch)
         self._next_step = first
+        return self._batches_from(first, num_workers)
+
+    def _batches_from(self, first: int, num_workers: int) -> Iterator[dict[str, Any]]:
         in_worker = get_worker_info() is not None
         for t, batch in self._build_steps(range(first, len(self), num_workers)):
             self._next_step = t + num_workers
