@@ -74,6 +74,8 @@ def test_top_level_exports() -> None:
         "RecordWriter",
         "RecordDataset",
         "RecordFile",
+        "RecordSet",
+        "open_set",
         "StreamDataset",
         "StreamLoader",
         "verify",
