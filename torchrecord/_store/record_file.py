@@ -94,8 +94,6 @@ class RecordFile(RecordSet):
         check: str | None = None,
     ) -> None:
         self.path = os.fsdecode(path)  # bytes paths too, as str for messages
-        if is_sharded(self.path):  # a folder, manifest or URL: a sharded set (or nothing), never one file
-            raise not_one_file(self.path)
         self._check = _checked.parse_check(check)
         self._checked: _checked.Identity | None = None  # the file that passed the structural check
         self._lenient_count = False  # verify: the count may claim missing records (each is reported)
@@ -108,6 +106,8 @@ class RecordFile(RecordSet):
         self._records_db: Any = None
         self._crc_db: Any = None
         self._subset: Subset | None = None
+        if is_sharded(self.path):  # a folder, manifest or URL: a sharded set (or nothing), never one file
+            raise not_one_file(self.path)
         if self._check is not None:
             self._checked = _checked.ensure(self.path)
         if subset is not None:
