@@ -172,7 +172,7 @@ def test_stream_dataset_over_a_sharded_set_says_it_has_no_groups(tmp_path: Path)
 def test_window_dataset_over_a_sharded_set_says_why_it_cannot(tmp_path: Path) -> None:
     """Robomimic sets are one file: write_shard takes no group_by, and a robomimic set needs a group per demo."""
     folder = _shards(tmp_path / "shards", metadata={"robomimic": {"version": 1, "demos": ["demo_0"]}})
-    with pytest.raises(ValueError, match="a sharded set has no groups.*from_robomimic"):
+    with pytest.raises(ValueError, match=r"a sharded set has no groups.*from_robomimic"):
         WindowDataset(folder, obs_keys=[], dataset_keys=["actions"])
     with pytest.raises(ValueError, match="not a set converted from robomimic"):
         WindowDataset(_shards(tmp_path / "plain"), obs_keys=[], dataset_keys=["actions"])

@@ -86,7 +86,7 @@ def test_indexing_slices_and_getitems(record_set: RecordSet) -> None:
     for wrong in (1.5, "3", True):
         with pytest.raises(TypeError):
             rs[wrong]
-    with pytest.raises(TypeError, match="numpy.flatnonzero"):
+    with pytest.raises(TypeError, match=r"numpy\.flatnonzero"):
         rs.__getitems__(np.ones(COUNT, dtype=bool))
 
 
@@ -188,7 +188,7 @@ def test_record_file_of_a_sharded_set_says_how_to_open_it(tmp_path: Path) -> Non
 def test_record_file_of_an_unfinalized_folder_fails_at_once(tmp_path: Path) -> None:
     folder = tmp_path / "shards"
     write_shard([_sample(i) for i in range(6)], folder, shard=0, num_shards=2, progress=False)  # 1 of 2
-    with pytest.raises(NotARecordSetError, match="never finalized; run torchrecord.finalize_shards"):
+    with pytest.raises(NotARecordSetError, match=r"never finalized; run torchrecord\.finalize_shards"):
         RecordFile(folder)  # not at len()
     with pytest.raises(NotARecordSetError, match="never finalized"):
         open_set(folder)
