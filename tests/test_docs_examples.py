@@ -119,3 +119,19 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "site" / "api" / "index.html").is_file()
+
+
+def test_api_reference_names_every_public_name() -> None:
+    """docs/api.md renders every name of ``torchrecord.__all__`` (the errors on docs/errors.md)."""
+    import torchrecord
+    import torchrecord.errors
+
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    errors_page = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
+    assert "::: torchrecord.errors" in errors_page
+    missing = [
+        name
+        for name in torchrecord.__all__
+        if name != "__version__" and name not in torchrecord.errors.__all__ and f"::: torchrecord.{name}\n" not in api
+    ]
+    assert not missing, f"docs/api.md lacks: {missing}"

@@ -75,6 +75,8 @@ def test_top_level_exports() -> None:
         "RecordWriter",
         "RecordDataset",
         "RecordFile",
+        "RecordSet",
+        "open_set",
         "StreamDataset",
         "StreamLoader",
         "verify",

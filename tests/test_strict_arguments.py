@@ -42,7 +42,7 @@ def test_a_sharded_set_refuses_non_integer_indices(tmp_path: Path) -> None:
     samples = [(torch.zeros(2), i) for i in range(20)]
     for s in range(2):
         torchrecord.write_shard(samples, folder, shard=s, num_shards=2, shuffle=False, progress=False)
-    rf = torchrecord.RecordFile(folder)
+    rf = torchrecord.open_set(folder)
     for bad in (1.9, "3", True):
         with pytest.raises(TypeError):
             rf[bad]

@@ -3,7 +3,8 @@
 Write once with :func:`write_record` (or push samples into a
 :class:`RecordWriter`, or write shards in parallel with :func:`write_shard` and
 :func:`finalize_shards`), read in a DataLoader with :class:`RecordDataset`, or
-randomly with :class:`RecordFile`; mix many sets by weight with
+randomly through :func:`open_set` (a :class:`RecordFile` or a :class:`ShardedSet`,
+both a :class:`RecordSet`); mix many sets by weight with
 :class:`MixedDataset`; for data that fits in memory, :func:`load` it
 and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
@@ -15,8 +16,10 @@ from torchrecord._mix.dataset import MixedDataset
 from torchrecord._mix.position import loader_position
 from torchrecord._read.dataset import RecordDataset
 from torchrecord._robomimic.datasets import SequenceDataset, WindowDataset
+from torchrecord._shards.open import open_set
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 from torchrecord._store.summary import SkippedSample, WriteSummary
 from torchrecord._streams.dataset import StreamDataset
 from torchrecord._streams.loader import StreamLoader
@@ -32,6 +35,7 @@ __all__ = [
     "MixedDataset",
     "RecordDataset",
     "RecordFile",
+    "RecordSet",
     "RecordWriter",
     "SampleList",
     "Schema",
@@ -48,6 +52,7 @@ __all__ = [
     "finalize_shards",
     "load",
     "loader_position",
+    "open_set",
     "verify",
     "write_record",
     "write_shard",

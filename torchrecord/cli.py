@@ -384,9 +384,9 @@ def _add_info(commands: Any) -> None:
 
 def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = None) -> dict[str, Any]:
     from torchrecord._check.size import SCAN_LIMIT, payload_bytes
-    from torchrecord._store.record_file import RecordFile
+    from torchrecord._shards.open import open_set
 
-    rf = RecordFile(path, cache_dir=cache_dir)
+    rf = open_set(path, cache_dir=cache_dir)
     meta = rf.metadata
     size = rf.size_bytes
     if scan is None:  # a sharded (perhaps remote) set is never scanned unless asked
@@ -532,9 +532,9 @@ def _preview(leaf: Any) -> str:
 
 
 def _head(args: argparse.Namespace) -> int:
-    from torchrecord._store.record_file import RecordFile
+    from torchrecord._shards.open import open_set
 
-    rf = RecordFile(args.path, cache_dir=args.cache_dir)
+    rf = open_set(args.path, cache_dir=args.cache_dir)
     n = len(rf)
     if n == 0:  # an empty listing, like head of an empty file
         print(f"{rf.path}: no samples", file=sys.stderr)

@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
-from torchrecord import RecordDataset, RecordFile
+from torchrecord import RecordDataset, RecordFile, open_set
 from torchrecord.convert import (
     convert,
     detect_format,
@@ -437,7 +437,7 @@ def test_converters_take_the_write_options(tmp_path: Path) -> None:
     for i in range(2):
         from_numpy(tmp_path / "a.npz", tmp_path / "shards", shard=i, num_shards=2, seed=4, progress=False)
     one = from_numpy(tmp_path / "a.npz", tmp_path / "one.tr", seed=4, progress=False)
-    sharded = RecordFile(tmp_path / "shards")
+    sharded = open_set(tmp_path / "shards")
     assert [s["x"].tolist() for s in sharded] == [s["x"].tolist() for s in one]
     assert sharded.samples_per_record == one.samples_per_record > 1
     with pytest.raises(ValueError, match="a sharded set has no groups"):

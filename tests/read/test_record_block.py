@@ -55,7 +55,7 @@ def _write(tmp_path: Path, kw: dict[str, Any]) -> torchrecord.RecordFile:
     return torchrecord.RecordFile(path)
 
 
-def _expected(file: torchrecord.RecordFile, samples: np.ndarray) -> list[np.ndarray]:
+def _expected(file: torchrecord.RecordSet, samples: np.ndarray) -> list[np.ndarray]:
     """The columns RecordFile[i] gives, zeros where a sample is -1."""
     first = file[0]
     columns = []
@@ -66,13 +66,13 @@ def _expected(file: torchrecord.RecordFile, samples: np.ndarray) -> list[np.ndar
     return columns
 
 
-def _block(file: torchrecord.RecordFile, samples: np.ndarray, **kw: Any) -> RecordBlock:
+def _block(file: torchrecord.RecordSet, samples: np.ndarray, **kw: Any) -> RecordBlock:
     layout = FixedLayout.of_file(file)
     assert layout is not None
     return RecordBlock(file, layout, samples[samples >= 0], reader=FixedWindowReader(layout, 16), **kw)
 
 
-def _field_order(file: torchrecord.RecordFile) -> list[int]:
+def _field_order(file: torchrecord.RecordSet) -> list[int]:
     names = [f.name for f in file.schema.fields]
     return [names.index(n) for n in ("x", "i", "flag")]
 
@@ -100,7 +100,7 @@ def test_a_sharded_set_is_read_across_its_shards(tmp_path: Path) -> None:
     rows = _rows(COUNT)
     for shard in range(3):
         write_shard(rows, tmp_path / "shards", shard=shard, num_shards=3, seed=5, samples_per_record=4, progress=False)
-    file = torchrecord.RecordFile(tmp_path / "shards")
+    file = torchrecord.open_set(tmp_path / "shards")
     assert file.num_shards == 3
     samples = np.random.default_rng(3).permutation(COUNT)[:60]
     samples = np.concatenate([samples, [-1, COUNT - 1, 0]])

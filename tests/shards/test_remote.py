@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
-from torchrecord import RecordDataset, RecordFile, ShardedSet, write_shard
+from torchrecord import RecordDataset, ShardedSet, open_set, write_shard
 from torchrecord.errors import FetchError
 
 pytest.importorskip("fsspec")
@@ -95,9 +95,9 @@ def _cache_bytes(cache: Path) -> int:
 
 def test_http_set_reads_as_the_local_one(served: tuple[_Server, str], tmp_path: Path) -> None:
     server, url = served
-    local = RecordFile(tmp_path / "www" / "set")
+    local = open_set(tmp_path / "www" / "set")
     for address in (url, url + "/", url + "/manifest.json"):
-        remote = RecordFile(address, cache_dir=str(tmp_path / "cache"))
+        remote = open_set(address, cache_dir=str(tmp_path / "cache"))
         assert isinstance(remote, ShardedSet) and remote.set_id == local.set_id and len(remote) == COUNT
     ds = RecordDataset(url, batch_size=8, shuffle_buffer=32, cache_dir=str(tmp_path / "cache"))
     expected = RecordDataset(local, batch_size=8, shuffle_buffer=32)
@@ -196,7 +196,7 @@ def test_server_stopping_mid_epoch_is_a_clear_error(served: tuple[_Server, str],
 def test_a_missing_manifest_url_is_a_clear_error(served: tuple[_Server, str], tmp_path: Path) -> None:
     server, _ = served
     with pytest.raises(FetchError, match="no manifest there"):
-        len(RecordFile(server.url + "/nothing", cache_dir=str(tmp_path / "cache")))
+        len(open_set(server.url + "/nothing", cache_dir=str(tmp_path / "cache")))
 
 
 def test_dataloader_workers_and_load_read_a_remote_set(served: tuple[_Server, str], tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_dataloader_workers_and_load_read_a_remote_set(served: tuple[_Server, st
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
     assert sorted(_labels(loader)) == list(range(COUNT))
     assert all(n == 1 for name, n in server.gets.items() if name.endswith(".tr")), "the workers share the cache"
-    images, labels = torchrecord.load(RecordFile(url, cache_dir=cache))
+    images, labels = torchrecord.load(open_set(url, cache_dir=cache))
     local_images, local_labels = torchrecord.load(tmp_path / "www" / "set")
     assert torch.equal(labels, local_labels) and torch.equal(images, local_images)
     assert torchrecord.verify(url, cache_dir=cache).ok

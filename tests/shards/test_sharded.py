@@ -20,7 +20,16 @@ from torch.utils.data import DataLoader
 import torchrecord
 from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
-from torchrecord import RecordDataset, RecordFile, ShardedSet, finalize_shards, write_record, write_shard
+from torchrecord import (
+    RecordDataset,
+    RecordFile,
+    RecordSet,
+    ShardedSet,
+    finalize_shards,
+    open_set,
+    write_record,
+    write_shard,
+)
 from torchrecord._order.partition import reader_runs
 from torchrecord.errors import FormatError, IncompleteRecordSetError, RecordExistsError, SchemaError, SourceError
 
@@ -53,8 +62,8 @@ def test_four_writer_processes_equal_one_write_record(tmp_path: Path) -> None:
         assert p.exitcode == 0
     assert os.path.exists(os.path.join(directory, "manifest.json")), "the last writer finalizes"
     one = write_record(IndexedImages(COUNT), tmp_path / "one.tr", seed=3, progress=False)
-    sharded = RecordFile(directory)
-    assert isinstance(sharded, ShardedSet) and isinstance(sharded, RecordFile)
+    sharded = open_set(directory)
+    assert isinstance(sharded, ShardedSet) and isinstance(sharded, RecordSet) and not isinstance(sharded, RecordFile)
     assert len(sharded) == COUNT and sharded.num_shards == 4
     assert list(sharded.shard_offsets) == [0, 25, 51, 77, 103]
     # the same global pre-shuffle: position p holds the same sample
@@ -90,7 +99,7 @@ def test_iterable_source_each_writer_shuffles_its_part(tmp_path: Path) -> None:
     for i, part in enumerate(parts):
         rows = ((torch.full((2,), x, dtype=torch.int32), x) for x in part)
         write_shard(rows, directory, shard=i, num_shards=3, seed=5, progress=False)
-    rf = RecordFile(directory)
+    rf = open_set(directory)
     labels = _labels(rf)
     assert sorted(labels) == list(range(100))
     for i, part in enumerate(parts):
@@ -112,7 +121,7 @@ def test_two_gloo_ranks_write_one_set(tmp_path: Path) -> None:
     directory = str(tmp_path / "shards")
     mp.spawn(_gloo_writer, args=(str(tmp_path / "init"), directory), nprocs=2, join=True)
     one = write_record(IndexedImages(COUNT), tmp_path / "one.tr", seed=3, progress=False)
-    sharded = RecordFile(directory)
+    sharded = open_set(directory)
     assert sharded.num_shards == 2
     assert _labels(sharded) == _labels(one)
 
@@ -150,12 +159,13 @@ def test_killed_writer_is_named_at_finalize_and_a_retry_completes_the_set(tmp_pa
     with pytest.raises(IncompleteRecordSetError, match=r"shard 2 \(shard-00002-of-00004.tr\) is missing") as err:
         finalize_shards(directory)
     assert f"pid {proc.pid}" in str(err.value) and "1 of 4 shards missing" in str(err.value)
-    with pytest.raises(torchrecord.errors.NotARecordSetError, match=r"never finalized; run torchrecord\.finalize"):
-        RecordFile(directory).manifest  # noqa: B018
+    for opened in (RecordFile, open_set):  # at once, not at the first len()
+        with pytest.raises(torchrecord.errors.NotARecordSetError, match=r"never finalized; run torchrecord\.finalize"):
+            opened(directory)
     _write(directory, 2)  # the retried task: finalizes as the last writer, and clears the dead temporary
     assert not any(".tmp-" in name for name in os.listdir(directory))
     one = write_record(IndexedImages(COUNT), tmp_path / "one.tr", seed=3, progress=False)
-    assert _labels(RecordFile(directory)) == _labels(one)
+    assert _labels(open_set(directory)) == _labels(one)
 
 
 def test_failed_writer_is_named_at_finalize(tmp_path: Path) -> None:
@@ -215,7 +225,7 @@ def test_shapes_that_differ_between_shards_are_widened(tmp_path: Path) -> None:
     # shards of other shapes choose other packings: one packing for the whole set (see below)
     write_shard(iter([torch.zeros(2, 3)] * 5), directory, shard=0, num_shards=2, samples_per_record=1, progress=False)
     write_shard(iter([torch.ones(2, 5)] * 5), directory, shard=1, num_shards=2, samples_per_record=1, progress=False)
-    rf = RecordFile(directory)
+    rf = open_set(directory)
     assert rf.schema.fields[0].shape == (2, None)
     batches = list(RecordDataset(directory, batch_size=4))
     assert sum(len(b) for b in batches) == 10  # variable shapes come as lists
@@ -225,7 +235,7 @@ def test_shapes_that_differ_between_shards_are_widened(tmp_path: Path) -> None:
 
 
 def _set_bytes(directory: str) -> int:
-    return sum(os.path.getsize(os.path.join(directory, e["name"])) for e in RecordFile(directory).manifest["shards"])
+    return sum(os.path.getsize(os.path.join(directory, e["name"])) for e in open_set(directory).manifest["shards"])
 
 
 def test_default_shards_pack_like_write_record_and_are_about_its_size(tmp_path: Path) -> None:
@@ -234,7 +244,7 @@ def test_default_shards_pack_like_write_record_and_are_about_its_size(tmp_path: 
     directory = str(tmp_path / "shards")
     for i in range(4):
         write_shard(samples, directory, shard=i, num_shards=4, seed=3, progress=False)
-    sharded = RecordFile(directory)
+    sharded = open_set(directory)
     assert sharded.samples_per_record == one.samples_per_record > 1
     assert [int(s[1]) for s in sharded] == [int(s[1]) for s in one]  # the same global order
     assert _set_bytes(directory) < 1.5 * os.path.getsize(one.path)
@@ -253,7 +263,7 @@ def test_compressed_shards_hold_what_write_record_holds(tmp_path: Path) -> None:
         write_shard(
             IndexedImages(COUNT, size=16), directory, shard=i, num_shards=4, seed=3, compression="zstd", progress=False
         )
-    sharded = RecordFile(directory)
+    sharded = open_set(directory)
     for entry in sharded.manifest["shards"]:
         shard = RecordFile(os.path.join(directory, entry["name"]))
         assert shard.metadata["compression"]["0"]["applied"] and shard.metadata["compression"]["0"]["codec"] == "zstd"
@@ -278,7 +288,7 @@ def test_max_skipped_and_schema_reach_each_shard(tmp_path: Path) -> None:
     stated = {"0": (3, None, None)}
     for i in range(2):
         write_shard(Flaky(COUNT), directory, shard=i, num_shards=2, on_error="skip", schema=stated, progress=False)
-    sharded = RecordFile(directory)
+    sharded = open_set(directory)
     assert len(sharded) == COUNT - 11 and sharded.metadata["skipped"] == 11
     assert sharded.schema.fields[0].shape == (3, None, None)
 
@@ -369,7 +379,7 @@ def test_exactly_once_over_ranks_and_workers(
 
 def test_fast_and_generic_paths_and_chunked_shards_agree(tmp_path: Path) -> None:
     directory = _sharded(tmp_path, samples_per_record=4)  # 25 and 26 samples per shard: short final chunks
-    assert RecordFile(directory).samples_per_record == 4
+    assert open_set(directory).samples_per_record == 4
     fast = RecordDataset(directory, shuffle_buffer=32, batch_size=5)
     generic = RecordDataset(directory, shuffle_buffer=32, batch_size=5)
     generic._force_generic = True
@@ -385,7 +395,7 @@ def test_each_reader_opens_only_the_shards_it_needs(tmp_path: Path) -> None:
         os.remove(os.path.join(directory, name))
     ds = RecordDataset(directory, shuffle=False, rank=0, world_size=4)
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
-    assert sorted(int(y) for _, y in loader) == sorted(_labels(RecordFile(directory).shard(0)))
+    assert sorted(int(y) for _, y in loader) == sorted(_labels(open_set(directory).shard(0)))
     with pytest.raises(torchrecord.errors.RecordNotFoundError, match="shard-00001"):
         list(RecordDataset(directory, shuffle=False, rank=1, world_size=4))
 
@@ -410,7 +420,7 @@ def test_resume_on_a_sharded_set(tmp_path: Path) -> None:
     assert head + [y.tolist() for _, y in resumed] == full
     # elastic: the same position on three workers of one rank, every sample not yet yielded exactly once
     position = torchrecord.loader_position(state)
-    assert position["set_id"] == RecordFile(directory).set_id
+    assert position["set_id"] == open_set(directory).set_id
     elastic = RecordDataset(directory, batch_size=4, shuffle_buffer=16, seed=2)
     elastic.set_epoch(1)
     elastic.load_state_dict(position)
@@ -468,11 +478,11 @@ def test_cli_convert_shards_then_inspect(tmp_path: Path, capsys: pytest.CaptureF
     for i in range(3):  # the seed applies to the global permutation
         assert main(["convert", str(tmp_path / "src"), str(folder / "s3"), "--shards", "3", "--shard", str(i),
                      "--seed", "3", "-q"]) == 0  # fmt: skip
-    assert [s["label"] for s in RecordFile(folder / "s3")] == [s["label"] for s in RecordFile(single)]
+    assert [s["label"] for s in open_set(folder / "s3")] == [s["label"] for s in RecordFile(single)]
     capsys.readouterr()
     assert main(["info", str(folder), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["count"] == 7 and info["shards"] == 3 and info["set_id"] == RecordFile(folder).set_id
+    assert info["count"] == 7 and info["shards"] == 3 and info["set_id"] == open_set(folder).set_id
     assert info["size_bytes"] == sum(os.path.getsize(folder / n) for n in os.listdir(folder) if n.endswith(".tr"))
     assert main(["info", str(folder / "manifest.json")]) == 0
     assert "shards:       3 (a sharded set" in capsys.readouterr().out
@@ -499,7 +509,7 @@ def test_cli_convert_array_stream_in_shards(tmp_path: Path) -> None:
     np.savez_compressed(src, x=np.arange(50, dtype=np.int64))  # compressed: read as a stream in order
     for i in range(2):
         assert main(["convert", str(src), str(tmp_path / "sh"), "--shards", "2", "--shard", str(i), "-q"]) == 0
-    rf = RecordFile(tmp_path / "sh")
+    rf = open_set(tmp_path / "sh")
     assert sorted(int(s["x"]) for s in rf) == list(range(50))
     assert [len(rf.shard(i)) for i in range(2)] == [25, 25]
 
@@ -511,7 +521,7 @@ def test_manifest_checks(tmp_path: Path) -> None:
 
     def opened(changed: dict[str, Any]) -> int:
         manifest_path.write_text(json.dumps({**manifest, **changed}))
-        return len(RecordFile(directory))
+        return len(open_set(directory))
 
     assert opened({"a_later_key": [1, 2]}) == COUNT  # unknown keys are ignored
     with pytest.raises(torchrecord.errors.VersionError, match=r"manifest version 2 .* Upgrade torchrecord"):
@@ -524,11 +534,11 @@ def test_manifest_checks(tmp_path: Path) -> None:
         opened({"format": "something else"})
     manifest_path.write_text("{not json")
     with pytest.raises(torchrecord.errors.FormatError, match="not valid JSON"):
-        len(RecordFile(directory))
+        len(open_set(directory))
     manifest_path.write_text(json.dumps(manifest))
     # a shard rewritten after finalizing (another set_id) is refused by readers until finalized again
     write_record([IndexedImages(COUNT)[i] for i in range(26)],
                  os.path.join(directory, "shard-00001-of-00004.tr"), overwrite=True, progress=False)  # fmt: skip
     with pytest.raises(torchrecord.errors.FormatError, match="rewritten after the set was finalized"):
-        RecordFile(directory)[30]
-    assert RecordFile(directory)[3] is not None  # the other shards still read
+        open_set(directory)[30]
+    assert open_set(directory)[3] is not None  # the other shards still read

@@ -159,11 +159,11 @@ def test_a_sharded_set_checks_each_shard(tmp_path: Path) -> None:
         torchrecord.write_shard(samples, folder, shard=s, num_shards=2, shuffle=False, progress=False)
     shard = sorted(str(p) for p in folder.glob("*.tr"))[1]
     set_node_pointer(shard, "crc32")
-    rf = torchrecord.RecordFile(folder, check="structure")
+    rf = torchrecord.open_set(folder, check="structure")
     assert len(rf.shard(0)) == 600
     with pytest.raises(StructureError):
         rf.shard(1)
-    assert len(torchrecord.RecordFile(folder).shard(1)) == 600
+    assert len(torchrecord.open_set(folder).shard(1)) == 600
 
 
 def test_robomimic_datasets_take_the_check(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.codec import decode_leaves
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk
 
 __all__ = ["SCAN_LIMIT", "bytes_per_sample", "payload_bytes"]
@@ -22,7 +22,7 @@ __all__ = ["SCAN_LIMIT", "bytes_per_sample", "payload_bytes"]
 SCAN_LIMIT = 64 << 20
 
 
-def bytes_per_sample(rf: RecordFile) -> int | None:
+def bytes_per_sample(rf: RecordSet) -> int | None:
     """Payload bytes of one sample when every field has a fixed size, else None."""
     fields = rf.schema.fields
     if not all(f.is_fixed for f in fields):
@@ -30,11 +30,11 @@ def bytes_per_sample(rf: RecordFile) -> int | None:
     return sum(math.prod(int(d or 0) for d in f.shape) * _dtypes.by_name(f.dtype).itemsize for f in fields)
 
 
-def payload_bytes(rf: RecordFile, *, scan: bool) -> int | None:
+def payload_bytes(rf: RecordSet, *, scan: bool) -> int | None:
     """The payload bytes of the whole set, or None when only a scan could tell and ``scan`` is False.
 
     Fixed-size schemas: count x bytes per sample, nothing read. Otherwise, with
-    ``scan``, every record is read through the cursor walk and decoded.
+    ``scan``, every record of every shard is read through the cursor walk and decoded.
     """
     count = int(rf.metadata["count"])
     per_sample = bytes_per_sample(rf)
@@ -42,14 +42,18 @@ def payload_bytes(rf: RecordFile, *, scan: bool) -> int | None:
         return count * per_sample
     if not scan:
         return None
-    fields, k, total = rf.schema.fields, rf.samples_per_record, 0
-    env, db = rf.environment()
-    with Walk(env, db, rf.path) as walk:
-        for first, values in walk.pieces([(0, rf.num_records)]):
-            for record, value in enumerate(values, first):
-                rows = None if k == 1 else min(k, count - record * k)
-                for leaf in decode_leaves(value, fields, f"{rf.path}: record {record}", rows):
-                    total += _size(leaf)
+    total = 0
+    for s in range(rf.num_shards):
+        shard = rf.shard(s)
+        fields, k, count = shard.schema.fields, shard.samples_per_record, int(shard.metadata["count"])
+        env, db = shard.environment()
+        with Walk(env, db, shard.path) as walk:
+            for first, values in walk.pieces([(0, shard.num_records)]):
+                for record, value in enumerate(values, first):
+                    rows = None if k == 1 else min(k, count - record * k)
+                    for leaf in decode_leaves(value, fields, f"{shard.path}: record {record}", rows):
+                        total += _size(leaf)
+        rf.release(s)
     return total
 
 

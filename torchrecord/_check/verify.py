@@ -11,6 +11,7 @@ import lmdb
 
 from torchrecord._check.isolate import run_each_isolated, run_isolated
 from torchrecord._shards.manifest import file_digest
+from torchrecord._shards.open import SetLike, open_set
 from torchrecord._shards.remote import is_url
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store import format as _format
@@ -62,7 +63,7 @@ CHUNK_TIMEOUT = 600.0
 
 
 def verify(
-    path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
+    path: SetLike,
     *,
     progress: bool | None = None,
     max_errors: int = 20,
@@ -81,7 +82,9 @@ def verify(
     trusted beyond what the file holds (see ``torchrecord._store.claims``).
 
     Args:
-        path: the record set.
+        path: the record set: a file, a sharded set's folder, manifest or URL, or a
+            :class:`~torchrecord.RecordSet` (only its path is used: nothing is
+            read through it).
         progress: show a tqdm bar (None: only on a terminal).
         max_errors: how many (index, message) pairs the report keeps.
         cache_dir: where a remote sharded set's shards are fetched to.
@@ -111,10 +114,10 @@ def verify(
     record with keyed gets in fresh transactions, so one bad record does not hide
     the rest.
     """
-    rf = RecordFile(path, cache_dir=cache_dir)
-    if isinstance(rf, ShardedSet):
-        return _verify_shards(rf, progress, max_errors, timeout)
-    return _verify_file(rf.path, progress, max_errors, timeout)[0]
+    rs = open_set(path, cache_dir=cache_dir)  # nothing mapped: a file opens on first use, which verify never makes
+    if isinstance(rs, ShardedSet):
+        return _verify_shards(rs, progress, max_errors, timeout)
+    return _verify_file(rs.path, progress, max_errors, timeout)[0]
 
 
 def _verify_file(

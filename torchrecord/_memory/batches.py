@@ -11,7 +11,6 @@ on the tensors' device, with no worker processes.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 from torchrecord._memory.columns import Columns, SampleList, epoch_rng
 from torchrecord._memory.load import Subset, load_columns
 from torchrecord._order.group_batches import GroupPlan, check_offsets, offsets_from_ids, plan_epoch
-from torchrecord._store.record_file import RecordFile
+from torchrecord._shards.open import SetLike
 
 __all__ = ["BatchIter", "GroupBatchIter", "SampleList", "load"]
 
@@ -31,7 +30,7 @@ _GROUP_STREAM = 0x67727570
 
 
 def load(
-    path: str | os.PathLike[str] | RecordFile,
+    path: SetLike,
     *,
     fields: str | Sequence[str] | None = None,
     subset: Subset | None = None,
@@ -44,13 +43,13 @@ def load(
     tensor ``[N, *shape]`` of the field's dtype; strings, bytes and fields whose
     shape varies as a :class:`SampleList` of N items of the kind they were written
     as. Hand it to :class:`BatchIter` or :class:`GroupBatchIter`; for a grouped set,
-    ``RecordFile(path).groups`` gives the offsets for ``GroupBatchIter``.
+    ``open_set(path).groups`` gives the offsets for ``GroupBatchIter``.
 
     Args:
         path: a record set written by :func:`torchrecord.write_record`, a sharded
-            set, or a :class:`~torchrecord.RecordFile` of either (e.g. a remote
-            set opened with its ``cache_dir``).
-        fields: names of the fields to keep (``RecordFile(path).schema.names``:
+            set (its folder, manifest or URL), or a :class:`~torchrecord.RecordSet`
+            (e.g. a remote set opened with ``open_set(url, cache_dir=...)``).
+        fields: names of the fields to keep (``open_set(path).schema.names``:
             ``"0"``, ``"image"``, ``"meta.id"``); the others are left out of the
             result (containers left empty disappear). ``None`` keeps all.
         subset: the samples to keep, in this order: a ``range``, a ``slice``
@@ -173,7 +172,7 @@ class GroupBatchIter:
     Args:
         data: as for :class:`BatchIter`.
         groups: group offsets, int64[G+1] (``groups[0] == 0``, ``groups[-1] == N``,
-            strictly increasing), as ``RecordFile.groups`` gives them; group g is
+            strictly increasing), as ``RecordSet.groups`` gives them; group g is
             rows ``[groups[g], groups[g+1])``.
         group_ids: instead of ``groups``, one integer id per row; rows with equal
             ids must be contiguous (an id that reappears later raises ValueError

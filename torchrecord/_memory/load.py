@@ -8,7 +8,6 @@ allocated once from the schema; strings and fields of varying shape go into
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,7 +20,8 @@ from torchrecord._core.structure import Tree, unflatten
 from torchrecord._memory.columns import SampleList
 from torchrecord._read.dataset import RecordDataset
 from torchrecord._read.reader import ShareReader
-from torchrecord._store.record_file import RecordFile
+from torchrecord._shards.open import SetLike, open_set
+from torchrecord._store.record_set import RecordSet
 from torchrecord.errors import CorruptRecordError
 
 __all__ = ["Subset", "host_empty", "load_columns"]
@@ -35,14 +35,14 @@ Subset = slice | range | Sequence[int] | np.ndarray | torch.Tensor
 
 
 def load_columns(
-    path: str | os.PathLike[str] | RecordFile,
+    path: SetLike,
     *,
     fields: str | Sequence[str] | None,
     subset: Subset | None,
     device: str | torch.device,
 ) -> Any:
     """The chosen fields and rows of the set at ``path`` as columns (see :func:`torchrecord.load`)."""
-    record_file = path if isinstance(path, RecordFile) else RecordFile(path)
+    record_file = open_set(path)
     schema = record_file.schema
     count = len(record_file)
     if not schema.fields:
@@ -59,7 +59,7 @@ def load_columns(
     return unflatten(tree, columns)
 
 
-def _read_chunks(path: str | RecordFile, schema: Schema, chunk: int) -> Iterator[list[Any]]:
+def _read_chunks(path: RecordSet, schema: Schema, chunk: int) -> Iterator[list[Any]]:
     """The record set in stored order, ``chunk`` samples at a time, as columns in schema field order.
 
     The one place where :func:`load` reads. It uses batch-mode RecordDataset
@@ -74,7 +74,7 @@ def _fill(
     columns: list[Any],
     keep: list[int],
     rows: np.ndarray | None,
-    record_file: RecordFile,
+    record_file: RecordSet,
     schema: Schema,
     count: int,
     device: torch.device,
@@ -117,7 +117,7 @@ def _fill(
 
 
 def _fill_direct(
-    columns: list[Any], keep: list[int], record_file: RecordFile, schema: Schema, count: int, device: torch.device
+    columns: list[Any], keep: list[int], record_file: RecordSet, schema: Schema, count: int, device: torch.device
 ) -> list[Any] | None:
     """Read every sample straight into the result columns: each sample copied once, window to result.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +21,8 @@ from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
 from torchrecord._read import resume as _resume
 from torchrecord._read.world import EpochAndWorld
+from torchrecord._shards.open import SetLike
 from torchrecord._store.checked import parse_check
-from torchrecord._store.record_file import RecordFile
 
 __all__ = ["MixedDataset"]
 
@@ -66,7 +65,8 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
     draws are ``max_defer`` behind, batches come at its pace.
 
     Args:
-        sources: a list of paths or :class:`~torchrecord.RecordFile`\\ s, or a dict
+        sources: a list of paths (record-set files, or sharded sets' folders,
+            manifests or URLs) or :class:`~torchrecord.RecordSet`\\ s, or a dict
             name -> path. They must share one schema (fields, kinds, dtypes and
             ranks; a size that differs becomes variable). An object implementing
             ``torchrecord._mix.source.Source`` is read through that interface
@@ -102,8 +102,8 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         verify: check every record's CRC-32 as it is read.
         check: ``"structure"``: check each file's LMDB page structure when the
             dataset is made (files of unknown provenance; see :class:`RecordFile`).
-            A :class:`RecordFile` source made with ``check="structure"`` carries
-            its own check.
+            A :class:`~torchrecord.RecordSet` source made with
+            ``check="structure"`` carries its own check.
 
     :meth:`stats` reports this process's time to the first batch, draws read per
     source, waits, deferrals and the realised share of every source.
@@ -119,8 +119,7 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
 
     def __init__(
         self,
-        sources: Sequence[str | os.PathLike[str] | RecordFile | Source]
-        | Mapping[str, str | os.PathLike[str] | RecordFile | Source],
+        sources: Sequence[SetLike | Source] | Mapping[str, SetLike | Source],
         weights: str | Sequence[float] | Mapping[str, float] = "size",
         *,
         stop: str = "all_once",

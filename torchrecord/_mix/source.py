@@ -16,8 +16,9 @@ A :class:`Source` answers three calls:
 
 A source is used by one read-ahead thread at a time, pickles into DataLoader
 workers, and never holds an LMDB handle across ``fork()``. :class:`FileSource`
-wraps a :class:`~torchrecord._store.record_file.RecordFile` and reads through the
-cursor walk (``torchrecord._store.walk``) and the share reader; a test or a
+wraps a :class:`~torchrecord.RecordSet` (one file or a sharded set, opened with
+:func:`~torchrecord.open_set`) and reads through the cursor walk
+(``torchrecord._store.walk``) and the share reader; a test or a
 benchmark wraps one to throttle or gate its reads, and a remote store could
 implement the same four methods.
 """
@@ -34,9 +35,10 @@ import numpy as np
 
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import Field, Schema
-from torchrecord._read.reader import Share, ShareReader
+from torchrecord._read.reader import Share, ShareReader, split_runs
+from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.forkgate import lmdb_calls
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
 from torchrecord.errors import SchemaError
 
@@ -143,22 +145,18 @@ class Source:
 
 
 class FileSource(Source):
-    """A record set on disk, read through the cursor walk.
+    """A record set on disk (one file or a sharded set), read through the cursor walk.
 
     Args:
-        file: a path or a :class:`~torchrecord._store.record_file.RecordFile`.
+        file: a path (a file, or a sharded set's folder, manifest or URL) or a
+            :class:`~torchrecord.RecordSet`.
         verify: check every record's CRC-32 as it is read.
-        check: ``"structure"``: check the file's LMDB page structure first (see :class:`RecordFile`).
+        check: ``"structure"``: check each file's LMDB page structure first (see
+            :class:`~torchrecord.RecordFile`).
     """
 
-    def __init__(
-        self, file: str | os.PathLike[str] | RecordFile, *, verify: bool = False, check: str | None = None
-    ) -> None:
-        if isinstance(file, RecordFile):
-            file._require_check(check)
-            self.file = file
-        else:
-            self.file = RecordFile(file, check=check)
+    def __init__(self, file: SetLike, *, verify: bool = False, check: str | None = None) -> None:
+        self.file: RecordSet = open_set(file, check=check)
         self.verify = verify
         self._layout: tuple[FixedLayout | None] | None = None
         self._info: SourceInfo | None = None
@@ -179,7 +177,7 @@ class FileSource(Source):
             if layout is not None:
                 per_sample = max(1, layout.length // layout.rows)
             else:
-                per_sample = max(1, os.path.getsize(f.path) // max(1, len(f)))
+                per_sample = max(1, f.size_bytes // max(1, len(f)))
             self._info = SourceInfo(f.path, len(f), f.schema, f.set_id, f.samples_per_record, per_sample)
         return self._info
 
@@ -191,7 +189,10 @@ class FileSource(Source):
 
     def open(self) -> None:
         with _OPEN_LOCK, lmdb_calls():
-            self.file.environment()
+            if self.file.num_shards == 1:  # one file: open it now; a sharded set opens each shard as it reads it
+                self.file.shard(0).environment()
+            else:
+                self.file.read_header()
 
     def read(self, runs: Sequence[Run], columns: bool) -> Chunk:
         with lmdb_calls():  # read-ahead threads call this: a fork waits for the read to end
@@ -217,13 +218,17 @@ class FileSource(Source):
             reader = ShareReader(file, share, layout=None, verify=self.verify, advise=False)
             samples = list(next(reader.chunks(max(1, n)), []))
             return Chunk(n, samples=samples, nbytes=n * self.describe().bytes_per_sample)
-        env, db = file.environment()
         values: list[Any] = []
-        records: list[int] = []
-        with Walk(env, db, file.path, crc_db=file.crc_db if self.verify else None) as walk:
-            for first, got in walk.pieces(record_runs(runs, 1)):
-                values.extend(got)
-                records.extend(range(first, first + len(got)))
+        records: list[int] = []  # over all shards: decode() finds each one's shard
+        offsets = file.shard_offsets
+        for s, start, stop in split_runs(runs, offsets):
+            shard = file.shard(s)
+            env, db = shard.environment()
+            base = int(offsets[s])
+            with Walk(env, db, shard.path, crc_db=shard.crc_db if self.verify else None) as walk:
+                for first, got in walk.pieces(record_runs([(start, stop)], 1)):
+                    values.extend(got)
+                    records.extend(range(base + first, base + first + len(got)))
         return Chunk(n, values=values, records=records, nbytes=sum(len(v) for v in values))
 
     def decode(self, value: Any, record: int) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,8 +18,9 @@ from torchrecord._read import resume as _resume
 from torchrecord._read.items import SAMPLE_CHUNK, Items
 from torchrecord._read.reader import Share, ShareReader
 from torchrecord._read.world import EpochAndWorld
+from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.checked import parse_check
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 from torchrecord._store.subset import Subset
 from torchrecord._store.subset import resolve as resolve_subset
 
@@ -62,7 +62,8 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
 
     Args:
         path: a record set written by :func:`torchrecord.write_record`, a sharded
-            set, or a :class:`RecordFile` of either. It is opened, checked and
+            set (its folder, manifest or URL), or a :class:`~torchrecord.RecordSet`
+            (what :func:`torchrecord.open_set` returns). It is opened, checked and
             closed when the dataset is made, so a wrong path fails here with a
             message saying what the path holds; the dataset keeps no open handle
             (it pickles as configuration).
@@ -111,10 +112,10 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
             damaged file raises :class:`~torchrecord.errors.StructureError` here
             instead of killing a reader; workers do not check it again unless
             the file changed (see :class:`RecordFile`, and docs/GUARANTEES.md
-            for the cost). A :class:`RecordFile` given as ``path`` is checked too.
+            for the cost). A :class:`~torchrecord.RecordSet` given as ``path`` is checked too.
         cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
             local folder its shards are fetched to, and the bytes of shards it
-            keeps (see :class:`~torchrecord._shards.sharded.ShardedSet`).
+            keeps (see :class:`~torchrecord.ShardedSet`).
 
     ``len()`` is the number of items this rank yields per epoch: samples, or
     batches when ``batch_size`` is set. Rank and world size are read from
@@ -142,7 +143,7 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | RecordFile,
+        path: SetLike,
         *,
         shuffle: bool = True,
         shuffle_buffer: int = 8192,
@@ -187,13 +188,9 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0 (it seeds NumPy's SeedSequence), got {seed!r}")
         check = parse_check(check)
-        if isinstance(path, RecordFile):
-            self.file = path
-            path._require_check(check)
-        else:
-            self.file = RecordFile(path, cache_dir=cache_dir, cache_limit=cache_limit, check=check)
+        self.file: RecordSet = open_set(path, cache_dir=cache_dir, cache_limit=cache_limit, check=check)
         # a bad path fails here, in the main process, not at len() or in a worker; nothing stays open
-        count = int(self.file.check()["count"])
+        count = int(self.file.read_header()["count"])
         self._subset: Subset | None = None
         if subset is not None:
             self._subset = resolve_subset(subset, count, self.file.path)

@@ -32,6 +32,7 @@ from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
 from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
 from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
 
 __all__ = ["LocalRun", "Share", "ShareReader", "split_runs"]
@@ -87,7 +88,7 @@ class ShareReader:
     """
 
     def __init__(
-        self, file: RecordFile, share: Share, *, layout: FixedLayout | None, verify: bool = False, advise: bool = True
+        self, file: RecordSet, share: Share, *, layout: FixedLayout | None, verify: bool = False, advise: bool = True
     ) -> None:
         self.file, self.share, self.layout, self.verify = file, share, layout, verify
         self.advise = advise
@@ -314,7 +315,7 @@ class _ShardWalks:
         verify, buffers: as for :class:`~torchrecord._store.walk.Walk`.
     """
 
-    def __init__(self, file: RecordFile, plan: Sequence[Sequence[LocalRun]], *, verify: bool, buffers: bool) -> None:
+    def __init__(self, file: RecordSet, plan: Sequence[Sequence[LocalRun]], *, verify: bool, buffers: bool) -> None:
         self.set, self.verify, self.buffers = file, verify, buffers
         self.counts = np.diff(file.shard_offsets).tolist()
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
@@ -327,9 +328,7 @@ class _ShardWalks:
             for s, _, _ in pieces:
                 if not order or order[-1] != s:
                     order.append(s)
-        prefetch = getattr(file, "prefetch", None)
-        if prefetch is not None:
-            prefetch(order)
+        file.prefetch(order)
 
     def walk(self, s: int) -> Walk:
         """The open walk over shard ``s`` (opening, and for a remote set fetching, it first)."""
@@ -393,9 +392,7 @@ class _ShardWalks:
         _, walk = self._walks.pop(s)
         self.records_read += walk.records_read
         walk.close()
-        release = getattr(self.set, "release", None)
-        if release is not None:
-            release(s)
+        self.set.release(s)
 
     def close(self) -> int:
         """Close every walk; returns the records read through them all."""

@@ -21,7 +21,7 @@ from torchrecord._core.kinds import check_bools
 from torchrecord._core.layout import FixedLayout
 from torchrecord._read.reader import _ShardWalks
 from torchrecord._store.fastread import FixedWindow, FixedWindowReader
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 
 __all__ = ["RecordBlock"]
 
@@ -35,7 +35,7 @@ class RecordBlock:
 
     def __init__(
         self,
-        file: RecordFile,
+        file: RecordSet,
         layout: FixedLayout,
         samples: np.ndarray,
         *,

@@ -6,7 +6,6 @@ Both read a set written by ``torchrecord.convert.from_robomimic`` through
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.window_plan import WindowSpec
 from torchrecord._read import resume as _resume
 from torchrecord._robomimic.windows import RoboWindows
-from torchrecord._store.record_file import RecordFile
+from torchrecord._shards.open import SetLike
 
 __all__ = ["SequenceDataset", "WindowDataset"]
 
@@ -77,7 +76,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
     ``None`` reads everything from the file; dataset keys keep the file's dtype.
 
     Args:
-        path: a converted set.
+        path: a converted set (a path, or a :class:`~torchrecord.RecordSet`).
         obs_keys, dataset_keys: keys to return (``dataset_keys`` as robomimic's:
             ``actions``, ``rewards``, ``dones``...).
         frame_stack, seq_length, pad_frame_stack, pad_seq_length, get_pad_mask,
@@ -94,7 +93,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: SetLike,
         obs_keys: Sequence[str],
         dataset_keys: Sequence[str],
         frame_stack: int = 1,
@@ -115,7 +114,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
     ) -> None:
         _check_unsupported(hdf5_normalize_obs)
         self.core = RoboWindows(
-            os.fspath(path),
+            path,
             obs_keys,
             dataset_keys,
             spec=WindowSpec(frame_stack, seq_length, pad_frame_stack, pad_seq_length),
@@ -207,7 +206,7 @@ class WindowDataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: SetLike,
         obs_keys: Sequence[str],
         dataset_keys: Sequence[str],
         frame_stack: int = 1,
@@ -246,7 +245,7 @@ class WindowDataset(IterableDataset[Any]):
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         self.core = RoboWindows(
-            os.fspath(path),
+            path,
             obs_keys,
             dataset_keys,
             spec=WindowSpec(frame_stack, seq_length, pad_frame_stack, pad_seq_length),
@@ -407,7 +406,7 @@ class WindowDataset(IterableDataset[Any]):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         state: dict[str, Any] = {"kind": STATE_KIND, "version": _resume.STATE_VERSION}
-        state.update(set_id=RecordFile(self.core.path).set_id, epoch=self.epoch, rank=self._world()[0])
+        state.update(set_id=self.core.store.file.set_id, epoch=self.epoch, rank=self._world()[0])
         state.update(worker=worker, num_workers=workers, yielded=self._yielded)
         state.update(self._plan_state())
         return state
@@ -423,7 +422,7 @@ class WindowDataset(IterableDataset[Any]):
         found = list(_resume.find_states(state, (STATE_KIND,)))
         if not found:
             raise ValueError(f"{self.core.path}: no WindowDataset state found in what was given")
-        set_id = RecordFile(self.core.path).set_id
+        set_id = self.core.store.file.set_id
         mine = self._plan_state()
         resume: dict[tuple[int, int], int] = {}
         for s in found:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from torchrecord._core.schema import Field
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 
 __all__ = ["DEMO_FIELD", "META_KEY", "RoboSet", "SHIFT", "STORED", "TAIL_DEMO", "VERSION", "field_name"]
 
@@ -75,7 +75,7 @@ class RoboSet:
     fields: dict[str, Field]
 
     @classmethod
-    def open(cls, file: RecordFile) -> RoboSet:
+    def open(cls, file: RecordSet) -> RoboSet:
         """The description of ``file``; ValueError when it was not converted from robomimic."""
         meta = file.user_metadata.get(META_KEY)
         if not isinstance(meta, dict):
@@ -89,6 +89,11 @@ class RoboSet:
                 f"reads up to {VERSION}: upgrade torchrecord"
             )
         offsets = file.groups
+        if offsets is None and file.num_shards > 1:
+            raise ValueError(
+                f"{file.path}: a sharded set has no groups, and a robomimic set needs one per demo: convert the "
+                "HDF5 file into one record-set file with torchrecord.convert.from_robomimic"
+            )
         demos = tuple(str(d) for d in meta["demos"])
         lengths = np.asarray(meta["lengths"], dtype=np.int64)
         tails = bool(meta.get("tail_group"))

@@ -26,7 +26,7 @@ from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.structure import flatten
 from torchrecord._read.reader import Share, ShareReader
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 
 __all__ = ["Block", "FrameStore", "record_runs_of"]
 
@@ -71,7 +71,7 @@ class FrameStore:
     """
 
     def __init__(
-        self, file: RecordFile, cached: dict[str, np.dtype[Any] | None], cache_records: np.ndarray, *, verify: bool
+        self, file: RecordSet, cached: dict[str, np.dtype[Any] | None], cache_records: np.ndarray, *, verify: bool
     ) -> None:
         self.file, self.cached, self.verify = file, dict(cached), verify
         self.cache_records = np.asarray(cache_records, dtype=np.int64)

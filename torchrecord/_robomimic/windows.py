@@ -19,7 +19,7 @@ import numpy as np
 from torchrecord._order.window_plan import Windows, WindowSpec
 from torchrecord._robomimic.episodes import SHIFT, STORED, RoboSet, field_name
 from torchrecord._robomimic.frame_store import Block, FrameStore
-from torchrecord._store.record_file import RecordFile
+from torchrecord._shards.open import SetLike, open_set
 
 __all__ = ["CACHE_MODES", "Leaf", "RoboWindows"]
 
@@ -53,7 +53,7 @@ class RoboWindows:
 
     def __init__(
         self,
-        path: str,
+        path: SetLike,
         obs_keys: Sequence[str],
         dataset_keys: Sequence[str],
         *,
@@ -72,7 +72,7 @@ class RoboWindows:
             raise ValueError(f"goal_mode must be None or 'last', got {goal_mode!r}")
         if goal_mode == "last" and not load_next_obs:
             raise ValueError("goal_mode='last' needs load_next_obs=True (the goal is the demo's last next_obs)")
-        file = RecordFile(path, check=check)
+        file = open_set(path, check=check)
         robo = RoboSet.open(file)
         self.path, self.robo, self.spec = file.path, robo, spec
         self.obs_keys, self.dataset_keys = tuple(obs_keys), tuple(dataset_keys)

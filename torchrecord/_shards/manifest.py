@@ -18,6 +18,7 @@ from typing import Any
 
 from torchrecord._core.schema import Field, Schema
 from torchrecord._store.format import check_schema
+from torchrecord._store.record_set import MANIFEST_NAME
 from torchrecord.errors import FormatError, NotARecordSetError, SchemaError, VersionError
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
     "write_json_atomic",
 ]
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "torchrecord-shards"
 #: Bump on any change a reader of the previous version would misread.
 MANIFEST_VERSION = 1

@@ -25,6 +25,7 @@ from typing import Any
 
 from torchrecord._core.extras import REMOTE_HINT
 from torchrecord._shards.manifest import MANIFEST_NAME, file_digest
+from torchrecord._store.record_set import is_url
 from torchrecord.errors import ChecksumError, FetchError
 
 __all__ = ["AHEAD", "ATTEMPTS", "ShardCache", "TIMEOUT", "fetch_manifest", "is_url"]
@@ -35,11 +36,6 @@ ATTEMPTS = 3
 TIMEOUT = 30.0
 #: Shards of the plan fetched ahead of the one being read.
 AHEAD = 2
-
-
-def is_url(path: str) -> bool:
-    """True for ``scheme://...`` (``file://`` included)."""
-    return "://" in path
 
 
 def _filesystem(url: str) -> tuple[Any, str]:

@@ -2,17 +2,18 @@
 
 The shards are concatenated in manifest order into one global index: sample
 ``g`` is sample ``g - offsets[s]`` of shard ``s``, where ``offsets`` are the
-cumulative shard counts. A ShardedSet offers what readers use of a
-:class:`~torchrecord.RecordFile` (length, schema, ``samples_per_record``,
-``set_id``, random access, iteration) plus the shards themselves
-(:meth:`ShardedSet.shard`), each opened lazily, in the process that reads, on
-first use. A manifest given as a URL is read through a local cache
+cumulative shard counts. A ShardedSet is a :class:`~torchrecord.RecordSet`, as a
+:class:`~torchrecord.RecordFile` is: length, schema, ``samples_per_record``,
+``set_id``, random access, iteration, and the shards themselves
+(:meth:`ShardedSet.shard`, each a RecordFile), each opened lazily, in the
+process that reads, on first use. A manifest given as a URL is read through a local cache
 (``torchrecord._shards.remote``): a shard is fetched, checked and published into the
 cache before it is opened.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -25,23 +26,21 @@ from torchrecord._shards.remote import ShardCache, fetch_manifest, is_url
 from torchrecord._store.checked import parse_check
 from torchrecord._store.format import _describe_directory
 from torchrecord._store.record_file import RecordFile
-from torchrecord._store.subset import position as subset_position
+from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
 from torchrecord.errors import FormatError, NotARecordSetError, RecordNotFoundError, TorchRecordError
 
 __all__ = ["ShardedSet", "is_sharded"]
 
 
-def is_sharded(path: str) -> bool:
-    """True for a URL, a directory, or a path to a manifest file: what ShardedSet opens."""
-    return is_url(path) or os.path.isdir(path) or os.path.basename(path) == _manifest.MANIFEST_NAME
-
-
-class ShardedSet(RecordFile):
+class ShardedSet(RecordSet):
     """A sharded set (a directory or URL with ``manifest.json``) as one record set.
 
-    ``RecordFile(path)`` returns one when ``path`` is a directory, a manifest
-    file or a URL. ``len``, ``[i]``, iteration, ``schema``, ``metadata`` and
-    ``set_id`` (the manifest's) cover all shards; :meth:`shard` opens one.
+    :func:`torchrecord.open_set` returns one when ``path`` is a directory, a
+    manifest file or a URL. ``len``, ``[i]``, iteration, ``schema``, ``metadata``
+    and ``set_id`` (the manifest's) cover all shards; :meth:`shard` opens one, a
+    :class:`~torchrecord.RecordFile`. The manifest is read (for a URL: fetched)
+    and checked when the ShardedSet is made, so a folder that holds no finalized
+    set fails here; the shards open on first use.
 
     Args:
         path: a directory holding ``manifest.json``, the manifest's path, or its
@@ -67,18 +66,21 @@ class ShardedSet(RecordFile):
         check: str | None = None,
     ) -> None:
         self.path = os.fsdecode(path)
-        self._check = parse_check(check)
-        self._checked = None
-        self._lenient_count = False
         if subset is not None:
             raise ValueError(
-                f"{self.path}: subset= is not supported on a sharded set's RecordFile; "
-                "use RecordDataset(path, subset=...), or index the set (rf[indices])"
+                f"{self.path}: subset= is not supported on a sharded set; "
+                "use RecordDataset(path, subset=...), or index the set (rs[indices])"
             )
-        self._subset = None
+        self._setup(cache_dir, cache_limit, parse_check(check), None)
+        self.read_header()  # a folder without a finalized set fails here, not at len()
+
+    def _setup(
+        self, cache_dir: str | None, cache_limit: int | None, check: str | None, manifest: dict[str, Any] | None
+    ) -> None:
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
-        self._manifest: dict[str, Any] | None = None
+        self._check = check
+        self._manifest = manifest
         self._files: dict[int, RecordFile] = {}
         self._cache: ShardCache | None = None
         self._pid = os.getpid()
@@ -109,7 +111,11 @@ class ShardedSet(RecordFile):
             return self.path.rstrip("/")
         return self.path.rsplit("/", 1)[0] if is_url(self.path) else os.path.dirname(self.path)
 
-    # -- RecordFile's description ---------------------------------------------------
+    # -- the set's description --------------------------------------------------------
+    def read_header(self) -> dict[str, Any]:
+        """Read and check the manifest (once: it is kept); returns the set's metadata."""
+        return self.metadata
+
     @property
     def metadata(self) -> dict[str, Any]:
         """The set's metadata, as a record set's (from the manifest), plus ``shards``."""
@@ -151,18 +157,9 @@ class ShardedSet(RecordFile):
         """Bytes of every shard file together."""
         return sum(int(s["bytes"]) for s in self.manifest["shards"])
 
-    def environment(self) -> tuple[Any, Any]:
-        """Not available on a sharded set (TypeError): each shard has its own environment."""
-        raise TypeError(f"{self.path}: a sharded set has one LMDB environment per shard: use .shard(i).environment()")
-
     @property
-    def crc_db(self) -> Any:
-        """Not available on a sharded set (TypeError): each shard has its own checksums."""
-        raise TypeError(f"{self.path}: a sharded set has one checksum database per shard: use .shard(i).crc_db")
-
-    @property
-    def groups(self) -> Any:
-        """None: sharded sets have no groups."""
+    def groups(self) -> np.ndarray | None:
+        """None: sharded sets have no groups (``write_shard`` does not take ``group_by``)."""
         return None
 
     # -- shards -------------------------------------------------------------------
@@ -182,7 +179,14 @@ class ShardedSet(RecordFile):
         return f"{self._base()}/{self.manifest['shards'][s]['name']}"
 
     def shard(self, s: int) -> RecordFile:
-        """Shard ``s`` as a RecordFile, opened (and, for a remote set, fetched) on first use in this process."""
+        """Shard ``s`` as a RecordFile, opened (and, for a remote set, fetched) on first use in this process.
+
+        Args:
+            s: the shard index (IndexError outside ``0 .. num_shards - 1``).
+        """
+        s = _integer(s, "shard index", self.path)
+        if not 0 <= s < self.num_shards:
+            raise IndexError(f"shard {s} out of range for {self.path}, a sharded set of {self.num_shards} shards")
         self._check_process()
         rf = self._files.get(s)
         if rf is None:
@@ -213,12 +217,20 @@ class ShardedSet(RecordFile):
         return rf
 
     def prefetch(self, plan: Sequence[int]) -> None:
-        """The shards (``plan``) this process will read, in order: a remote set fetches them ahead."""
+        """The shards (``plan``) this process will read, in order: a remote set fetches them ahead.
+
+        Args:
+            plan: shard indices in the order they will be read.
+        """
         if is_url(self.path):
             self._remote().plan(plan)
 
     def release(self, s: int) -> None:
-        """This process has finished with shard ``s`` for now: a remote cache may evict it over its limit."""
+        """This process has finished with shard ``s`` for now: a remote cache may evict it over its limit.
+
+        Args:
+            s: the shard.
+        """
         self._files.pop(s, None)
         if self._cache is not None:
             self._cache.release(s)
@@ -232,50 +244,91 @@ class ShardedSet(RecordFile):
         if self._pid != os.getpid():  # forked: the parent's shards, cache thread and handles are not ours
             self._files, self._cache, self._pid = {}, None, os.getpid()
 
-    def locate(self, index: int) -> tuple[int, int]:
-        """(shard, index in that shard) of global sample ``index`` (in range)."""
-        s = int(np.searchsorted(self.shard_offsets, index, side="right")) - 1
-        return s, index - int(self.shard_offsets[s])
+    def _record_offsets(self) -> list[int]:
+        """Where each shard's records begin among all records (and the total at the end)."""
+        out = [0]
+        for entry in self.manifest["shards"]:
+            out.append(out[-1] + int(entry["records"]))
+        return out
+
+    def _locate_record(self, record: int) -> tuple[int, int]:
+        """(shard, record in that shard) of global record ``record``; IndexError outside the set."""
+        record = _integer(record, "record index", self.path)
+        bounds = self._record_offsets()
+        n = bounds[-1]
+        position = record + n if record < 0 else record
+        if not 0 <= position < n:
+            raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
+        s = bisect.bisect_right(bounds, position) - 1
+        return s, position - bounds[s]
 
     # -- access ---------------------------------------------------------------------
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return self.__getitems__(range(*index.indices(len(self))))
-        if isinstance(index, (list, tuple)) or getattr(index, "ndim", 0) > 0:
-            return self.__getitems__(index)
-        position = subset_position(index, len(self), self.path)
+    def _sample(self, position: int) -> Any:
         s, local = self.locate(position)
         return self.shard(s)[local]
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
-        """The samples at ``indices``, each read from its shard."""
-        return [self[i] for i in self._sample_indices(indices).tolist()]
+        """The samples at ``indices`` (ints, negative from the end), each shard's read in one transaction.
 
-    def check(self) -> dict[str, Any]:
-        """Read and check the manifest; returns the set's metadata."""
-        return self.metadata
+        Args:
+            indices: sample indices, a list or 1-d integer array.
+        """
+        positions = self._positions(indices)
+        if len(positions) == 0:
+            return []
+        offsets = self.shard_offsets
+        shards = np.searchsorted(offsets, positions, side="right") - 1
+        out: list[Any] = [None] * len(positions)
+        for s in np.unique(shards).tolist():
+            where = np.flatnonzero(shards == s)
+            samples = self.shard(s).__getitems__(positions[where] - offsets[s])
+            for i, sample in zip(where.tolist(), samples):
+                out[i] = sample
+        return out
 
     def raw(self, record: int) -> bytes:
-        """Stored bytes of global record ``record`` (the shards' records, concatenated)."""
-        counts = [int(e["records"]) for e in self.manifest["shards"]]
-        n = sum(counts)
-        position = record + n if record < 0 else record
-        if not 0 <= position < n:
-            raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
-        for s, c in enumerate(counts):
-            if position < c:
-                return self.shard(s).raw(position)
-            position -= c
-        raise AssertionError("unreachable")
+        """Stored bytes of global record ``record`` (the shards' records, concatenated).
+
+        Args:
+            record: the record index over all shards (negative counts from the end).
+        """
+        s, local = self._locate_record(record)
+        return self.shard(s).raw(local)
+
+    def decode(self, value: bytes | memoryview, index: int) -> Any:
+        """Decode the stored ``value`` of global record ``index`` (one sample per record) with its shard.
+
+        Args:
+            value: the stored bytes.
+            index: the record index over all shards.
+        """
+        s, local = self._locate_record(index)
+        return self.shard(s).decode(value, local)
+
+    def decode_record(self, value: bytes | memoryview, record: int, row: int | None = None) -> list[Any]:
+        """Decode the stored ``value`` of global record ``record`` into its samples, with its shard.
+
+        Args:
+            value: the stored bytes.
+            record: the record index over all shards.
+            row: only this sample of a chunked record (a list of one).
+        """
+        s, local = self._locate_record(record)
+        return self.shard(s).decode_record(value, local, row)
 
     def __iter__(self) -> Iterator[Any]:
         for s in range(self.num_shards):
             yield from self.shard(s)
             self.release(s)
 
-    def group(self, g: int) -> list[Any]:
-        """IndexError: a sharded set has no groups (write_shard does not take group_by)."""
-        raise IndexError(f"group index {g} out of range for {self.path}: a sharded set has no groups")
+    def _read_range(self, lo: int, hi: int) -> list[Any]:
+        offsets = self.shard_offsets
+        out: list[Any] = []
+        for s in range(self.num_shards):
+            a, b = max(lo, int(offsets[s])), min(hi, int(offsets[s + 1]))
+            if a < b:
+                out.extend(self.shard(s)._read_range(a - int(offsets[s]), b - int(offsets[s])))
+        return out
 
     def _require_check(self, check: str | None) -> None:
         """Turn on ``check`` for every shard opened from now on."""
@@ -286,12 +339,15 @@ class ShardedSet(RecordFile):
 
     def close(self) -> None:
         """Close the opened shards (they open again on next use)."""
+        self._let_go(hard=True)
+
+    def _let_go(self, hard: bool) -> None:
         files, self._files = self._files, {}
         for rf in files.values():
-            rf.close()
+            rf._let_go(hard)
 
     def __enter__(self) -> ShardedSet:
-        self.manifest  # noqa: B018  (read and checked now)
+        self.read_header()
         return self
 
     def __getstate__(self) -> dict[str, Any]:
@@ -305,13 +361,8 @@ class ShardedSet(RecordFile):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(  # type: ignore[misc]
-            state["path"],
-            cache_dir=state["cache_dir"],
-            cache_limit=state["cache_limit"],
-            check=state.get("check"),
-        )
-        self._manifest = state["m"]
+        self.path = state["path"]
+        self._setup(state["cache_dir"], state["cache_limit"], state.get("check"), state["m"])
 
 
 def _not_a_set(path: str, manifest: str) -> TorchRecordError:
@@ -319,10 +370,7 @@ def _not_a_set(path: str, manifest: str) -> TorchRecordError:
     if not os.path.isdir(path):
         return RecordNotFoundError(f"{path}: no sharded-set manifest here; check the path")
     if any(_manifest.parse_shard_name(name) for name in os.listdir(path)):
-        return NotARecordSetError(
-            f"{path}: is a directory of shards without {_manifest.MANIFEST_NAME}: the set was never finalized; "
-            "run torchrecord.finalize_shards on it (it names any missing shard)"
-        )
+        return not_one_file(path)  # the shards of a set never finalized
     return NotARecordSetError(
         f"{path}: is a directory{_describe_directory(path)} (a sharded set is a directory with "
         f"{_manifest.MANIFEST_NAME}: write_shard, finalize_shards)"

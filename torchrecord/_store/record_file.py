@@ -1,8 +1,7 @@
-"""RecordFile: random access to a record set, opened lazily in the process that reads."""
+"""RecordFile: random access to a record set of one file, opened lazily in the process that reads."""
 
 from __future__ import annotations
 
-import operator
 import os
 import weakref
 from collections.abc import Iterator, Sequence
@@ -21,18 +20,17 @@ from torchrecord._store import envcache as _envcache
 from torchrecord._store import format as _format
 from torchrecord._store.groups import read_offsets
 from torchrecord._store.identity import set_id_of
+from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
 from torchrecord._store.subset import Subset
-from torchrecord._store.subset import position as subset_position
 from torchrecord._store.subset import resolve as resolve_subset
-from torchrecord._store.summary import WriteSummary
 from torchrecord._store.walk import PIECE, Walk, record_runs
 from torchrecord.errors import CorruptRecordError, NotARecordSetError, RecordReplacedError, StructureError
 
 __all__ = ["RecordFile"]
 
 
-class RecordFile:
-    """Map-style, read-only access to the records of a record set.
+class RecordFile(RecordSet):
+    r"""Map-style, read-only access to the records of a record set in one file.
 
     ``rf[i]`` is the i-th stored sample (negative indices count from the end),
     with the structure, kinds, dtypes and shapes it was written with; ``rf[2:10]``
@@ -56,21 +54,20 @@ class RecordFile:
     the file and no iteration over it is running; a RecordFile dropped without
     ``close`` leaves its file in a small per-process cache of idle files.
 
-    ``RecordFile(path)`` of a sharded set (a directory, a ``manifest.json`` or a
-    URL; see :func:`torchrecord.write_shard`) returns a
-    :class:`~torchrecord._shards.sharded.ShardedSet`, a RecordFile over all its shards.
+    A RecordFile is one file: a sharded set (a directory, a ``manifest.json`` or
+    a URL; see :func:`torchrecord.write_shard`) is a
+    :class:`~torchrecord.ShardedSet`, and ``RecordFile`` of its path raises
+    :class:`~torchrecord.errors.NotARecordSetError` saying so. Both are
+    :class:`~torchrecord.RecordSet`\ s; :func:`torchrecord.open_set` opens either.
 
     Args:
-        path: a record set written by :func:`torchrecord.write_record`, or a sharded set.
+        path: a record set written by :func:`torchrecord.write_record` (one file).
         subset: read only these samples: a ``range``, a ``slice``, a sequence or
             array of sample indices, or a boolean mask with one entry per sample.
             ``len()``, indexing and iteration then see the selected samples in
             the order given (``rf[0]`` is the first selected sample). A subset
             is checked against the set when the RecordFile is made (which opens
-            the file); without one, the file opens on first use. Not for a
-            sharded set's RecordFile (``RecordDataset(subset=)`` reads a subset of one).
-        cache_dir, cache_limit: for a remote sharded set: where its shards are
-            fetched to and how many bytes of them to keep (see ``ShardedSet``).
+            the file); without one, the file opens on first use.
         check: ``"structure"`` for a file of unknown provenance (downloaded, copied
             from elsewhere, written by someone else): LMDB's page structure is
             checked in pure Python before liblmdb maps the file, so a damaged
@@ -89,43 +86,28 @@ class RecordFile:
         >>> val = RecordFile("train.tr", subset=range(9000, 10000))  # doctest: +SKIP
     """
 
-    # defaults for a subclass (ShardedSet) that does not run RecordFile.__init__
-    _handle: _envcache.Handle | None = None
-    _finalizer: weakref.finalize[Any, Any] | None = None
-    _pin: str | None = None
-
-    def __new__(
-        cls, path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | None = None, **kwargs: Any
-    ) -> RecordFile:
-        if cls is RecordFile and path is not None:
-            from torchrecord._shards.sharded import ShardedSet, is_sharded
-
-            if is_sharded(os.fsdecode(path)):
-                return object.__new__(ShardedSet)
-        return object.__new__(cls)
-
     def __init__(
         self,
         path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
         *,
         subset: Any = None,
-        cache_dir: str | None = None,
-        cache_limit: int | None = None,
         check: str | None = None,
     ) -> None:
         self.path = os.fsdecode(path)  # bytes paths too, as str for messages
         self._check = _checked.parse_check(check)
         self._checked: _checked.Identity | None = None  # the file that passed the structural check
         self._lenient_count = False  # verify: the count may claim missing records (each is reported)
-        self._handle = None
-        self._finalizer = None  # gives the handle back when this object is dropped
+        self._handle: _envcache.Handle | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None  # gives the handle back when this is dropped
         self._inode: tuple[int, int] | None = None  # the file read before: kept while this process has it open
-        self._pin = None  # the set_id of the set this RecordFile reads, once known
+        self._pin: str | None = None  # the set_id of the set this RecordFile reads, once known
         self._meta: dict[str, Any] | None = None
         self._schema: Schema | None = None
         self._records_db: Any = None
         self._crc_db: Any = None
         self._subset: Subset | None = None
+        if is_sharded(self.path):  # a folder, manifest or URL: a sharded set (or nothing), never one file
+            raise not_one_file(self.path)
         if self._check is not None:
             self._checked = _checked.ensure(self.path)
         if subset is not None:
@@ -191,7 +173,7 @@ class RecordFile:
         self._records_db = self._crc_db = None
         self.__dict__.pop("_group_offsets", None)
 
-    def check(self) -> dict[str, Any]:
+    def read_header(self) -> dict[str, Any]:
         """Open the file, read and check its metadata and databases, and close it again; returns the metadata.
 
         Raises the same errors as the first real use would (missing path, a
@@ -260,7 +242,7 @@ class RecordFile:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+        RecordFile.__init__(self, state["path"])
         self._subset = state.get("subset")  # already resolved: no need to open here
         # the structural check passed where this copy was made: not again unless the file changed
         self._check, self._checked = state.get("check"), state.get("checked")
@@ -289,21 +271,6 @@ class RecordFile:
             self._open()
         assert self._schema is not None
         return self._schema
-
-    @property
-    def write_summary(self) -> WriteSummary:
-        """What the write stored, skipped and widened (see :class:`~torchrecord.WriteSummary`).
-
-        The RecordFile that ``write_record`` or ``RecordWriter`` returns holds every
-        skipped sample; one opened from the path reads the first 1,000 from the metadata.
-        """
-        summary = self.__dict__.get("_write_summary")  # set by the writer that returned this object
-        return summary if isinstance(summary, WriteSummary) else WriteSummary.from_metadata(self.metadata)
-
-    @property
-    def user_metadata(self) -> dict[str, Any]:
-        """The ``metadata=`` dict given to write_record."""
-        return dict(self.metadata.get("user") or {})
 
     def __len__(self) -> int:
         if self._subset is not None:
@@ -393,17 +360,7 @@ class RecordFile:
             raise CorruptRecordError(f"{self.path}: record {record} is missing")
         return bytes(value)
 
-    def __getitem__(self, index: Any) -> Any:
-        """``rf[i]``: one sample; ``rf[a:b:c]``, ``rf[[i, j]]``, ``rf[int_array]``: a list of samples.
-
-        Raises TypeError for indices that are not integers (``rf[1.9]``,
-        ``rf["3"]``, ``rf[True]``) and IndexError outside the set (or subset).
-        """
-        if isinstance(index, slice):
-            return self.__getitems__(range(*index.indices(len(self))))
-        if isinstance(index, (list, tuple)) or getattr(index, "ndim", 0) > 0:
-            return self.__getitems__(index)
-        position = subset_position(index, len(self), self.path)
+    def _sample(self, position: int) -> Any:
         if self._subset is not None:
             position = int(self._subset.take(np.array([position]))[0])
         k = self.samples_per_record
@@ -445,24 +402,7 @@ class RecordFile:
 
     def _sample_indices(self, indices: Any) -> np.ndarray:
         """Positions given by the user (ints, negative from the end) as set sample indices, checked."""
-        if isinstance(indices, range):
-            positions = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
-        else:
-            if hasattr(indices, "detach"):
-                indices = indices.detach().cpu().numpy()
-            arr = np.asarray(indices)
-            if arr.dtype == np.bool_ or (len(arr) and not np.issubdtype(arr.dtype, np.integer)) or arr.ndim != 1:
-                raise TypeError(
-                    f"{self.path}: sample indices must be a list or 1-d array of ints, got {arr.dtype} values of shape "
-                    f"{arr.shape}; for a mask use numpy.flatnonzero(mask)"
-                )
-            positions = arr.astype(np.int64)
-        n = len(self)
-        positions = np.where(positions < 0, positions + n, positions)
-        bad = np.flatnonzero((positions < 0) | (positions >= n))
-        if len(bad):
-            wrong = int(np.asarray(indices)[bad[0]])
-            raise IndexError(f"sample index {wrong} out of range for {self.path} with {n} samples")
+        positions = self._positions(indices)
         return self._subset.take(positions) if self._subset is not None else positions
 
     def __iter__(self) -> Iterator[Any]:
@@ -487,7 +427,11 @@ class RecordFile:
         return np.array([0, len(self)], dtype=np.int64)
 
     def shard(self, s: int) -> RecordFile:
-        """Shard ``s``: the file itself for ``s == 0``."""
+        """Shard ``s``: the file itself for ``s == 0`` (IndexError for any other).
+
+        Args:
+            s: the shard index.
+        """
         if s != 0:
             raise IndexError(f"shard {s} out of range for {self.path}, a record set of one file")
         return self
@@ -499,7 +443,7 @@ class RecordFile:
 
     # -- groups and identity ------------------------------------------------------
     @property
-    def groups(self) -> Any:
+    def groups(self) -> np.ndarray | None:
         """Group offsets int64[G+1] of a grouped set (``write_record(group_by=...)``), or None.
 
         Group ``g`` is samples ``groups[g] .. groups[g+1]-1`` in stored order. None
@@ -509,33 +453,13 @@ class RecordFile:
         env = self.environment()[0]
         cached = self.__dict__.get("_group_offsets")
         if cached is not None and cached[0] is env:
-            return cached[1]
+            kept: np.ndarray | None = cached[1]
+            return kept
         offsets = read_offsets(env, self.path, self.metadata)
         if offsets is not None:
             offsets.flags.writeable = False
         self.__dict__["_group_offsets"] = (env, offsets)
         return offsets
-
-    @property
-    def num_groups(self) -> int:
-        """The number of groups G (0 for a set written without ``group_by``)."""
-        offsets = self.groups
-        return 0 if offsets is None else len(offsets) - 1
-
-    def group(self, g: int) -> list[Any]:
-        """The samples of group ``g`` in stored order (negative ``g`` counts from the end).
-
-        Raises IndexError when ``g`` is out of range, which is every ``g`` for a
-        set without groups.
-        """
-        g = _integer(g, "group index", self.path)
-        offsets = self.groups
-        n = 0 if offsets is None else len(offsets) - 1
-        position = g + n if g < 0 else g
-        if offsets is None or not 0 <= position < n:
-            what = "it has no groups (written without group_by)" if offsets is None else f"it has {n} groups"
-            raise IndexError(f"group index {g} out of range for {self.path}: {what}")
-        return self._read_range(int(offsets[position]), int(offsets[position + 1]))
 
     def _read_range(self, lo: int, hi: int) -> list[Any]:
         """Samples [lo, hi) in stored order, through one cursor walk."""
@@ -563,13 +487,3 @@ class RecordFile:
             self._open()
         assert self._pin is not None
         return self._pin
-
-
-def _integer(value: Any, what: str, path: str) -> int:
-    """``value`` as an int; TypeError for floats, strings and bools (which ``int()`` would take)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{path}: {what} {value!r} is a bool, not an integer")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{path}: {what} {value!r} ({type(value).__name__}) is not an integer") from None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,8 +19,9 @@ from torchrecord._read.ipc import for_parent
 from torchrecord._read.reader import Share, ShareReader
 from torchrecord._read.record_block import RecordBlock
 from torchrecord._read.world import EpochAndWorld
+from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.fastread import FixedWindowReader
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import RecordSet
 
 __all__ = ["StreamDataset"]
 
@@ -60,7 +60,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
     hands over bundles of consecutive batches and yields the same batches.
 
     Args:
-        path: a grouped record set.
+        path: a grouped record set (a path or a :class:`~torchrecord.RecordSet`).
         batch_size: streams per rank (B).
         steps: consecutive frames per stream in one batch.
         shuffle: a new sequence order (and so new streams) every epoch.
@@ -79,7 +79,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | RecordFile,
+        path: SetLike,
         batch_size: int,
         *,
         steps: int = 1,
@@ -104,11 +104,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
             raise ValueError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
-        if isinstance(path, RecordFile):
-            self.file = path
-            path._require_check(check)
-        else:
-            self.file = RecordFile(path, check=check)
+        self.file: RecordSet = open_set(path, check=check)
         if self.file.groups is None:
             raise ValueError(
                 f"{self.file.path}: the set has no groups; write it with write_record(..., group_by=...) "

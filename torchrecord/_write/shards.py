@@ -217,8 +217,8 @@ def _plan_options(settings: WriteSettings) -> dict[str, Any]:
     }
 
 
-def finalize_shards(directory: str | os.PathLike[str]) -> RecordFile:
-    """Check the shards in ``directory`` and publish its manifest; returns the set as one RecordFile.
+def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
+    """Check the shards in ``directory`` and publish its manifest; returns the set, a :class:`~torchrecord.ShardedSet`.
 
     Every shard ``0 .. n-1`` must be there and complete, written with one plan
     (number of shards, seed, source kind, ...) and one schema (shapes may differ
@@ -276,9 +276,7 @@ def finalize_shards(directory: str | os.PathLike[str]) -> RecordFile:
         "shards": entries,
     }
     _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), manifest)
-    result = ShardedSet(folder)
-    result._manifest = manifest
-    return result
+    return ShardedSet(folder)
 
 
 # -- helpers ----------------------------------------------------------------------------
