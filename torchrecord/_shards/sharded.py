@@ -26,7 +26,15 @@ from torchrecord._store.checked import parse_check
 from torchrecord._store.format import _describe_directory
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.subset import position as subset_position
-from torchrecord.errors import FormatError, NotARecordSetError, RecordNotFoundError, TorchRecordError
+from torchrecord.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    FormatError,
+    IndexOutOfRangeError,
+    NotARecordSetError,
+    RecordNotFoundError,
+    TorchRecordError,
+)
 
 __all__ = ["ShardedSet", "is_sharded"]
 
@@ -71,7 +79,7 @@ class ShardedSet(RecordFile):
         self._checked = None
         self._lenient_count = False
         if subset is not None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{self.path}: subset= is not supported on a sharded set's RecordFile; "
                 "use RecordDataset(path, subset=...), or index the set (rf[indices])"
             )
@@ -153,12 +161,14 @@ class ShardedSet(RecordFile):
 
     def environment(self) -> tuple[Any, Any]:
         """Not available on a sharded set (TypeError): each shard has its own environment."""
-        raise TypeError(f"{self.path}: a sharded set has one LMDB environment per shard: use .shard(i).environment()")
+        raise ArgumentTypeError(
+            f"{self.path}: a sharded set has one LMDB environment per shard: use .shard(i).environment()"
+        )
 
     @property
     def crc_db(self) -> Any:
         """Not available on a sharded set (TypeError): each shard has its own checksums."""
-        raise TypeError(f"{self.path}: a sharded set has one checksum database per shard: use .shard(i).crc_db")
+        raise ArgumentTypeError(f"{self.path}: a sharded set has one checksum database per shard: use .shard(i).crc_db")
 
     @property
     def groups(self) -> Any:
@@ -261,7 +271,7 @@ class ShardedSet(RecordFile):
         n = sum(counts)
         position = record + n if record < 0 else record
         if not 0 <= position < n:
-            raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
+            raise IndexOutOfRangeError(f"record index {record} out of range for {self.path} with {n} records")
         for s, c in enumerate(counts):
             if position < c:
                 return self.shard(s).raw(position)
@@ -275,7 +285,7 @@ class ShardedSet(RecordFile):
 
     def group(self, g: int) -> list[Any]:
         """IndexError: a sharded set has no groups (write_shard does not take group_by)."""
-        raise IndexError(f"group index {g} out of range for {self.path}: a sharded set has no groups")
+        raise IndexOutOfRangeError(f"group index {g} out of range for {self.path}: a sharded set has no groups")
 
     def _require_check(self, check: str | None) -> None:
         """Turn on ``check`` for every shard opened from now on."""

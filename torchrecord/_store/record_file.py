@@ -26,7 +26,14 @@ from torchrecord._store.subset import position as subset_position
 from torchrecord._store.subset import resolve as resolve_subset
 from torchrecord._store.summary import WriteSummary
 from torchrecord._store.walk import PIECE, Walk, record_runs
-from torchrecord.errors import CorruptRecordError, NotARecordSetError, RecordReplacedError, StructureError
+from torchrecord.errors import (
+    ArgumentTypeError,
+    CorruptRecordError,
+    IndexOutOfRangeError,
+    NotARecordSetError,
+    RecordReplacedError,
+    StructureError,
+)
 
 __all__ = ["RecordFile"]
 
@@ -379,7 +386,7 @@ class RecordFile:
         if record < 0:
             record += n
         if not 0 <= record < n:
-            raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
+            raise IndexOutOfRangeError(f"record index {record} out of range for {self.path} with {n} records")
         env, db = self.environment()
         try:
             with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
@@ -452,7 +459,7 @@ class RecordFile:
                 indices = indices.detach().cpu().numpy()
             arr = np.asarray(indices)
             if arr.dtype == np.bool_ or (len(arr) and not np.issubdtype(arr.dtype, np.integer)) or arr.ndim != 1:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"{self.path}: sample indices must be a list or 1-d array of ints, got {arr.dtype} values of shape "
                     f"{arr.shape}; for a mask use numpy.flatnonzero(mask)"
                 )
@@ -462,7 +469,7 @@ class RecordFile:
         bad = np.flatnonzero((positions < 0) | (positions >= n))
         if len(bad):
             wrong = int(np.asarray(indices)[bad[0]])
-            raise IndexError(f"sample index {wrong} out of range for {self.path} with {n} samples")
+            raise IndexOutOfRangeError(f"sample index {wrong} out of range for {self.path} with {n} samples")
         return self._subset.take(positions) if self._subset is not None else positions
 
     def __iter__(self) -> Iterator[Any]:
@@ -489,7 +496,7 @@ class RecordFile:
     def shard(self, s: int) -> RecordFile:
         """Shard ``s``: the file itself for ``s == 0``."""
         if s != 0:
-            raise IndexError(f"shard {s} out of range for {self.path}, a record set of one file")
+            raise IndexOutOfRangeError(f"shard {s} out of range for {self.path}, a record set of one file")
         return self
 
     @property
@@ -534,7 +541,7 @@ class RecordFile:
         position = g + n if g < 0 else g
         if offsets is None or not 0 <= position < n:
             what = "it has no groups (written without group_by)" if offsets is None else f"it has {n} groups"
-            raise IndexError(f"group index {g} out of range for {self.path}: {what}")
+            raise IndexOutOfRangeError(f"group index {g} out of range for {self.path}: {what}")
         return self._read_range(int(offsets[position]), int(offsets[position + 1]))
 
     def _read_range(self, lo: int, hi: int) -> list[Any]:
@@ -568,8 +575,8 @@ class RecordFile:
 def _integer(value: Any, what: str, path: str) -> int:
     """``value`` as an int; TypeError for floats, strings and bools (which ``int()`` would take)."""
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{path}: {what} {value!r} is a bool, not an integer")
+        raise ArgumentTypeError(f"{path}: {what} {value!r} is a bool, not an integer")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{path}: {what} {value!r} ({type(value).__name__}) is not an integer") from None
+        raise ArgumentTypeError(f"{path}: {what} {value!r} ({type(value).__name__}) is not an integer") from None

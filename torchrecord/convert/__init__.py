@@ -37,7 +37,7 @@ from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
 from torchrecord.convert.images import IMG_EXTENSIONS, from_image_folder, from_list_file
 from torchrecord.convert.robomimic import from_robomimic, is_robomimic
-from torchrecord.errors import SourceError
+from torchrecord.errors import ArgumentError, SourceError
 
 __all__ = [
     "CONVERTERS",
@@ -120,7 +120,7 @@ def convert(
     """
     fmt = detect_format(source) if format == "auto" else format
     if fmt not in CONVERTERS:
-        raise ValueError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
+        raise ArgumentError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
     options: dict[str, Any] = {}
     if fmt == "robomimic":
         for name in ("shuffle", "seed", "num_workers", "on_error"):
@@ -128,7 +128,7 @@ def convert(
         return from_robomimic(source, path, obs_keys=keys, **kwargs)
     if keys is not None:
         if fmt not in ("npz", "hdf5"):
-            raise ValueError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
+            raise ArgumentError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
         options["keys"] = keys
     if fmt in ("folder", "list"):
         options["check_images"] = check_images

@@ -13,7 +13,7 @@ from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.extras import install_hint
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.writer import write_record
-from torchrecord.errors import SourceError
+from torchrecord.errors import MissingDependencyError, SourceError
 
 __all__ = ["RowStream", "common_length", "existing", "require", "row_converter", "write", "write_stream"]
 
@@ -38,7 +38,7 @@ def require(module: str, extra: str, purpose: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         package = {"PIL": "Pillow"}.get(module.split(".")[0], module)
-        raise ImportError(f"{purpose} needs {package}: {install_hint(extra)}") from exc
+        raise MissingDependencyError(f"{purpose} needs {package}: {install_hint(extra)}") from exc
 
 
 def write(
