@@ -37,6 +37,11 @@ or ``except ValueError`` keeps working::
 
 Messages name the file, the record (or sample) index and the field where they
 are known, and say what to do about it.
+
+Plain builtins remain only where Python's protocols want them (the
+``NotImplementedError`` of an abstract method), where an OS call is emulated
+(and its caller converts the error), and in internal signals that never leave
+the package; tests/test_error_classes.py lists each of them.
 """
 
 from __future__ import annotations
