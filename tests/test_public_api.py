@@ -95,6 +95,8 @@ def test_top_level_exports() -> None:
         "MixedDataset",
     ):
         assert name in torchrecord.__all__
+    for name in torchrecord.errors.__all__:  # every error and warning class, from the face too
+        assert name in torchrecord.__all__ and getattr(torchrecord, name) is getattr(torchrecord.errors, name)
     assert isinstance(torchrecord.__version__, str) and torchrecord.__version__
 
 

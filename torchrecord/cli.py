@@ -20,7 +20,7 @@ from typing import Any
 
 from torchrecord._core.structure import flatten
 from torchrecord._version import __version__
-from torchrecord.errors import RecordExistsError, TorchRecordError
+from torchrecord.errors import ArgumentError, RecordExistsError, TorchRecordError
 
 __all__ = ["build_parser", "main"]
 
@@ -302,11 +302,11 @@ def _convert(args: argparse.Namespace) -> int:
     from torchrecord.convert.images import IMG_EXTENSIONS
 
     if (args.shards is None) != (args.shard is None):
-        raise ValueError("give both --shards N and --shard I, or neither")
+        raise ArgumentError("give both --shards N and --shard I, or neither")
     if args.shards is not None and args.shard >= args.shards:
-        raise ValueError(f"--shard {args.shard} is not in [0, {args.shards})")
+        raise ArgumentError(f"--shard {args.shard} is not in [0, {args.shards})")
     if args.max_skipped is not None and not args.skip_bad:
-        raise ValueError("--max-skipped bounds --skip-bad: pass --skip-bad with it")
+        raise ArgumentError("--max-skipped bounds --skip-bad: pass --skip-bad with it")
     sharding = {"shard": args.shard, "num_shards": args.shards} if args.shards is not None else {}
     started = time.perf_counter()
     extensions = IMG_EXTENSIONS if args.extensions is None else None if args.extensions == "*" else args.extensions
@@ -541,7 +541,7 @@ def _head(args: argparse.Namespace) -> int:
         return 0
     start = args.index + n if args.index < 0 else args.index
     if not 0 <= start < n:
-        raise ValueError(f"{rf.path}: index {args.index} is out of range; the set holds {n} samples")
+        raise ArgumentError(f"{rf.path}: index {args.index} is out of range; the set holds {n} samples")
     names = rf.schema.names
     width = max(len(name) for name in names)
     for index in range(start, min(n, start + args.n)):
@@ -633,7 +633,7 @@ def _bench(args: argparse.Namespace) -> int:
     dataset = RecordDataset(args.path, batch_size=args.batch_size, shuffle=args.shuffle, cache_dir=args.cache_dir)
     n, size = len(dataset.file), dataset.file.size_bytes
     if n == 0:
-        raise ValueError(f"{args.path}: holds no samples; nothing to measure")
+        raise ArgumentError(f"{args.path}: holds no samples; nothing to measure")
     loader = DataLoader(dataset, batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0)
     print(
         f"{args.path}: {n} samples, {size / 1e6:.1f} MB; workers={args.workers} batch_size={args.batch_size} "

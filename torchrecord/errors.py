@@ -5,6 +5,16 @@ and, where one fits, from the matching builtin too, so ``except FileNotFoundErro
 or ``except ValueError`` keeps working::
 
     TorchRecordError
+    ├── ArgumentError            (also ValueError)         an argument's value is invalid, or contradicts another
+    │   ├── ResumeStateError                               a resume state or position that does not fit the dataset
+    │   └── LoaderMismatchError                            a DataLoader that breaks the dataset's order or length
+    ├── ArgumentTypeError        (also TypeError)          an argument of the wrong type
+    ├── IndexOutOfRangeError     (also IndexError)         a sample, record, group, shard or window index out of range
+    ├── MissingDependencyError   (also ImportError)        an optional package is not installed
+    ├── SampleValueError         (also ValueError)         a sample holds a value the format cannot store
+    ├── SampleTypeError          (also TypeError)          a sample holds a leaf of a type the format cannot store
+    ├── WriterClosedError        (also ValueError)         a RecordWriter used after it was published or aborted
+    ├── InternalError            (also RuntimeError)       an internal consistency check failed (please report it)
     ├── RecordNotFoundError      (also FileNotFoundError)  no record set at the path
     │   └── RecordReplacedError                            the path holds another set than this RecordFile's
     ├── RecordExistsError        (also FileExistsError)    target exists, overwrite=False
@@ -27,21 +37,35 @@ or ``except ValueError`` keeps working::
 
 Messages name the file, the record (or sample) index and the field where they
 are known, and say what to do about it.
+
+Plain builtins remain only where Python's protocols want them (the
+``NotImplementedError`` of an abstract method), where an OS call is emulated
+(and its caller converts the error), and in internal signals that never leave
+the package; tests/test_error_classes.py lists each of them.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "ChecksumError",
     "CorruptRecordError",
     "FetchError",
     "FormatError",
     "IgnoredOptionWarning",
     "IncompleteRecordSetError",
+    "IndexOutOfRangeError",
+    "InternalError",
+    "LoaderMismatchError",
+    "MissingDependencyError",
     "NotARecordSetError",
     "RecordExistsError",
     "RecordNotFoundError",
     "RecordReplacedError",
+    "ResumeStateError",
+    "SampleTypeError",
+    "SampleValueError",
     "SchemaError",
     "SourceError",
     "StructureError",
@@ -51,11 +75,79 @@ __all__ = [
     "VariableShapeWarning",
     "VersionError",
     "WriteError",
+    "WriterClosedError",
 ]
 
 
 class TorchRecordError(Exception):
     """Base class of every error torchrecord raises on purpose."""
+
+
+class ArgumentError(TorchRecordError, ValueError):
+    """An argument's value is invalid, contradicts another argument, or does not fit the record set it is
+    used with (a field, key or filter the set lacks; a set with no samples or no groups).
+
+    The message names the argument and says what to give instead.
+    """
+
+
+class ResumeStateError(ArgumentError):
+    """A resume state or position does not fit the dataset it is loaded into.
+
+    Raised by ``load_state_dict`` and ``loader_position`` for a state of another
+    record set or subset, of a later epoch, of a newer state version, saved with
+    other settings (sources, weights, seed, batch size, world size, ...), of
+    another reader than the one loading it, or for something that is not a
+    torchrecord state at all. The message says how to resume instead (or to
+    start the epoch afresh).
+    """
+
+
+class LoaderMismatchError(ArgumentError):
+    """A DataLoader's configuration breaks the dataset's order or ``len(loader)``.
+
+    Raised by ``check_loader`` when the loader reads another dataset, would
+    yield another number of batches than ``len(loader)`` says (the message names
+    the ``loader_batch_size`` that fixes it), batches a dataset that yields whole
+    batches, or delivers out of order.
+    """
+
+
+class ArgumentTypeError(TorchRecordError, TypeError):
+    """An argument has the wrong type (a float or bool where an int is needed, a str where a dict is, ...)."""
+
+
+class IndexOutOfRangeError(TorchRecordError, IndexError):
+    """A sample, record, group, shard or window index is outside the set; the message gives the count."""
+
+
+class MissingDependencyError(TorchRecordError, ImportError):
+    """An optional package this feature needs is not installed; the message says what to ``pip install``."""
+
+
+class SampleValueError(TorchRecordError, ValueError):
+    """A sample holds a value the format cannot store, named by its field.
+
+    For example an int beyond int64, an array of rank above 32, bool data that
+    holds bytes other than 0 and 1, or no value for the ``group_by`` field.
+    """
+
+
+class SampleTypeError(TorchRecordError, TypeError):
+    """A sample holds a leaf of a type the format cannot store, named by its field.
+
+    For example a set, an unsupported dtype, a dict with keys that are not str,
+    nesting deeper than 32 levels, or a group key that is not one hashable value.
+    """
+
+
+class WriterClosedError(TorchRecordError, ValueError):
+    """A RecordWriter was used after it was published or aborted; create a new one to write again."""
+
+
+class InternalError(TorchRecordError, RuntimeError):
+    """An internal consistency check failed: a bug in torchrecord (please report it with the message),
+    or an object closed by another thread while it was in use."""
 
 
 class RecordNotFoundError(TorchRecordError, FileNotFoundError):

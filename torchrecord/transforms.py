@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from torchrecord._core.extras import install_hint
-from torchrecord.errors import CorruptRecordError
+from torchrecord.errors import ArgumentTypeError, CorruptRecordError, MissingDependencyError
 
 __all__ = ["decode_image"]
 
@@ -55,11 +55,11 @@ def decode_image(sample: Any, *, key: str = "image", mode: str | None = "RGB") -
 
 def _decode(data: Any, mode: str | None) -> torch.Tensor:
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"decode_image expects encoded image bytes, got {type(data).__name__}")
+        raise ArgumentTypeError(f"decode_image expects encoded image bytes, got {type(data).__name__}")
     try:
         from PIL import Image
     except ImportError as exc:
-        raise ImportError(f"decode_image needs Pillow: {install_hint('images')}") from exc
+        raise MissingDependencyError(f"decode_image needs Pillow: {install_hint('images')}") from exc
     try:
         with Image.open(io.BytesIO(data)) as image:
             converted = image.convert(mode) if mode is not None and image.mode != mode else image

@@ -232,11 +232,13 @@ def test_a_group_that_comes_back_through_the_writer(tmp_path: Path) -> None:
 
 
 def test_bad_group_keys(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match=r"sample 0: ValueError: group_by field 'episod'.*no such field"):
+    with pytest.raises(SourceError, match=r"sample 0: SampleValueError: group_by field 'episod'.*no such field"):
         torchrecord.write_record(_episodes(), tmp_path / "a.tr", group_by="episod", progress=False)
-    with pytest.raises(SourceError, match=r"sample 0: TypeError: group_by field 'obs'.*one value; got shape \[3\]"):
+    with pytest.raises(
+        SourceError, match=r"sample 0: SampleTypeError: group_by field 'obs'.*one value; got shape \[3\]"
+    ):
         torchrecord.write_record(_episodes(), tmp_path / "b.tr", group_by="obs", progress=False)
-    with pytest.raises(SourceError, match=r"sample 0: TypeError: group_by returned an unhashable list"):
+    with pytest.raises(SourceError, match=r"sample 0: SampleTypeError: group_by returned an unhashable list"):
         torchrecord.write_record(_episodes(), tmp_path / "c.tr", group_by=lambda s: [1], progress=False)
     with pytest.raises(ValueError, match="field name"):
         torchrecord.write_record(_episodes(), tmp_path / "d.tr", group_by=3, progress=False)  # type: ignore[arg-type]

@@ -638,7 +638,7 @@ def test_source_error_leaves_the_previous_set(tmp_path: Path, num_workers: int) 
 
 
 def test_unstorable_sample_names_the_sample(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="sample 5: TypeError: field '0': cannot store a leaf of type set"):
+    with pytest.raises(SourceError, match="sample 5: SampleTypeError: field '0': cannot store a leaf of type set"):
         write_one_per_record(Faulty(10, {5}, unstorable=True), tmp_path / "s.tr", progress=False)
     assert os.listdir(tmp_path) == []
 

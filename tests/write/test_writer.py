@@ -177,7 +177,7 @@ def test_exception_in_the_block_keeps_the_previous_set(tmp_path: Path, shuffle: 
 
 def test_an_unstorable_sample_aborts_and_names_the_sample(tmp_path: Path) -> None:
     path = tmp_path / "set.tr"
-    message = r"sample 3: TypeError: field '1': cannot store a leaf of type set"
+    message = r"sample 3: SampleTypeError: field '1': cannot store a leaf of type set"
     with pytest.raises(SourceError, match=message) as info, RecordWriter(path, progress=False) as w:
         for i in range(10):
             w.append((torch.zeros(2), {1, 2}) if i == 3 else (torch.zeros(2), i))

@@ -33,7 +33,7 @@ from typing import IO, Any, NoReturn
 import msgpack
 
 from torchrecord import errors
-from torchrecord.errors import StructureError, TorchRecordError
+from torchrecord.errors import ArgumentError, StructureError, TorchRecordError
 
 __all__ = ["ChildOutcome", "run_each_in_child", "run_each_isolated", "run_in_child", "run_isolated"]
 
@@ -96,9 +96,9 @@ def run_each_in_child(
     memory limit is the child's, shared by the calls it runs (see :func:`run_in_child`).
     """
     if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        raise ArgumentError(f"timeout must be > 0 seconds, got {timeout}")
     if memory_limit is not None and memory_limit <= 0:
-        raise ValueError(f"memory_limit must be > 0 bytes or None, got {memory_limit}")
+        raise ArgumentError(f"memory_limit must be > 0 bytes or None, got {memory_limit}")
     outcomes: list[ChildOutcome] = []
     while len(outcomes) < len(items):
         outcomes += _one_child(fn, items[len(outcomes) :], timeout, memory_limit)
@@ -145,7 +145,7 @@ def run_each_isolated(
     ``each`` also kills the child and propagates.
     """
     if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        raise ArgumentError(f"timeout must be > 0 seconds, got {timeout}")
 
     def handle(outcome: ChildOutcome) -> None:
         if outcome.status != "returned":

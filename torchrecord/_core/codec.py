@@ -18,7 +18,7 @@ from torchrecord._core.compress import codec_of_storage, decompress
 from torchrecord._core.schema import MAX_RANK, Field, LeafSignature
 from torchrecord._core.structure import number_list_dtype
 from torchrecord._proto import torchrecord_pb2 as pb
-from torchrecord.errors import CorruptRecordError
+from torchrecord.errors import CorruptRecordError, SampleTypeError, SampleValueError
 
 __all__ = ["decode_leaves", "encode_payloads", "leaf_payload", "number_list_array"]
 
@@ -58,7 +58,7 @@ def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
         try:
             arr = np.array(leaf, dtype="<i8")
         except OverflowError:
-            raise ValueError(f"int {leaf} does not fit in int64; store it as a str or a float") from None
+            raise SampleValueError(f"int {leaf} does not fit in int64; store it as a str or a float") from None
         return LeafSignature("int", "int64", ()), arr
     if isinstance(leaf, float):
         return LeafSignature("float", "float64", ()), np.array(leaf, dtype="<f8")
@@ -69,7 +69,7 @@ def leaf_payload(leaf: Any) -> tuple[LeafSignature, Payload]:
     if isinstance(leaf, list):  # only lists of numbers of one kind are leaves
         arr = number_list_array(leaf)
         return LeafSignature("tensor", str(arr.dtype.name), arr.shape, from_list=True), arr
-    raise TypeError(
+    raise SampleTypeError(
         f"cannot store a leaf of type {type(leaf).__name__}; use a tensor, NumPy array, "
         "Python scalar, bytes or str (inside tuples, lists or dicts)"
     )
@@ -85,17 +85,17 @@ def number_list_array(items: list[Any]) -> np.ndarray:
     try:
         return np.array(items, dtype=_LIST_DTYPES[name])
     except OverflowError:
-        raise ValueError("a list item does not fit in int64; store such numbers as floats or strs") from None
+        raise SampleValueError("a list item does not fit in int64; store such numbers as floats or strs") from None
 
 
 def _checked(arr: np.ndarray, dtype: str) -> tuple[int, ...]:
     """The shape of an array readers will accept: rank at most 32, bools only 0 or 1."""
     if arr.ndim > MAX_RANK:
-        raise ValueError(
+        raise SampleValueError(
             f"rank {arr.ndim} (shape {list(arr.shape)}) is above the {MAX_RANK} dimensions readers accept; reshape it"
         )
     if dtype == "bool" and arr.size and arr.view(np.uint8).max() > 1:
-        raise ValueError(
+        raise SampleValueError(
             "bool data holds bytes other than 0 and 1 (made by viewing other data as bool); "
             "convert it with x != 0 (or x.astype(bool) on the original data)"
         )

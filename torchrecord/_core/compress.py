@@ -21,7 +21,7 @@ from typing import Any
 
 from torchrecord._core.extras import install_hint
 from torchrecord._proto import torchrecord_pb2 as pb
-from torchrecord.errors import CorruptRecordError
+from torchrecord.errors import ArgumentError, ArgumentTypeError, CorruptRecordError, MissingDependencyError
 
 __all__ = [
     "CODECS",
@@ -61,11 +61,11 @@ def require(what: str) -> Any:
     try:
         cramjam = importlib.import_module("cramjam")
     except ImportError as exc:
-        raise ImportError(f"{what} needs cramjam: {EXTRA_HINT}") from exc
+        raise MissingDependencyError(f"{what} needs cramjam: {EXTRA_HINT}") from exc
     version = tuple(int(p) for p in str(getattr(cramjam, "__version__", "0")).split(".")[:2] if p.isdigit())
     if version < _MIN_CRAMJAM:
         # older releases cannot decompress an LZ4 block without a size prefix into a buffer
-        raise ImportError(f"{what} needs cramjam 2.11 or newer (found {cramjam.__version__}): {EXTRA_HINT}")
+        raise MissingDependencyError(f"{what} needs cramjam 2.11 or newer (found {cramjam.__version__}): {EXTRA_HINT}")
     return cramjam
 
 
@@ -83,32 +83,32 @@ def parse_option(compression: Any, level: Any) -> dict[str, str] | str | None:
     """
     if compression is None:
         if level is not None:
-            raise ValueError(f"compression_level={level!r} needs compression='zstd' or 'lz4'")
+            raise ArgumentError(f"compression_level={level!r} needs compression='zstd' or 'lz4'")
         return None
     if isinstance(compression, str):
         names = [compression]
     elif isinstance(compression, Mapping):
         for key in compression:
             if not isinstance(key, str):
-                raise TypeError(f"compression: field names must be str, got {key!r}")
+                raise ArgumentTypeError(f"compression: field names must be str, got {key!r}")
         names = [v for v in compression.values() if v is not None]
         for value in compression.values():
             if value is not None and not isinstance(value, str):
-                raise TypeError(f"compression: a field's codec must be 'zstd', 'lz4' or None, got {value!r}")
+                raise ArgumentTypeError(f"compression: a field's codec must be 'zstd', 'lz4' or None, got {value!r}")
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             "compression must be None, 'zstd', 'lz4' or a dict of field name -> codec, "
             f"got {type(compression).__name__}"
         )
     for name in names:
         if name not in CODECS:
-            raise ValueError(f"unknown compression {name!r}; use one of {sorted(CODECS)}")
+            raise ArgumentError(f"unknown compression {name!r}; use one of {sorted(CODECS)}")
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
-        raise TypeError(f"compression_level must be an int, got {level!r}")
+        raise ArgumentTypeError(f"compression_level must be an int, got {level!r}")
     if level is not None and "zstd" in names and not -7 <= level <= 22:
-        raise ValueError(f"compression_level {level} is outside zstd's levels -7 .. 22")
+        raise ArgumentError(f"compression_level {level} is outside zstd's levels -7 .. 22")
     if level is not None and "lz4" in names and not 1 <= level <= 12:
-        raise ValueError(f"compression_level {level} is outside LZ4's high-compression levels 1 .. 12")
+        raise ArgumentError(f"compression_level {level} is outside LZ4's high-compression levels 1 .. 12")
     if names:
         require("compression")
     return compression if isinstance(compression, str) else dict(compression)
@@ -182,7 +182,9 @@ class FieldCompressor:
         else:
             unknown = sorted(set(self.option) - set(self.names))
             if unknown:
-                raise ValueError(f"compression names fields the samples do not have: {unknown}; fields: {self.names}")
+                raise ArgumentError(
+                    f"compression names fields the samples do not have: {unknown}; fields: {self.names}"
+                )
             self.states = [_FieldState(self.option.get(n)) for n in self.names]
 
     @classmethod
@@ -193,7 +195,9 @@ class FieldCompressor:
         for state, f in zip(made.states, fields):
             if not f.is_numeric and state.codec is not None:
                 if not isinstance(option, str):
-                    raise ValueError(f"compression: field {f.name!r} is {f.kind}; only numeric fields are compressed")
+                    raise ArgumentError(
+                        f"compression: field {f.name!r} is {f.kind}; only numeric fields are compressed"
+                    )
                 state.codec, state.decided, state.trying = None, True, False
         return made
 
@@ -253,6 +257,14 @@ class FieldCompressor:
 
 
 # -- the fast read path ------------------------------------------------------------------
+class _NotCanonical(ValueError):
+    """Internal signal, never raised to a user: the record is not the writer's canonical encoding.
+
+    The fast reader catches it (as the ValueError of a wrong-length copy) and
+    decodes that record the checked way, which names file, record and field.
+    """
+
+
 def _varint(data: Any, pos: int) -> tuple[int, int]:
     """The varint at ``pos`` and the position after it (ValueError past 10 bytes or the end)."""
     result = shift = 0
@@ -263,7 +275,7 @@ def _varint(data: Any, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return result, pos
         shift += 7
-    raise ValueError("varint too long")
+    raise _NotCanonical("varint too long")
 
 
 class Expander:
@@ -307,7 +319,7 @@ class Expander:
         try:
             self._fill(memoryview(value), slot)
         except IndexError:  # a record cut short
-            raise ValueError("record too short") from None
+            raise _NotCanonical("record too short") from None
 
     def _fill(self, data: memoryview, slot: Any) -> None:
         for position, piece in self.pieces:
@@ -319,36 +331,36 @@ class Expander:
         cramjam = self._cramjam
         for prefix, off, size in self.fields:
             if data[pos] != 0x0A:
-                raise ValueError("not a canonical record")
+                raise _NotCanonical("not a canonical record")
             sub_length, pos = _varint(data, pos + 1)
             sub_end = pos + sub_length
             n = len(prefix)
             if data[pos : pos + n] != prefix or data[pos + n] != 0x60:
-                raise ValueError("not a canonical record")
+                raise _NotCanonical("not a canonical record")
             storage = data[pos + n + 1]
             if data[pos + n + 2] != 0x6A:
-                raise ValueError("not a canonical record")
+                raise _NotCanonical("not a canonical record")
             stored, pos = _varint(data, pos + n + 3)
             if pos + stored != sub_end or sub_end > end:
-                raise ValueError("not a canonical record")
+                raise _NotCanonical("not a canonical record")
             payload = data[pos:sub_end]
             if storage == _RAW:
                 if stored != size:
-                    raise ValueError("wrong payload size")
+                    raise _NotCanonical("wrong payload size")
                 slot[off : off + size] = payload
             else:
                 codec = _BY_STORAGE.get(storage)
                 if codec is None:
-                    raise ValueError("unknown storage type")
+                    raise _NotCanonical("unknown storage type")
                 try:
                     written = decompress_into(cramjam, codec, payload, slot[off : off + size])
                 except Exception as exc:  # damaged: the checked path names the field
-                    raise ValueError(str(exc)) from None
+                    raise _NotCanonical(str(exc)) from None
                 if written != size:
-                    raise ValueError("wrong decompressed size")
+                    raise _NotCanonical("wrong decompressed size")
             pos = sub_end
         if pos != end:
-            raise ValueError("not a canonical record")
+            raise _NotCanonical("not a canonical record")
 
 
 def has_compression(fields: Sequence[Any]) -> bool:

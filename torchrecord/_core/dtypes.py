@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from torchrecord._proto import torchrecord_pb2 as pb
+from torchrecord.errors import SampleTypeError
 
 __all__ = ["DTypeInfo", "STRING_CODE", "by_code", "by_name", "from_numpy", "from_torch"]
 
@@ -71,7 +72,7 @@ def from_torch(dtype: torch.dtype) -> DTypeInfo:
     try:
         return _BY_TORCH[dtype]
     except KeyError:
-        raise TypeError(f"unsupported tensor dtype {dtype}; supported: {sorted(_BY_NAME)}") from None
+        raise SampleTypeError(f"unsupported tensor dtype {dtype}; supported: {sorted(_BY_NAME)}") from None
 
 
 def from_numpy(dtype: np.dtype) -> DTypeInfo:
@@ -79,4 +80,4 @@ def from_numpy(dtype: np.dtype) -> DTypeInfo:
     try:
         return _BY_NUMPY[dtype.newbyteorder("=")]
     except (KeyError, ValueError):
-        raise TypeError(f"unsupported array dtype {dtype}; supported: {sorted(_BY_NAME)}") from None
+        raise SampleTypeError(f"unsupported array dtype {dtype}; supported: {sorted(_BY_NAME)}") from None

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from torchrecord.errors import SampleTypeError
+
 __all__ = ["field_names", "first_difference", "flatten", "number_list_dtype", "unflatten"]
 
 Tree = dict[str, Any]
@@ -56,7 +58,7 @@ def flatten(sample: Any) -> tuple[Tree, list[Any]]:
 
 def _flatten(node: Any, leaves: list[Any], depth: int) -> Tree:
     if depth > 32:
-        raise TypeError("sample nesting is deeper than 32 levels")
+        raise SampleTypeError("sample nesting is deeper than 32 levels")
     if isinstance(node, tuple) and not hasattr(node, "_fields"):
         return {"t": "tuple", "c": [_flatten(x, leaves, depth + 1) for x in node]}
     if isinstance(node, list):
@@ -68,7 +70,7 @@ def _flatten(node: Any, leaves: list[Any], depth: int) -> Tree:
         keys = list(node.keys())
         for key in keys:
             if not isinstance(key, str):
-                raise TypeError(f"dict keys in a sample must be str, got {type(key).__name__} {key!r}")
+                raise SampleTypeError(f"dict keys in a sample must be str, got {type(key).__name__} {key!r}")
         return {"t": "dict", "k": keys, "c": [_flatten(node[k], leaves, depth + 1) for k in keys]}
     leaves.append(node)
     return _LEAF

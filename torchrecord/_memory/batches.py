@@ -21,6 +21,7 @@ from torchrecord._memory.columns import Columns, SampleList, epoch_rng
 from torchrecord._memory.load import Subset, load_columns
 from torchrecord._order.group_batches import GroupPlan, check_offsets, offsets_from_ids, plan_epoch
 from torchrecord._shards.open import SetLike
+from torchrecord.errors import ArgumentError
 
 __all__ = ["BatchIter", "GroupBatchIter", "SampleList", "load"]
 
@@ -76,7 +77,7 @@ def load(
 
 def _check_count(name: str, value: int | None, *, minimum: int = 1) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise ArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 class BatchIter:
@@ -210,9 +211,9 @@ class GroupBatchIter:
         drop_last: bool = False,
     ) -> None:
         if (groups is None) == (group_ids is None):
-            raise ValueError("give either groups= (offsets, int64[G+1]) or group_ids= (one id per row), not both")
+            raise ArgumentError("give either groups= (offsets, int64[G+1]) or group_ids= (one id per row), not both")
         if (groups_per_batch is None) == (max_samples is None):
-            raise ValueError("give either groups_per_batch= or max_samples=, exactly one of them")
+            raise ArgumentError("give either groups_per_batch= or max_samples=, exactly one of them")
         _check_count("groups_per_batch", groups_per_batch)
         _check_count("max_samples", max_samples)
         _check_count("seed", seed, minimum=0)

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrecord.errors import ArgumentError, ArgumentTypeError
+
 __all__ = ["Columns", "SampleList", "epoch_rng"]
 
 
@@ -62,13 +64,13 @@ class Columns:
         names: list[str] = []
         self.build: Builder = _compile(data, "data", leaves, names)
         if not leaves:
-            raise ValueError("data holds no tensors: give a tensor, or a tuple or dict of [N, ...] tensors")
+            raise ArgumentError("data holds no tensors: give a tensor, or a tuple or dict of [N, ...] tensors")
         self.leaves = leaves
         self.names = names
         lengths = [_rows(leaf, name) for leaf, name in zip(leaves, names)]
         for name, length in zip(names, lengths):
             if length != lengths[0]:
-                raise ValueError(
+                raise ArgumentError(
                     f"{names[0]} has {lengths[0]} rows but {name} has {length}; every field needs the same "
                     "first dimension (one row per sample)"
                 )
@@ -99,7 +101,7 @@ class Columns:
 def _rows(leaf: Any, name: str) -> int:
     if isinstance(leaf, torch.Tensor):
         if leaf.dim() == 0:
-            raise ValueError(f"{name} is a 0-d tensor; every field needs a first dimension of one row per sample")
+            raise ArgumentError(f"{name} is a 0-d tensor; every field needs a first dimension of one row per sample")
         return int(leaf.shape[0])
     return len(leaf)
 
@@ -128,7 +130,7 @@ def _compile(node: Any, name: str, leaves: list[Any], names: list[str]) -> Build
         keys = list(node)
         kids = [_compile(node[k], f"{name}[{k!r}]", leaves, names) for k in keys]
         return _container(kids, lambda items: dict(zip(keys, items)))
-    raise TypeError(
+    raise ArgumentTypeError(
         f"{name} is a {type(node).__name__}; data leaves must be tensors of shape [N, ...] or SampleLists, "
         "in tuples, lists and dicts: convert arrays with torch.as_tensor, and wrap a list of per-sample "
         "values in torchrecord.SampleList (a plain list is a container of fields)"

@@ -22,7 +22,7 @@ from torchrecord._read.dataset import RecordDataset
 from torchrecord._read.reader import ShareReader
 from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.record_set import RecordSet
-from torchrecord.errors import CorruptRecordError
+from torchrecord.errors import ArgumentError, CorruptRecordError
 
 __all__ = ["Subset", "host_empty", "load_columns"]
 
@@ -46,7 +46,7 @@ def load_columns(
     schema = record_file.schema
     count = len(record_file)
     if not schema.fields:
-        raise ValueError(f"{record_file.path}: the record set holds no samples (and so no schema): nothing to load")
+        raise ArgumentError(f"{record_file.path}: the record set holds no samples (and so no schema): nothing to load")
     keep = _chosen_fields(schema, fields, record_file.path)
     rows = _subset_rows(subset, count)
     size = count if rows is None else len(rows)
@@ -251,10 +251,10 @@ def _chosen_fields(schema: Schema, fields: str | Sequence[str] | None, path: str
         return list(range(len(names)))
     wanted = [fields] if isinstance(fields, str) else list(fields)
     if not wanted:
-        raise ValueError("fields=[] chooses no field; name at least one, or pass fields=None for all")
+        raise ArgumentError("fields=[] chooses no field; name at least one, or pass fields=None for all")
     unknown = [f for f in wanted if f not in names]
     if unknown:
-        raise ValueError(f"{path} has no field {unknown[0]!r}; its fields are {names}")
+        raise ArgumentError(f"{path} has no field {unknown[0]!r}; its fields are {names}")
     chosen = set(wanted)
     return [i for i, name in enumerate(names) if name in chosen]
 
@@ -284,19 +284,19 @@ def _subset_rows(subset: Subset | None, count: int) -> np.ndarray | None:
     else:
         rows = np.asarray(subset.cpu() if isinstance(subset, torch.Tensor) else subset)
     if rows.ndim != 1:
-        raise ValueError(f"subset must be 1-D (a range, slice, index array or mask), got shape {list(rows.shape)}")
+        raise ArgumentError(f"subset must be 1-D (a range, slice, index array or mask), got shape {list(rows.shape)}")
     if rows.dtype == np.bool_:
         if len(rows) != count:
-            raise ValueError(f"a boolean subset must have one entry per sample ({count}), got {len(rows)}")
+            raise ArgumentError(f"a boolean subset must have one entry per sample ({count}), got {len(rows)}")
         return np.flatnonzero(rows)
     if rows.size == 0:
         return np.zeros(0, np.int64)
     if rows.dtype.kind not in "iu":
-        raise ValueError(f"subset must hold integer indices or booleans, got dtype {rows.dtype}")
+        raise ArgumentError(f"subset must hold integer indices or booleans, got dtype {rows.dtype}")
     rows = rows.astype(np.int64)
     bad = np.flatnonzero((rows < -count) | (rows >= count))
     if len(bad):
-        raise ValueError(
+        raise ArgumentError(
             f"subset index {rows[bad[0]]} (position {bad[0]}) is out of range for {count} samples; "
             f"indices must be in [{-count}, {count})"
         )

@@ -23,6 +23,7 @@ from torchrecord._read import resume as _resume
 from torchrecord._read.world import EpochAndWorld
 from torchrecord._shards.open import SetLike
 from torchrecord._store.checked import parse_check
+from torchrecord.errors import ArgumentError, ResumeStateError
 
 __all__ = ["MixedDataset"]
 
@@ -143,11 +144,11 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
     ) -> None:
         check = parse_check(check)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+            raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
         if policy not in POLICIES:
-            raise ValueError(f"policy must be 'exact' or 'ready', got {policy!r}")
+            raise ArgumentError(f"policy must be 'exact' or 'ready', got {policy!r}")
         if stop not in _mix_plan.STOPS:
-            raise ValueError(f"stop must be one of {', '.join(_mix_plan.STOPS)}, got {stop!r}")
+            raise ArgumentError(f"stop must be one of {', '.join(_mix_plan.STOPS)}, got {stop!r}")
         for name, value, least in (
             ("block", block, 1),
             ("max_defer", max_defer, 1),
@@ -156,13 +157,13 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             ("shuffle_buffer", shuffle_buffer, 0),
         ):
             if value < least:
-                raise ValueError(f"{name} must be >= {least}, got {value}")
+                raise ArgumentError(f"{name} must be >= {least}, got {value}")
         if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+            raise ArgumentError(f"batch_size must be >= 1 or None, got {batch_size}")
         if (rank is None) != (world_size is None):
-            raise ValueError("give both rank and world_size, or neither")
+            raise ArgumentError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
         if isinstance(sources, Mapping):
             names = [str(k) for k in sources]
             given = list(sources.values())
@@ -170,7 +171,7 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             given = list(sources)
             names = []
         if not given:
-            raise ValueError("sources is empty: give at least one record set")
+            raise ArgumentError("sources is empty: give at least one record set")
         self.sources: list[Source] = [
             s if isinstance(s, Source) else FileSource(s, verify=verify, check=check) for s in given
         ]
@@ -441,7 +442,7 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             mine = self._settings(int(accepted["num_workers"]))
             for key in ("sizes", "counts", "block", "seed"):
                 if accepted.get(key) != mine[key]:
-                    raise ValueError(
+                    raise ResumeStateError(
                         f"{self._where()}: the state was saved with {key}={accepted.get(key)!r}, this dataset has "
                         f"{mine[key]!r}: resume with the same sources, weights, stop rule, block and seed"
                     )
@@ -459,7 +460,7 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         if resume["kind"] == MIX_STATE_KIND:
             if same and (resume["rank"], resume["worker"]) == (rank, worker):
                 return resume.get("base"), Placement.from_state(resume["placement"]), int(resume["yielded"])
-            raise ValueError(
+            raise ResumeStateError(
                 f"{self._where()}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
                 f"{resume['world_size']} ranks x {resume['num_workers']} workers with its settings, not to rank "
                 f"{rank} worker {worker} of {self._distributed[1]} x {num_workers}: merge the states of every reader "

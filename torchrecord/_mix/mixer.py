@@ -46,6 +46,7 @@ import numpy as np
 
 from torchrecord._mix.readahead import ReadAhead
 from torchrecord._mix.source import Chunk, Source
+from torchrecord.errors import ArgumentError
 
 __all__ = ["Mixer", "Picked", "Placement", "compress", "expand", "window_target"]
 
@@ -77,7 +78,7 @@ def window_target(j: int, window: int, step: int) -> int:
     hands out (the batch size); a step at or above ``window`` means no ramp.
     """
     if j < 0:
-        raise ValueError(f"window index must be >= 0, got {j}")
+        raise ArgumentError(f"window index must be >= 0, got {j}")
     window = max(1, int(window))
     step = max(1, min(int(step), window))
     m = 1

@@ -17,6 +17,7 @@ from torchrecord._read.resume import (
     find_states,
     per_reader,
 )
+from torchrecord.errors import ResumeStateError
 
 __all__ = ["loader_position"]
 
@@ -43,15 +44,15 @@ def loader_position(states: Any) -> dict[str, Any]:
     found = [s for s in find_states(states) if s.get("kind") == STATE_KIND]
     positions = [s for s in find_states(states) if s.get("kind") == POSITION_KIND]
     if mixed and (found or positions):
-        raise ValueError("pass the states of one dataset: both RecordDataset and MixedDataset states were found")
+        raise ResumeStateError("pass the states of one dataset: both RecordDataset and MixedDataset states were found")
     if mixed:
         return _mix_resume.mix_position(mixed)
     if not found and not positions:
-        raise ValueError(
+        raise ResumeStateError(
             "no RecordDataset state found (nor a MixedDataset state): pass the StatefulDataLoader state(s) of the run"
         )
     if found and positions:
-        raise ValueError("pass either reader states or positions, not both")
+        raise ResumeStateError("pass either reader states or positions, not both")
     if positions:  # e.g. one RecordDataset.position_after per rank: merge their readers
         found = [
             {**p, "kind": STATE_KIND, "rank": r, "worker": w, "yielded": n}

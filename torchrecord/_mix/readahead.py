@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from torchrecord._mix.source import Chunk, Source
+from torchrecord.errors import InternalError
 
 __all__ = ["ReadAhead"]
 
@@ -233,7 +234,7 @@ class ReadAhead:
             chunk = self.sources[s].read(runs, self.columns)
             lengths = [int(self.unit_length[i]) for i in batch]
             if chunk.n != sum(lengths):
-                raise RuntimeError(f"source {s} returned {chunk.n} samples for {sum(lengths)} asked for")
+                raise InternalError(f"source {s} returned {chunk.n} samples for {sum(lengths)} asked for")
             return list(chunk.split(lengths))
         except BaseException as exc:  # handed to the mixer, raised where the unit is taken
             return [exc] * len(batch)
@@ -258,7 +259,7 @@ class ReadAhead:
                         found = ready[0]
                         break
                 if self._stop:
-                    raise RuntimeError("the read-ahead was closed while the mixer waited for a unit")
+                    raise InternalError("the read-ahead was closed while the mixer waited for a unit")
                 if waited is None:
                     waited = time.perf_counter()
                 self._want = (first, first + horizon)

@@ -40,7 +40,7 @@ from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.forkgate import lmdb_calls
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
-from torchrecord.errors import SchemaError
+from torchrecord.errors import ArgumentError, SchemaError
 
 __all__ = ["Chunk", "FileSource", "Source", "SourceInfo", "shared_schema"]
 
@@ -123,7 +123,7 @@ class Source:
 
     def describe(self) -> SourceInfo:
         """Count, schema, identity and sizes (cheap; called in the main process)."""
-        raise NotImplementedError
+        raise NotImplementedError  # the interface: a subclass implements it
 
     def open(self) -> None:
         """Prepare for reading (called once per iteration in a read-ahead thread; may be slow)."""
@@ -134,11 +134,11 @@ class Source:
         ``columns``: the mix has a fixed layout; return typed columns. Otherwise
         return stored values (one sample per record) or decoded samples.
         """
-        raise NotImplementedError
+        raise NotImplementedError  # the interface: a subclass implements it
 
     def decode(self, value: Any, record: int) -> Any:
         """One stored value (from a ``values`` chunk) as the sample it holds."""
-        raise NotImplementedError
+        raise NotImplementedError  # the interface: a subclass implements it
 
     def close(self) -> None:
         """Let go of open handles (reading may open them again)."""
@@ -205,7 +205,7 @@ class FileSource(Source):
         if columns:
             layout = self.layout()
             if layout is None:
-                raise ValueError(f"{file.path}: the set's schema is not fixed; it cannot be read as columns")
+                raise ArgumentError(f"{file.path}: the set's schema is not fixed; it cannot be read as columns")
             share = Share(tuple(runs), 0, 0, 0, 0, shuffle=False, window=max(1, n))
             # no read-ahead hints: their thread would be joined inside this read, which a fork waits for
             reader = ShareReader(file, share, layout=layout, verify=self.verify, advise=False)

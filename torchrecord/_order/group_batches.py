@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from torchrecord.errors import ArgumentError
+
 __all__ = [
     "GroupPlan",
     "batch_bounds_by_count",
@@ -41,15 +43,15 @@ def check_offsets(groups: Any, rows: int) -> np.ndarray:
     """
     offsets = np.asarray(groups.cpu() if hasattr(groups, "cpu") else groups)
     if offsets.ndim != 1 or len(offsets) == 0:
-        raise ValueError(
+        raise ArgumentError(
             f"groups must be 1-D group offsets [0, ..., {rows}] (int64[G+1]), got shape {list(offsets.shape)}; "
             "to give one group id per sample, pass group_ids= instead"
         )
     if offsets.dtype.kind not in "iu":
-        raise ValueError(f"groups must hold integer offsets, got dtype {offsets.dtype}")
+        raise ArgumentError(f"groups must hold integer offsets, got dtype {offsets.dtype}")
     offsets = offsets.astype(np.int64, copy=False)
     if offsets[0] != 0 or offsets[-1] != rows:
-        raise ValueError(
+        raise ArgumentError(
             f"groups must start at 0 and end at the number of rows ({rows}), got groups[0] = {offsets[0]} and "
             f"groups[-1] = {offsets[-1]}; offsets of G groups have G+1 entries, the last one the row count"
         )
@@ -57,7 +59,7 @@ def check_offsets(groups: Any, rows: int) -> np.ndarray:
     bad = np.flatnonzero(steps <= 0)
     if len(bad):
         g = int(bad[0])
-        raise ValueError(
+        raise ArgumentError(
             f"groups must increase strictly: group {g} is rows [{offsets[g]}, {offsets[g + 1]}), which is "
             f"{'empty' if steps[g] == 0 else 'backwards'}; drop empty groups (np.unique(groups)) and give the "
             "offsets in increasing order"
@@ -72,9 +74,9 @@ def offsets_from_ids(group_ids: Any, rows: int) -> np.ndarray:
     """
     ids = np.asarray(group_ids.cpu() if hasattr(group_ids, "cpu") else group_ids)
     if ids.ndim != 1 or len(ids) != rows:
-        raise ValueError(f"group_ids must be one id per row: shape [{rows}], got {list(ids.shape)}")
+        raise ArgumentError(f"group_ids must be one id per row: shape [{rows}], got {list(ids.shape)}")
     if ids.dtype.kind not in "iub":
-        raise ValueError(
+        raise ArgumentError(
             f"group_ids must be integers, got dtype {ids.dtype}; number them first, e.g. "
             "torch.unique(ids, return_inverse=True)[1] keeps equal ids equal"
         )
@@ -88,7 +90,7 @@ def offsets_from_ids(group_ids: Any, rows: int) -> np.ndarray:
         second_runs = by_id[repeat + 1]
         i = int(repeat[np.argmin(second_runs)])
         first, second = int(by_id[i]), int(by_id[i + 1])
-        raise ValueError(
+        raise ArgumentError(
             f"group id {run_ids[first].item()} appears in rows [{offsets[first]}, {offsets[first + 1]}) and again "
             f"in rows [{offsets[second]}, {offsets[second + 1]}); a group's samples must be contiguous: sort the "
             "data by group id first (order = torch.argsort(group_ids, stable=True), then index every field "

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from torchrecord._order import partition as _partition
+from torchrecord.errors import ArgumentError
 
 __all__ = [
     "MixPlan",
@@ -76,30 +77,30 @@ def normalize_weights(weights: Any, sizes: Sequence[int], names: Sequence[str]) 
         elif weights == "uniform":
             values = [1 if n > 0 else 0 for n in sizes]
         else:
-            raise ValueError(f"weights must be 'size', 'uniform' or numbers, got {weights!r}")
+            raise ArgumentError(f"weights must be 'size', 'uniform' or numbers, got {weights!r}")
     elif isinstance(weights, Mapping):
         unknown = sorted(set(map(str, weights)) - set(names))
         if unknown:
-            raise ValueError(f"weights name unknown sources {unknown}; the sources are {list(names)}")
+            raise ArgumentError(f"weights name unknown sources {unknown}; the sources are {list(names)}")
         missing = [n for n in names if n not in weights]
         if missing:
-            raise ValueError(f"weights give no weight for sources {missing}; give 0 to leave one out")
+            raise ArgumentError(f"weights give no weight for sources {missing}; give 0 to leave one out")
         values = [weights[n] for n in names]
     else:
         values = list(weights)
         if len(values) != len(sizes):
-            raise ValueError(f"{len(values)} weights for {len(sizes)} sources: give one weight per source")
+            raise ArgumentError(f"{len(values)} weights for {len(sizes)} sources: give one weight per source")
     out: list[Fraction] = []
     for name, size, w in zip(names, sizes, values):
         if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{name}: the weight {w!r} is not a number")
+            raise ArgumentError(f"{name}: the weight {w!r} is not a number")
         if not math.isfinite(float(w)) or w < 0:
-            raise ValueError(f"{name}: the weight must be a finite number >= 0, got {w!r}")
+            raise ArgumentError(f"{name}: the weight must be a finite number >= 0, got {w!r}")
         if w > 0 and size == 0:
-            raise ValueError(f"{name}: the source is empty but has weight {w}; give it weight 0 or leave it out")
+            raise ArgumentError(f"{name}: the source is empty but has weight {w}; give it weight 0 or leave it out")
         out.append(Fraction(int(w)) if isinstance(w, (int, np.integer)) else Fraction(float(w)))
     if not any(out):
-        raise ValueError("every weight is 0: give at least one non-empty source a weight > 0")
+        raise ArgumentError("every weight is 0: give at least one non-empty source a weight > 0")
     return out
 
 
@@ -122,11 +123,11 @@ def epoch_counts(
     """
     total_w = sum(weights, Fraction(0))
     if total_w <= 0:
-        raise ValueError("every weight is 0")
+        raise ArgumentError("every weight is 0")
     used = [s for s, w in enumerate(weights) if w > 0]
     if epoch_size is not None:
         if epoch_size < 0:
-            raise ValueError(f"epoch_size must be >= 0, got {epoch_size}")
+            raise ArgumentError(f"epoch_size must be >= 0, got {epoch_size}")
         length = int(epoch_size)
     elif stop == "all_once":
         length = sum(int(sizes[s]) for s in used)
@@ -135,7 +136,7 @@ def epoch_counts(
     elif stop == "first_exhausted":
         length = min(math.floor(Fraction(int(sizes[s])) * total_w / weights[s]) for s in used)
     else:
-        raise ValueError(f"stop must be one of {', '.join(STOPS)}, got {stop!r}")
+        raise ArgumentError(f"stop must be one of {', '.join(STOPS)}, got {stop!r}")
     quotas = [Fraction(length) * w / total_w for w in weights]
     counts = [math.floor(q) for q in quotas]
     left = length - sum(counts)
@@ -175,7 +176,7 @@ class MixPlan:
 def plan_epoch(counts: Sequence[int], *, block: int, seed: int, epoch: int) -> MixPlan:
     """The draws of mix epoch ``epoch`` (see the module docstring, step 2)."""
     if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
+        raise ArgumentError(f"block must be >= 1, got {block}")
     sources, streams, lengths, keys = [], [], [], []
     rng = np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, _TAG_DRAWS]))
     for s, n in enumerate(counts):

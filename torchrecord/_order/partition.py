@@ -25,6 +25,8 @@ import itertools
 
 import numpy as np
 
+from torchrecord.errors import ArgumentError
+
 __all__ = [
     "auto_block_size",
     "block_order",
@@ -89,7 +91,7 @@ def samples_per_rank(count: int, world_size: int, drop_last: bool) -> int:
 def rank_span(count: int, rank: int, world_size: int, drop_last: bool) -> Run:
     """The span [lo, hi) of virtual positions that ``rank`` reads (hi may pass count: padding)."""
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
     per_rank = samples_per_rank(count, world_size, drop_last)
     return rank * per_rank, (rank + 1) * per_rank
 

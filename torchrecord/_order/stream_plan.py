@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from torchrecord.errors import ArgumentError
+
 __all__ = ["Cells", "StreamPlan", "plan_streams"]
 
 _TAG = 0x73747265  # "stre"
@@ -168,6 +170,6 @@ def plan_streams(
     elif tail == "drop":
         steps = int(lengths.min()) if streams else 0
     else:
-        raise ValueError(f"tail must be 'pad' or 'drop', got {tail!r}")
+        raise ArgumentError(f"tail must be 'pad' or 'drop', got {tail!r}")
     dropped = int(np.maximum(lengths - steps, 0).sum())
     return StreamPlan(offsets, order, lengths, steps, dropped)

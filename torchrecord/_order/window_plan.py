@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from torchrecord.errors import ArgumentError
+
 __all__ = ["WindowSpec", "Windows"]
 
 
@@ -33,7 +35,7 @@ class WindowSpec:
         for name in ("frame_stack", "seq_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ArgumentError(f"{name} must be an int >= 1, got {value!r}")
 
     @property
     def frames(self) -> int:
@@ -81,7 +83,7 @@ class Windows:
         if len(short):
             j = int(short[0])
             prefix = f"{where}: " if where else ""
-            raise ValueError(
+            raise ArgumentError(
                 f"{prefix}demo {names[j]!r} has {int(self.lengths[j])} frames; with frame_stack={spec.frame_stack}, "
                 f"seq_length={spec.seq_length}, pad_frame_stack={spec.pad_frame_stack} and pad_seq_length="
                 f"{spec.pad_seq_length} every demo needs at least {spec.min_length} (robomimic fails on it too): "

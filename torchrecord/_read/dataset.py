@@ -23,6 +23,7 @@ from torchrecord._store.checked import parse_check
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.subset import Subset
 from torchrecord._store.subset import resolve as resolve_subset
+from torchrecord.errors import ArgumentError, LoaderMismatchError, ResumeStateError
 
 __all__ = ["RecordDataset", "collate_samples"]
 
@@ -164,29 +165,29 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
         check: str | None = None,
     ) -> None:
         if shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
+            raise ArgumentError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
         if block_size is not None and block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+            raise ArgumentError(f"block_size must be >= 1, got {block_size}")
         if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+            raise ArgumentError(f"batch_size must be >= 1 or None, got {batch_size}")
         if loader_batch_size is not None and loader_batch_size < 1:
-            raise ValueError(f"loader_batch_size must be >= 1 or None, got {loader_batch_size}")
+            raise ArgumentError(f"loader_batch_size must be >= 1 or None, got {loader_batch_size}")
         if loader_batch_size is not None and batch_size is not None:
-            raise ValueError(
+            raise ArgumentError(
                 "loader_batch_size is for per-sample mode (the DataLoader batches); with batch_size= the "
                 "dataset yields whole batches: use DataLoader(ds, batch_size=None) and leave loader_batch_size out"
             )
         if collate_fn is not None and batch_size is None:
-            raise ValueError(
+            raise ArgumentError(
                 "collate_fn is for batch mode (batch_size=...); in per-sample mode the DataLoader collates: "
                 "pass it to DataLoader(ds, batch_size=..., collate_fn=...)"
             )
         if (rank is None) != (world_size is None):
-            raise ValueError("give both rank and world_size, or neither")
+            raise ArgumentError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0 (it seeds NumPy's SeedSequence), got {seed!r}")
+            raise ArgumentError(f"seed must be an integer >= 0 (it seeds NumPy's SeedSequence), got {seed!r}")
         check = parse_check(check)
         self.file: RecordSet = open_set(path, cache_dir=cache_dir, cache_limit=cache_limit, check=check)
         # a bad path fails here, in the main process, not at len() or in a worker; nothing stays open
@@ -276,11 +277,13 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
                 another number of batches than ``len(loader)``.
         """
         if getattr(loader, "dataset", None) is not self:
-            raise ValueError("check_loader: the loader does not read this dataset (loader.dataset is another object)")
+            raise LoaderMismatchError(
+                "check_loader: the loader does not read this dataset (loader.dataset is another object)"
+            )
         self._refresh_distributed()
         problem = self._loader_problem(loader)
         if problem:
-            raise ValueError(problem)
+            raise LoaderMismatchError(problem)
         return len(loader)
 
     def _loader_problem(self, loader: Any) -> str | None:
@@ -400,7 +403,7 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
         if resume["kind"] == _resume.STATE_KIND:
             if same_plan and (resume["rank"], resume["worker"]) == (rank, worker):
                 return share, int(resume["yielded"])
-            raise ValueError(
+            raise ResumeStateError(
                 f"{self.file.path}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
                 f"{resume['world_size']} ranks x {resume['num_workers']} workers, not to rank {rank} worker {worker} "
                 f"of {self._distributed[1]} x {num_workers}: merge the states of every reader with "

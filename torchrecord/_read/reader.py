@@ -34,6 +34,7 @@ from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
+from torchrecord.errors import ArgumentError
 
 __all__ = ["LocalRun", "Share", "ShareReader", "split_runs"]
 
@@ -122,7 +123,7 @@ class ShareReader:
         for the fields left out). :func:`torchrecord.load` reads into its result so.
         """
         if out is not None and self.layout is None:
-            raise ValueError("out= needs the fixed-layout path")
+            raise ArgumentError("out= needs the fixed-layout path")
         share = self.share
         total = share.total
         if start >= total:

@@ -25,6 +25,7 @@ import numpy as np
 
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
+from torchrecord.errors import ResumeStateError
 
 __all__ = [
     "POSITION_KIND",
@@ -89,18 +90,18 @@ def accept(
     A state from an earlier epoch is ignored with a warning.
     """
     if not isinstance(state, Mapping) or state.get("kind") not in kinds:
-        raise ValueError(
+        raise ResumeStateError(
             f"{path}: not a torchrecord state of the right kind (expected kind {' or '.join(kinds)}); pass what "
             "the dataset's state_dict() or torchrecord.loader_position(...) returned"
         )
     version = state.get("version")
     if not isinstance(version, int) or version > STATE_VERSION:
-        raise ValueError(
+        raise ResumeStateError(
             f"{path}: the state has version {version!r}, this torchrecord reads states up to version "
             f"{STATE_VERSION}: upgrade torchrecord to resume from it"
         )
     if state.get("set_id") != set_id:
-        raise ValueError(
+        raise ResumeStateError(
             f"{path}: the state was saved while reading another record set (set_id {state.get('set_id')!r}, "
             f"this one is {set_id!r}); resume on the set the state came from, or start the epoch afresh"
         )
@@ -109,14 +110,14 @@ def accept(
         def name(digest: Any) -> str:
             return f"the subset {digest}" if digest else "the whole set"
 
-        raise ValueError(
+        raise ResumeStateError(
             f"{path}: the state was saved while reading {name(state.get('subset'))}, this dataset reads "
             f"{name(subset)}; make the dataset with the subset= it was saved with to resume, or start the "
             "epoch afresh"
         )
     saved = int(state["epoch"])
     if saved > epoch:
-        raise ValueError(
+        raise ResumeStateError(
             f"{path}: the state was saved in epoch {saved}, but the dataset is at epoch {epoch}: call "
             f"set_epoch({saved}) before load_state_dict, or the resumed epoch would repeat and skip samples"
         )
@@ -142,7 +143,7 @@ def per_reader(
     for s in readers[1:]:
         for key in agree:
             if s.get(key) != first.get(key):
-                raise ValueError(
+                raise ResumeStateError(
                     f"the {what} states disagree on {key!r} ({first.get(key)!r} and {s.get(key)!r}): "
                     "pass the states of one run, saved at one step"
                 )
@@ -151,7 +152,7 @@ def per_reader(
     missing = [(r, w) for r in range(world) for w in range(workers) if (r, w) not in found]
     if missing:
         r, w = missing[0]
-        raise ValueError(
+        raise ResumeStateError(
             f"the states of {len(missing)} {what}(s) are missing (first: rank {r}, worker {w} of {world} ranks x "
             f"{workers} workers): pass the loader states of every rank"
         )

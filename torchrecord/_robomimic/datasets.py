@@ -21,6 +21,7 @@ from torchrecord._order.window_plan import WindowSpec
 from torchrecord._read import resume as _resume
 from torchrecord._robomimic.windows import RoboWindows
 from torchrecord._shards.open import SetLike
+from torchrecord.errors import ArgumentError, IndexOutOfRangeError, ResumeStateError
 
 __all__ = ["SequenceDataset", "WindowDataset"]
 
@@ -47,13 +48,13 @@ def _cache_mode(cache: str | None, hdf5_cache_mode: Any) -> str | None:
     if hdf5_cache_mode is _UNSET:
         return cache
     if cache != "low_dim" and cache != hdf5_cache_mode:
-        raise ValueError(f"cache={cache!r} and hdf5_cache_mode={hdf5_cache_mode!r} disagree; give one of them")
+        raise ArgumentError(f"cache={cache!r} and hdf5_cache_mode={hdf5_cache_mode!r} disagree; give one of them")
     return hdf5_cache_mode  # type: ignore[no-any-return]
 
 
 def _check_unsupported(hdf5_normalize_obs: bool) -> None:
     if hdf5_normalize_obs:
-        raise ValueError("hdf5_normalize_obs=True is not supported; normalise observations in the model")
+        raise ArgumentError("hdf5_normalize_obs=True is not supported; normalise observations in the model")
 
 
 class SequenceDataset(Dataset[dict[str, Any]]):
@@ -144,7 +145,9 @@ class SequenceDataset(Dataset[dict[str, Any]]):
     def __getitem__(self, index: int) -> dict[str, Any]:
         i = int(index)
         if not 0 <= i < len(self.core):
-            raise IndexError(f"window {index} out of range for {self.core.path} with {len(self.core)} windows")
+            raise IndexOutOfRangeError(
+                f"window {index} out of range for {self.core.path} with {len(self.core)} windows"
+            )
         batch = self.core.items(np.array([i], dtype=np.int64))
         return _first(batch)
 
@@ -233,17 +236,17 @@ class WindowDataset(IterableDataset[Any]):
         check: str | None = None,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size!r}")
+            raise ArgumentError(f"batch_size must be >= 1 or None, got {batch_size!r}")
         if shuffle_buffer < 1:
-            raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
+            raise ArgumentError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
         if block_size is not None and block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+            raise ArgumentError(f"block_size must be >= 1, got {block_size}")
         if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+            raise ArgumentError(f"seed must be >= 0, got {seed}")
         if (rank is None) != (world_size is None):
-            raise ValueError("give both rank and world_size, or neither")
+            raise ArgumentError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
         self.core = RoboWindows(
             path,
             obs_keys,
@@ -421,7 +424,7 @@ class WindowDataset(IterableDataset[Any]):
         """
         found = list(_resume.find_states(state, (STATE_KIND,)))
         if not found:
-            raise ValueError(f"{self.core.path}: no WindowDataset state found in what was given")
+            raise ResumeStateError(f"{self.core.path}: no WindowDataset state found in what was given")
         set_id = self.core.store.file.set_id
         mine = self._plan_state()
         resume: dict[tuple[int, int], int] = {}
@@ -431,7 +434,7 @@ class WindowDataset(IterableDataset[Any]):
                 continue
             for key in _PLAN_KEYS:
                 if kept.get(key) != mine[key]:
-                    raise ValueError(
+                    raise ResumeStateError(
                         f"{self.core.path}: the state was saved with {key}={kept.get(key)!r}, this dataset has "
                         f"{mine[key]!r}; resume with the same windows, settings and world size"
                     )

@@ -23,6 +23,7 @@ import numpy as np
 
 from torchrecord._core.schema import Field
 from torchrecord._store.record_set import RecordSet
+from torchrecord.errors import ArgumentError, FormatError, VersionError
 
 __all__ = ["DEMO_FIELD", "META_KEY", "RoboSet", "SHIFT", "STORED", "TAIL_DEMO", "VERSION", "field_name"]
 
@@ -79,18 +80,18 @@ class RoboSet:
         """The description of ``file``; ValueError when it was not converted from robomimic."""
         meta = file.user_metadata.get(META_KEY)
         if not isinstance(meta, dict):
-            raise ValueError(
+            raise ArgumentError(
                 f"{file.path}: not a set converted from robomimic (no {META_KEY!r} user metadata); "
                 "convert the HDF5 file with torchrecord.convert.from_robomimic or `torchrecord convert`"
             )
         if int(meta.get("version", 0)) > VERSION:
-            raise ValueError(
+            raise VersionError(
                 f"{file.path}: its robomimic description has version {meta.get('version')}, this torchrecord "
                 f"reads up to {VERSION}: upgrade torchrecord"
             )
         offsets = file.groups
         if offsets is None and file.num_shards > 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"{file.path}: a sharded set has no groups, and a robomimic set needs one per demo: convert the "
                 "HDF5 file into one record-set file with torchrecord.convert.from_robomimic"
             )
@@ -99,10 +100,10 @@ class RoboSet:
         tails = bool(meta.get("tail_group"))
         expected = len(demos) + (1 if tails else 0)
         if offsets is None or len(offsets) - 1 != expected:
-            raise ValueError(f"{file.path}: the groups do not match the {len(demos)} demos its metadata lists")
+            raise FormatError(f"{file.path}: the groups do not match the {len(demos)} demos its metadata lists")
         first = np.asarray(offsets[: len(demos)], dtype=np.int64)
         if not np.array_equal(np.diff(offsets)[: len(demos)], lengths):
-            raise ValueError(f"{file.path}: the demo lengths in the metadata do not match its groups")
+            raise FormatError(f"{file.path}: the demo lengths in the metadata do not match its groups")
         return cls(
             path=file.path,
             demos=demos,
@@ -124,13 +125,13 @@ class RoboSet:
         names = self.masks.get(filter_by_attribute)
         if names is None:
             known = ", ".join(sorted(self.masks)) or "none"
-            raise ValueError(f"{self.path}: no filter key {filter_by_attribute!r} (its filter keys: {known})")
+            raise ArgumentError(f"{self.path}: no filter key {filter_by_attribute!r} (its filter keys: {known})")
         where = {d: i for i, d in enumerate(self.demos)}
         missing = [d for d in names if d not in where]
         if missing:
-            raise ValueError(f"{self.path}: filter {filter_by_attribute!r} lists demo {missing[0]!r}, which it lacks")
+            raise FormatError(f"{self.path}: filter {filter_by_attribute!r} lists demo {missing[0]!r}, which it lacks")
         if len(set(names)) != len(names):
-            raise ValueError(f"{self.path}: filter {filter_by_attribute!r} lists a demo twice")
+            raise FormatError(f"{self.path}: filter {filter_by_attribute!r} lists a demo twice")
         return np.sort(np.asarray([where[d] for d in names], dtype=np.int64))
 
     def frame_shape(self, key: str) -> tuple[int, ...]:

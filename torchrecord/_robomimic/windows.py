@@ -20,6 +20,7 @@ from torchrecord._order.window_plan import Windows, WindowSpec
 from torchrecord._robomimic.episodes import SHIFT, STORED, RoboSet, field_name
 from torchrecord._robomimic.frame_store import Block, FrameStore
 from torchrecord._shards.open import SetLike, open_set
+from torchrecord.errors import ArgumentError
 
 __all__ = ["CACHE_MODES", "Leaf", "RoboWindows"]
 
@@ -67,11 +68,11 @@ class RoboWindows:
         check: str | None = None,
     ) -> None:
         if cache not in CACHE_MODES:
-            raise ValueError(f"cache (hdf5_cache_mode) must be 'all', 'low_dim' or None, got {cache!r}")
+            raise ArgumentError(f"cache (hdf5_cache_mode) must be 'all', 'low_dim' or None, got {cache!r}")
         if goal_mode not in (None, "last"):
-            raise ValueError(f"goal_mode must be None or 'last', got {goal_mode!r}")
+            raise ArgumentError(f"goal_mode must be None or 'last', got {goal_mode!r}")
         if goal_mode == "last" and not load_next_obs:
-            raise ValueError("goal_mode='last' needs load_next_obs=True (the goal is the demo's last next_obs)")
+            raise ArgumentError("goal_mode='last' needs load_next_obs=True (the goal is the demo's last next_obs)")
         file = open_set(path, check=check)
         robo = RoboSet.open(file)
         self.path, self.robo, self.spec = file.path, robo, spec
@@ -81,24 +82,24 @@ class RoboWindows:
         self.filter_by_attribute = filter_by_attribute
         for k in self.obs_keys:
             if k not in robo.obs_keys:
-                raise ValueError(f"{self.path}: no obs key {k!r} (its obs keys: {', '.join(robo.obs_keys)})")
+                raise ArgumentError(f"{self.path}: no obs key {k!r} (its obs keys: {', '.join(robo.obs_keys)})")
         self.zero_keys: set[str] = set()  # keys no demo had: robomimic reads zeros under a cache mode
         for k in self.dataset_keys:
             if k in robo.dataset_keys:
                 continue
             if k not in robo.missing_dataset_keys:
-                raise ValueError(
+                raise ArgumentError(
                     f"{self.path}: dataset key {k!r} was not converted (converted: {', '.join(robo.dataset_keys)}); "
                     "convert again with it in dataset_keys"
                 )
             if cache is None:
-                raise ValueError(
+                raise ArgumentError(
                     f"{self.path}: the source's demos have no {k!r}; robomimic reads zeros for it only under a "
                     "cache mode (and fails without one): leave it out or use cache='low_dim'"
                 )
             self.zero_keys.add(k)
         if load_next_obs and self.obs_keys and not robo.next_obs:
-            raise ValueError(f"{self.path}: the source had no next_obs; pass load_next_obs=False")
+            raise ArgumentError(f"{self.path}: the source had no next_obs; pass load_next_obs=False")
         self.selected = robo.select(filter_by_attribute)
         names = [robo.demos[i] for i in self.selected]
         self.windows = Windows(spec, robo.lengths[self.selected], names, self.path)

@@ -14,6 +14,7 @@ from typing import Any
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, is_sharded
+from torchrecord.errors import ArgumentError
 
 __all__ = ["SetLike", "open_set"]
 
@@ -70,7 +71,7 @@ def open_set(
         options = {"subset": subset, "cache_dir": cache_dir, "cache_limit": cache_limit}
         given = [name for name, value in options.items() if value is not None]
         if given:
-            raise ValueError(
+            raise ArgumentError(
                 f"{path.path}: {', '.join(given)} cannot be applied to a set already open; "
                 f"open the path with them instead: open_set({path.path!r}, {given[0]}=...)"
             )

@@ -26,7 +26,7 @@ from typing import Any
 from torchrecord._core.extras import REMOTE_HINT
 from torchrecord._shards.manifest import MANIFEST_NAME, file_digest
 from torchrecord._store.record_set import is_url
-from torchrecord.errors import ChecksumError, FetchError
+from torchrecord.errors import ChecksumError, FetchError, MissingDependencyError
 
 __all__ = ["AHEAD", "ATTEMPTS", "ShardCache", "TIMEOUT", "fetch_manifest", "is_url"]
 
@@ -42,13 +42,13 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError as exc:
-        raise ImportError(f"{url}: reading a remote set needs fsspec: {REMOTE_HINT}") from exc
+        raise MissingDependencyError(f"{url}: reading a remote set needs fsspec: {REMOTE_HINT}") from exc
     options: dict[str, Any] = {}
     if url.startswith(("http://", "https://")):
         try:
             import aiohttp
         except ImportError as exc:
-            raise ImportError(f"{url}: http(s) needs aiohttp: {REMOTE_HINT}") from exc
+            raise MissingDependencyError(f"{url}: http(s) needs aiohttp: {REMOTE_HINT}") from exc
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=TIMEOUT, sock_read=TIMEOUT)
         options["client_kwargs"] = {"timeout": timeout}
         options["skip_instance_cache"] = True  # its event loop thread must not cross a fork

@@ -27,7 +27,14 @@ from torchrecord._store.checked import parse_check
 from torchrecord._store.format import _describe_directory
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
-from torchrecord.errors import FormatError, NotARecordSetError, RecordNotFoundError, TorchRecordError
+from torchrecord.errors import (
+    ArgumentError,
+    FormatError,
+    IndexOutOfRangeError,
+    NotARecordSetError,
+    RecordNotFoundError,
+    TorchRecordError,
+)
 
 __all__ = ["ShardedSet", "is_sharded"]
 
@@ -67,7 +74,7 @@ class ShardedSet(RecordSet):
     ) -> None:
         self.path = os.fsdecode(path)
         if subset is not None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{self.path}: subset= is not supported on a sharded set; "
                 "use RecordDataset(path, subset=...), or index the set (rs[indices])"
             )
@@ -186,7 +193,9 @@ class ShardedSet(RecordSet):
         """
         s = _integer(s, "shard index", self.path)
         if not 0 <= s < self.num_shards:
-            raise IndexError(f"shard {s} out of range for {self.path}, a sharded set of {self.num_shards} shards")
+            raise IndexOutOfRangeError(
+                f"shard {s} out of range for {self.path}, a sharded set of {self.num_shards} shards"
+            )
         self._check_process()
         rf = self._files.get(s)
         if rf is None:
@@ -258,7 +267,7 @@ class ShardedSet(RecordSet):
         n = bounds[-1]
         position = record + n if record < 0 else record
         if not 0 <= position < n:
-            raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
+            raise IndexOutOfRangeError(f"record index {record} out of range for {self.path} with {n} records")
         s = bisect.bisect_right(bounds, position) - 1
         return s, position - bounds[s]
 

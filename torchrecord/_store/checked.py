@@ -21,7 +21,7 @@ import os
 
 from torchrecord._store import format as _format
 from torchrecord._store.lmdb_check import check_structure
-from torchrecord.errors import NotARecordSetError, RecordNotFoundError, StructureError
+from torchrecord.errors import ArgumentError, NotARecordSetError, RecordNotFoundError, StructureError
 
 __all__ = ["CHECKS", "Identity", "ensure", "identity", "parse_check"]
 
@@ -40,7 +40,7 @@ def parse_check(check: object) -> str | None:
     """``check`` as given to a reader, checked: None or ``"structure"`` (ValueError otherwise)."""
     if check is None or check == "structure":
         return check
-    raise ValueError(
+    raise ArgumentError(
         f"check must be None or 'structure', got {check!r}; 'structure' checks LMDB's page structure before "
         "reading a file of unknown provenance"
     )

@@ -253,7 +253,7 @@ class _WindowBuilder:
         for row0, first, n, count, path in self.pieces:
             if row0 <= row < row0 + n:
                 return first + row - row0, count, path
-        raise IndexError(row)
+        raise AssertionError(f"row {row} is held by no piece of the window")  # an internal invariant
 
     def finish(self) -> FixedWindow:
         layout, k = self.layout, self.layout.rows

@@ -25,6 +25,7 @@ import numpy as np
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.schema import MAX_RANK
 from torchrecord.errors import (
+    ArgumentError,
     CorruptRecordError,
     FormatError,
     IncompleteRecordSetError,
@@ -178,18 +179,18 @@ class _TooMany(Exception):
 def check_metadata_size(packed: bytes, containers: int) -> None:
     """ValueError unless packed metadata of ``containers`` maps and arrays is within what readers read."""
     if len(packed) > MAX_METADATA_BYTES:
-        raise ValueError(
+        raise ArgumentError(
             f"the metadata packs to {len(packed)} bytes, more than the {MAX_METADATA_BYTES} readers accept; "
             "keep large data in records or files beside the set"
         )
     if containers > MAX_METADATA_CONTAINERS:
-        raise ValueError(
+        raise ArgumentError(
             f"the metadata holds {containers} maps and lists, more than the {MAX_METADATA_CONTAINERS} readers accept"
         )
 
 
 def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack extension type {code} is not allowed in torchrecord metadata")
+    raise FormatError(f"msgpack extension type {code} is not allowed in torchrecord metadata")
 
 
 def open_readonly(path: str) -> lmdb.Environment:

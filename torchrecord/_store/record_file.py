@@ -24,7 +24,13 @@ from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_o
 from torchrecord._store.subset import Subset
 from torchrecord._store.subset import resolve as resolve_subset
 from torchrecord._store.walk import PIECE, Walk, record_runs
-from torchrecord.errors import CorruptRecordError, NotARecordSetError, RecordReplacedError, StructureError
+from torchrecord.errors import (
+    CorruptRecordError,
+    IndexOutOfRangeError,
+    NotARecordSetError,
+    RecordReplacedError,
+    StructureError,
+)
 
 __all__ = ["RecordFile"]
 
@@ -346,7 +352,7 @@ class RecordFile(RecordSet):
         if record < 0:
             record += n
         if not 0 <= record < n:
-            raise IndexError(f"record index {record} out of range for {self.path} with {n} records")
+            raise IndexOutOfRangeError(f"record index {record} out of range for {self.path} with {n} records")
         env, db = self.environment()
         try:
             with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
@@ -433,7 +439,7 @@ class RecordFile(RecordSet):
             s: the shard index.
         """
         if s != 0:
-            raise IndexError(f"shard {s} out of range for {self.path}, a record set of one file")
+            raise IndexOutOfRangeError(f"shard {s} out of range for {self.path}, a record set of one file")
         return self
 
     @property

@@ -36,7 +36,7 @@ import numpy as np
 from torchrecord._core.schema import Schema
 from torchrecord._store.subset import position as subset_position
 from torchrecord._store.summary import WriteSummary
-from torchrecord.errors import NotARecordSetError
+from torchrecord.errors import ArgumentTypeError, IndexOutOfRangeError, NotARecordSetError
 
 if TYPE_CHECKING:  # a set's shards are single files; record_file imports this module at run time
     from torchrecord._store.record_file import RecordFile
@@ -226,7 +226,7 @@ class RecordSet(abc.ABC):
                 indices = indices.detach().cpu().numpy()
             arr = np.asarray(indices)
             if arr.dtype == np.bool_ or (len(arr) and not np.issubdtype(arr.dtype, np.integer)) or arr.ndim != 1:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"{self.path}: sample indices must be a list or 1-d array of ints, got {arr.dtype} values of shape "
                     f"{arr.shape}; for a mask use numpy.flatnonzero(mask)"
                 )
@@ -236,7 +236,7 @@ class RecordSet(abc.ABC):
         bad = np.flatnonzero((positions < 0) | (positions >= n))
         if len(bad):
             wrong = int(np.asarray(indices)[bad[0]])
-            raise IndexError(f"sample index {wrong} out of range for {self.path} with {n} samples")
+            raise IndexOutOfRangeError(f"sample index {wrong} out of range for {self.path} with {n} samples")
         return positions
 
     # -- files -------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class RecordSet(abc.ABC):
         position = g + n if g < 0 else g
         if offsets is None or not 0 <= position < n:
             what = "it has no groups (written without group_by)" if offsets is None else f"it has {n} groups"
-            raise IndexError(f"group index {g} out of range for {self.path}: {what}")
+            raise IndexOutOfRangeError(f"group index {g} out of range for {self.path}: {what}")
         return self._read_range(int(offsets[position]), int(offsets[position + 1]))
 
     @abc.abstractmethod
@@ -341,8 +341,8 @@ class RecordSet(abc.ABC):
 def _integer(value: Any, what: str, path: str) -> int:
     """``value`` as an int; TypeError for floats, strings and bools (which ``int()`` would take)."""
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{path}: {what} {value!r} is a bool, not an integer")
+        raise ArgumentTypeError(f"{path}: {what} {value!r} is a bool, not an integer")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{path}: {what} {value!r} ({type(value).__name__}) is not an integer") from None
+        raise ArgumentTypeError(f"{path}: {what} {value!r} ({type(value).__name__}) is not an integer") from None

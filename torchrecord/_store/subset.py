@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from torchrecord.errors import ArgumentError, ArgumentTypeError, IndexOutOfRangeError
+
 __all__ = ["Subset", "position", "resolve"]
 
 Run = tuple[int, int]
@@ -101,7 +103,7 @@ def resolve(selection: Any, count: int, path: str) -> Subset:
     """
     if isinstance(selection, Subset):
         if selection.count != count:
-            raise ValueError(
+            raise ArgumentError(
                 f"{path}: the subset was made for a set of {selection.count} samples, this one has {count}"
             )
         return selection
@@ -110,36 +112,36 @@ def resolve(selection: Any, count: int, path: str) -> Subset:
     if isinstance(selection, range):
         ends = (selection[0], selection[-1]) if len(selection) else (0, 0)
         if len(selection) and (min(ends) < 0 or max(ends) >= count):
-            raise IndexError(
+            raise IndexOutOfRangeError(
                 f"{path}: subset {selection!r} reaches outside the set's {count} samples (indices 0 to {count - 1})"
             )
         return Subset(_canonical_range(selection), count)
     if isinstance(selection, (str, bytes)) or not hasattr(selection, "__len__"):
-        raise TypeError(f"{path}: subset {_short(selection)} is not a selection of samples; {_HOW}")
+        raise ArgumentTypeError(f"{path}: subset {_short(selection)} is not a selection of samples; {_HOW}")
     if hasattr(selection, "detach"):  # a torch tensor
         selection = selection.detach().cpu().numpy()
     arr = np.asarray(selection)
     if arr.ndim != 1:
-        raise TypeError(f"{path}: subset has shape {arr.shape}, not one index per selected sample; {_HOW}")
+        raise ArgumentTypeError(f"{path}: subset has shape {arr.shape}, not one index per selected sample; {_HOW}")
     if arr.dtype == np.bool_:
         if len(arr) != count:
-            raise ValueError(f"{path}: a boolean subset mask needs {count} entries (one per sample), got {len(arr)}")
+            raise ArgumentError(f"{path}: a boolean subset mask needs {count} entries (one per sample), got {len(arr)}")
         arr = np.flatnonzero(arr)
     elif len(arr) == 0:
         arr = np.zeros(0, np.int64)
     elif not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"{path}: subset holds {arr.dtype} values, not integer sample indices; {_HOW}")
+        raise ArgumentTypeError(f"{path}: subset holds {arr.dtype} values, not integer sample indices; {_HOW}")
     arr = arr.astype(np.int64)
     arr = np.where(arr < 0, arr + count, arr)
     bad = np.flatnonzero((arr < 0) | (arr >= count))
     if len(bad):
-        raise IndexError(
+        raise IndexOutOfRangeError(
             f"{path}: subset index {int(np.asarray(selection)[bad[0]])} (at position {int(bad[0])}) is outside the "
             f"set's {count} samples"
         )
     if len(np.unique(arr)) != len(arr):
         values, counts = np.unique(arr, return_counts=True)
-        raise ValueError(
+        raise ArgumentError(
             f"{path}: subset selects sample {int(values[counts > 1][0])} more than once; a subset selects each "
             "sample at most once (repeat samples with a sampler instead)"
         )
@@ -174,15 +176,15 @@ def position(index: Any, length: int, path: str) -> int:
     out of range.
     """
     if isinstance(index, (bool, np.bool_)) or str(getattr(index, "dtype", "")) in ("bool", "torch.bool"):
-        raise TypeError(f"{path}: sample index {index!r} is a bool, not an integer")
+        raise ArgumentTypeError(f"{path}: sample index {index!r} is a bool, not an integer")
     try:
         i = operator.index(index)
     except TypeError:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{path}: sample index {_short(index)} ({type(index).__name__}) is not an integer; index with an int, "
             "a slice or a list of ints"
         ) from None
     p = i + length if i < 0 else i
     if not 0 <= p < length:
-        raise IndexError(f"sample index {i} out of range for {path} with {length} samples")
+        raise IndexOutOfRangeError(f"sample index {i} out of range for {path} with {length} samples")
     return p

@@ -22,6 +22,7 @@ from torchrecord._read.world import EpochAndWorld
 from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.fastread import FixedWindowReader
 from torchrecord._store.record_set import RecordSet
+from torchrecord.errors import ArgumentError, LoaderMismatchError, ResumeStateError, SchemaError
 
 __all__ = ["StreamDataset"]
 
@@ -93,20 +94,20 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         check: str | None = None,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ArgumentError(f"batch_size must be >= 1, got {batch_size}")
         if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
+            raise ArgumentError(f"steps must be >= 1, got {steps}")
         if tail not in ("pad", "drop"):
-            raise ValueError(f"tail must be 'pad' or 'drop', got {tail!r}")
+            raise ArgumentError(f"tail must be 'pad' or 'drop', got {tail!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+            raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
         if (rank is None) != (world_size is None):
-            raise ValueError("give both rank and world_size, or neither")
+            raise ArgumentError("give both rank and world_size, or neither")
         if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
         self.file: RecordSet = open_set(path, check=check)
         if self.file.groups is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{self.file.path}: the set has no groups; write it with write_record(..., group_by=...) "
                 "so that each sequence is one group"
             )
@@ -163,12 +164,12 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
     def check_loader(loader: torch.utils.data.DataLoader[Any]) -> None:
         """Raise ValueError if ``loader`` would not deliver this dataset's batches whole and in order."""
         if loader.batch_size is not None:
-            raise ValueError(
+            raise LoaderMismatchError(
                 f"StreamDataset builds whole batches: use DataLoader(ds, batch_size=None), not batch_size="
                 f"{loader.batch_size}"
             )
         if getattr(loader, "in_order", True) is False:
-            raise ValueError("StreamDataset needs in-order delivery: DataLoader(..., in_order=True)")
+            raise LoaderMismatchError("StreamDataset needs in-order delivery: DataLoader(..., in_order=True)")
 
     # -- iteration ------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -369,7 +370,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         """
         found = list(_resume.find_states(state, (STATE_KIND,)))
         if not found:
-            raise ValueError(f"{self.file.path}: no StreamDataset state found in what was given")
+            raise ResumeStateError(f"{self.file.path}: no StreamDataset state found in what was given")
         accepted = [
             _resume.accept(s, set_id=self.file.set_id, epoch=self.epoch, path=self.file.path, kinds=(STATE_KIND,))
             for s in found
@@ -380,7 +381,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
                 continue
             for key in _PLAN_KEYS:
                 if s.get(key) != mine[key]:
-                    raise ValueError(
+                    raise ResumeStateError(
                         f"{self.file.path}: the state was saved with {key}={s.get(key)!r}, this dataset has "
                         f"{mine[key]!r}; the streams would differ and hidden state could not follow: resume with "
                         "the same batch size, world size, steps, seed, shuffle and tail"
@@ -429,7 +430,7 @@ def _collate_cells(
     for i, (other, _) in enumerate(flattened):
         if other != tree:
             name, *_ = first_difference(tree, other) or ("",)
-            raise ValueError(
+            raise SchemaError(
                 f"{where(i)}: the transform returned a frame whose structure differs from the batch's first frame "
                 f"(at {name or 'the top level'}); every frame of a batch must have one structure"
             )

@@ -25,6 +25,7 @@ from torchrecord._core.layout import FixedLayout
 from torchrecord._core.structure import flatten, unflatten
 from torchrecord._read.ipc import for_parent
 from torchrecord._streams.dataset import StreamDataset
+from torchrecord.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["StreamLoader"]
 
@@ -58,14 +59,14 @@ class StreamLoader:
         self, dataset: StreamDataset, *, num_workers: int = 0, bundle: int | None = None, **loader_kwargs: Any
     ) -> None:
         if not isinstance(dataset, StreamDataset):
-            raise TypeError(f"StreamLoader reads a StreamDataset, got {type(dataset).__name__}")
+            raise ArgumentTypeError(f"StreamLoader reads a StreamDataset, got {type(dataset).__name__}")
         if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+            raise ArgumentError(f"num_workers must be >= 0, got {num_workers}")
         if bundle is not None and bundle < 1:
-            raise ValueError(f"bundle must be >= 1, got {bundle}")
+            raise ArgumentError(f"bundle must be >= 1, got {bundle}")
         refused = sorted(set(loader_kwargs) & set(_REFUSED))
         if refused:
-            raise ValueError(f"StreamLoader builds whole batches in order; it does not take {', '.join(refused)}")
+            raise ArgumentError(f"StreamLoader builds whole batches in order; it does not take {', '.join(refused)}")
         self.dataset, self.num_workers = dataset, num_workers
         self.bundle = bundle if bundle is not None else _default_bundle(dataset)
         self._loader_kwargs = loader_kwargs

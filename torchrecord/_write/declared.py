@@ -25,7 +25,7 @@ from typing import Any
 from torchrecord._core.dtypes import by_name
 from torchrecord._core.schema import MAX_RANK, Field, LeafSignature, Schema, structure_message
 from torchrecord._core.structure import Tree, field_names
-from torchrecord.errors import SchemaError
+from torchrecord.errors import ArgumentError, ArgumentTypeError, SchemaError
 
 __all__ = ["Declared", "Stated"]
 
@@ -67,11 +67,11 @@ class Declared:
             stated = {f.name: Stated(f.kind, f.dtype, tuple(f.shape)) for f in schema.fields}
             return cls(Schema(schema.tree, list(schema.fields)), stated)
         if not isinstance(schema, Mapping):
-            raise TypeError(f"{_FORM}; got a {type(schema).__name__}")
+            raise ArgumentTypeError(f"{_FORM}; got a {type(schema).__name__}")
         fields = {}
         for name, spec in schema.items():
             if not isinstance(name, str):
-                raise TypeError(f"schema keys are field names (str), got {name!r}; {_FORM}")
+                raise ArgumentTypeError(f"schema keys are field names (str), got {name!r}; {_FORM}")
             fields[name] = _parse_field(name, spec)
         return cls(None, fields)
 
@@ -148,7 +148,7 @@ def _parse_field(name: str, spec: Any) -> Stated:
     if isinstance(spec, Mapping):
         extra = [k for k in spec if k not in ("shape", "dtype")]
         if extra:
-            raise ValueError(f"{where}: unknown key {extra[0]!r}; state 'shape' and/or 'dtype'")
+            raise ArgumentError(f"{where}: unknown key {extra[0]!r}; state 'shape' and/or 'dtype'")
         dtype = spec.get("dtype")
         shape = spec.get("shape")
         return Stated(
@@ -157,7 +157,7 @@ def _parse_field(name: str, spec: Any) -> Stated:
         )
     if isinstance(spec, Sequence):
         return Stated(shape=_shape(spec, where))
-    raise TypeError(f"{where}: got a {type(spec).__name__}; {_FORM}")
+    raise ArgumentTypeError(f"{where}: got a {type(spec).__name__}; {_FORM}")
 
 
 def _dtype(name: Any, where: str) -> str:
@@ -166,7 +166,7 @@ def _dtype(name: Any, where: str) -> str:
     try:
         return by_name(name).name
     except (KeyError, TypeError):
-        raise ValueError(
+        raise ArgumentError(
             f"{where}: unknown dtype {name!r}; use bool, uint8, int8, uint16, int16, int32, uint32, int64, "
             "uint64, float16, bfloat16, float32, float64, bytes or str"
         ) from None
@@ -174,7 +174,7 @@ def _dtype(name: Any, where: str) -> str:
 
 def _shape(spec: Any, where: str) -> Shape:
     if isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence):
-        raise TypeError(f"{where}: a shape is a sequence of sizes (int or None), got {spec!r}")
+        raise ArgumentTypeError(f"{where}: a shape is a sequence of sizes (int or None), got {spec!r}")
     dims: list[int | None] = []
     for d in spec:
         if d is None:
@@ -182,9 +182,9 @@ def _shape(spec: Any, where: str) -> Shape:
         elif isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0:
             dims.append(int(d))
         else:
-            raise ValueError(f"{where}: shape {list(spec)} has size {d!r}; sizes are ints >= 0, or None to vary")
+            raise ArgumentError(f"{where}: shape {list(spec)} has size {d!r}; sizes are ints >= 0, or None to vary")
     if len(dims) > MAX_RANK:
-        raise ValueError(f"{where}: rank {len(dims)} is above the {MAX_RANK} dimensions readers accept")
+        raise ArgumentError(f"{where}: rank {len(dims)} is above the {MAX_RANK} dimensions readers accept")
     return tuple(dims)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from torchrecord._core.structure import field_names, flatten
-from torchrecord.errors import SourceError
+from torchrecord.errors import ArgumentError, SampleTypeError, SampleValueError, SourceError
 
 __all__ = ["CallableKey", "FieldKey", "GroupTracker", "describe", "group_order", "key_function", "scalar_key"]
 
@@ -26,11 +26,11 @@ def key_function(group_by: str | Callable[[Any], Any]) -> FieldKey | CallableKey
     """The key function for a ``group_by`` argument (ValueError for anything else)."""
     if isinstance(group_by, str):
         if not group_by:
-            raise ValueError("group_by must be a field name such as 'episode', or a function of the sample")
+            raise ArgumentError("group_by must be a field name such as 'episode', or a function of the sample")
         return FieldKey(group_by)
     if callable(group_by):
         return CallableKey(group_by)
-    raise ValueError(f"group_by must be a field name (str) or a function of the sample, got {group_by!r}")
+    raise ArgumentError(f"group_by must be a field name (str) or a function of the sample, got {group_by!r}")
 
 
 def describe(group_by: str | Callable[[Any], Any]) -> str:
@@ -54,7 +54,7 @@ class FieldKey:
         try:
             position = names.index(self.name)
         except ValueError:
-            raise ValueError(
+            raise SampleValueError(
                 f"group_by field {self.name!r}: the sample has no such field (its fields: {', '.join(names)})"
             ) from None
         return scalar_key(leaves[position], f"group_by field {self.name!r}")
@@ -76,7 +76,7 @@ class CallableKey:
         try:
             hash(key)
         except TypeError:
-            raise TypeError(f"group_by returned an unhashable {type(key).__name__}: {key!r}") from None
+            raise SampleTypeError(f"group_by returned an unhashable {type(key).__name__}: {key!r}") from None
         return key  # type: ignore[no-any-return]
 
 
@@ -101,8 +101,8 @@ def scalar_key(value: Any, what: str) -> Hashable:
         size = value.numel() if isinstance(value, torch.Tensor) else value.size
         if size == 1:
             return value.item()
-        raise TypeError(f"{what}: a group key must be one value; got shape {list(value.shape)}")
-    raise TypeError(f"{what}: a group key must be a scalar, str or bytes, not {type(value).__name__}")
+        raise SampleTypeError(f"{what}: a group key must be one value; got shape {list(value.shape)}")
+    raise SampleTypeError(f"{what}: a group key must be a scalar, str or bytes, not {type(value).__name__}")
 
 
 class GroupTracker:

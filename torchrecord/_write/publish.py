@@ -200,10 +200,10 @@ def _renameat2_noreplace(temp: str, target: str) -> bool:
         return True
     err = ctypes.get_errno()
     if err == errno.EEXIST:
-        raise FileExistsError(err, os.strerror(err), target)
+        raise FileExistsError(err, os.strerror(err), target)  # as os.rename would; _move_no_replace converts it
     if err in _NO_RENAMEAT2:
         return False
-    raise OSError(err, os.strerror(err), temp)
+    raise OSError(err, os.strerror(err), temp)  # as os.rename would; as_write_error makes it a WriteError
 
 
 # -- temporaries and their locks -------------------------------------------------------------

@@ -23,6 +23,7 @@ from torchrecord._store import format as _format
 from torchrecord._write.admission import ON_ERROR
 from torchrecord._write.declared import Declared
 from torchrecord._write.grouping import key_function
+from torchrecord.errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "Codec",
@@ -95,27 +96,27 @@ class WriteSettings:
     def check(self) -> Declared | None:
         """ValueError / TypeError for an option that cannot work; returns the parsed ``schema``."""
         if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+            raise ArgumentError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
         workers = self.num_workers
         if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 0:
-            raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
+            raise ArgumentError(f"num_workers must be an int >= 0, got {workers!r}")
         context = self.multiprocessing_context
         if context is not None and context not in START_METHODS:
-            raise ValueError(
+            raise ArgumentError(
                 f"multiprocessing_context must be one of {START_METHODS} or None (the default start method), "
                 f"got {context!r}"
             )
         k = self.samples_per_record
         if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
-            raise TypeError(f"samples_per_record must be an int >= 1 or None (automatic), got {k!r}")
+            raise ArgumentTypeError(f"samples_per_record must be an int >= 1 or None (automatic), got {k!r}")
         if k is not None and k < 1:
-            raise ValueError(f"samples_per_record must be >= 1 (or None: automatic), got {k}")
+            raise ArgumentError(f"samples_per_record must be >= 1 (or None: automatic), got {k}")
         _compress.parse_option(self.compression, self.compression_level)
         if k is not None and k > _format.MAX_SAMPLES_PER_RECORD:
-            raise ValueError(f"samples_per_record must be from 1 to {_format.MAX_SAMPLES_PER_RECORD}, got {k}")
+            raise ArgumentError(f"samples_per_record must be from 1 to {_format.MAX_SAMPLES_PER_RECORD}, got {k}")
         _check_seed(self.seed)
         if self.metadata is not None and not isinstance(self.metadata, dict):
-            raise TypeError("metadata must be a dict of msgpack-able values")
+            raise ArgumentTypeError("metadata must be a dict of msgpack-able values")
         if self.metadata is not None:
             check_storable(self.metadata, "metadata")
             check_packs({"user": self.metadata, "seed": int(self.seed)}, "metadata")
@@ -127,22 +128,24 @@ class WriteSettings:
 
 def _check_seed(seed: Any) -> None:
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int from 0 to 2**64-1, got {type(seed).__name__} {seed!r}")
+        raise ArgumentTypeError(f"seed must be an int from 0 to 2**64-1, got {type(seed).__name__} {seed!r}")
     if not 0 <= int(seed) <= MAX_SEED:
-        raise ValueError(f"seed must be an int from 0 to 2**64-1 (the metadata stores 64 bits), got {seed}")
+        raise ArgumentError(f"seed must be an int from 0 to 2**64-1 (the metadata stores 64 bits), got {seed}")
 
 
 def _check_max_skipped(value: Any, on_error: str) -> None:
     if value is None:
         return
     if on_error != "skip":
-        raise ValueError(f"max_skipped={value!r} bounds on_error='skip'; pass on_error='skip' with it")
+        raise ArgumentError(f"max_skipped={value!r} bounds on_error='skip'; pass on_error='skip' with it")
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float)):
-        raise TypeError(f"max_skipped must be a count (int >= 0) or a fraction (float between 0 and 1), got {value!r}")
+        raise ArgumentTypeError(
+            f"max_skipped must be a count (int >= 0) or a fraction (float between 0 and 1), got {value!r}"
+        )
     if isinstance(value, numbers.Integral) and value < 0:
-        raise ValueError(f"max_skipped must be a count >= 0 or a fraction between 0 and 1, got {value}")
+        raise ArgumentError(f"max_skipped must be a count >= 0 or a fraction between 0 and 1, got {value}")
     if isinstance(value, float) and not 0.0 < value < 1.0:
-        raise ValueError(
+        raise ArgumentError(
             f"max_skipped as a fraction must be between 0 and 1 (exclusive), got {value}; pass an int for a count"
         )
 
@@ -154,18 +157,18 @@ def check_storable(value: Any, where: str, depth: int = 0) -> None:
     bytes, lists/tuples and dicts with str keys (``where``: ``"metadata"``).
     """
     if depth > _MAX_NESTING:
-        raise ValueError(f"{where}: nested deeper than {_MAX_NESTING} levels; flatten the metadata")
+        raise ArgumentError(f"{where}: nested deeper than {_MAX_NESTING} levels; flatten the metadata")
     if value is None or isinstance(value, (bool, float, bytes, bytearray)):
         return
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ValueError(f"{where}: the str cannot be encoded as UTF-8 ({exc})") from None
+            raise ArgumentError(f"{where}: the str cannot be encoded as UTF-8 ({exc})") from None
         return
     if isinstance(value, int):
         if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
-            raise ValueError(
+            raise ArgumentError(
                 f"{where}: the int {value} does not fit the metadata's 64 bits (-2**63 .. 2**64-1); "
                 "store it as a str (str(n))"
             )
@@ -177,10 +180,12 @@ def check_storable(value: Any, where: str, depth: int = 0) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, (str, bytes)):
-                raise TypeError(f"{where}: key {key!r} ({type(key).__name__}) is not a str; metadata keys must be str")
+                raise ArgumentTypeError(
+                    f"{where}: key {key!r} ({type(key).__name__}) is not a str; metadata keys must be str"
+                )
             check_storable(item, f"{where}[{key!r}]", depth + 1)
         return
-    raise TypeError(
+    raise ArgumentTypeError(
         f"{where}: a {type(value).__name__} cannot be stored in the metadata; use None, bool, int, float, "
         "str, bytes, and lists and dicts (str keys) of these (NumPy scalars: .item())"
     )
@@ -191,11 +196,11 @@ def check_packs(meta: dict[str, Any], where: str) -> None:
     try:
         packed = _format.pack_metadata(meta)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ValueError(f"{where} cannot be stored: {type(exc).__name__}: {exc}") from None
+        raise ArgumentError(f"{where} cannot be stored: {type(exc).__name__}: {exc}") from None
     try:
         _format.check_metadata_size(packed, _containers(meta))
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise ArgumentError(f"{where}: {exc}") from None
 
 
 def _containers(value: Any) -> int:

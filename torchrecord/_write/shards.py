@@ -32,6 +32,7 @@ from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import is_map_style
 from torchrecord._write.writer import SchemaArg, write_source
 from torchrecord.errors import (
+    ArgumentError,
     FormatError,
     IncompleteRecordSetError,
     RecordExistsError,
@@ -148,7 +149,7 @@ def write_shard_source(
 ) -> RecordFile:
     """The body of :func:`write_shard` with checked ``settings`` (also run by the converters)."""
     if settings.group_by is not None:
-        raise ValueError(_GROUPS_REFUSED)
+        raise ArgumentError(_GROUPS_REFUSED)
     shard, num_shards = _who(shard, num_shards)
     folder = os.fspath(directory)
     seed = settings.seed
@@ -286,13 +287,13 @@ def _who(shard: int | None, num_shards: int | None) -> tuple[int, int]:
     if shard is None and num_shards is None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if shard is None or num_shards is None:
-        raise ValueError(
+        raise ArgumentError(
             "give shard= and num_shards= (or run under torch.distributed, whose rank and world size are the default)"
         )
     if isinstance(shard, bool) or not isinstance(shard, int) or not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"shard and num_shards must be ints with num_shards >= 1, got {shard!r}, {num_shards!r}")
+        raise ArgumentError(f"shard and num_shards must be ints with num_shards >= 1, got {shard!r}, {num_shards!r}")
     if not 0 <= shard < num_shards:
-        raise ValueError(f"shard {shard} is not in [0, {num_shards})")
+        raise ArgumentError(f"shard {shard} is not in [0, {num_shards})")
     return shard, num_shards
 
 

@@ -23,6 +23,7 @@ from torchrecord._core.codec import Payload, leaf_payload
 from torchrecord._core.schema import LeafSignature
 from torchrecord._core.structure import Tree, field_names, flatten
 from torchrecord._write.fastwrite import FastEncoder
+from torchrecord.errors import SampleTypeError, SampleValueError
 
 __all__ = [
     "Encoded",
@@ -72,7 +73,9 @@ def normalize(sample: Any) -> Normalized:
             signature, payload = leaf_payload(leaf)
         except (TypeError, ValueError) as exc:
             name = field_names(tree)[i]
-            raise (TypeError if isinstance(exc, TypeError) else ValueError)(f"field {name!r}: {exc}") from None
+            raise (SampleTypeError if isinstance(exc, TypeError) else SampleValueError)(
+                f"field {name!r}: {exc}"
+            ) from None
         signatures.append(signature)
         payloads.append(payload)
     return Normalized(tree, signatures, payloads)

@@ -26,7 +26,7 @@ from torchrecord._write.publish import as_write_error
 from torchrecord._write.session import WriteSession
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import Preparer, is_map_style, iterate_source, read_in_order
-from torchrecord.errors import IgnoredOptionWarning
+from torchrecord.errors import IgnoredOptionWarning, WriterClosedError
 
 __all__ = ["RecordWriter", "write_record", "write_source"]
 
@@ -344,7 +344,7 @@ class RecordWriter:
     def _open_session(self) -> WriteSession:
         if self._session is None:
             what = "was published" if self.result is not None else "was aborted"
-            raise ValueError(f"{self.path}: this RecordWriter {what}; create a new one to write again")
+            raise WriterClosedError(f"{self.path}: this RecordWriter {what}; create a new one to write again")
         return self._session
 
     def _fail(self, exc: BaseException) -> NoReturn:

@@ -43,7 +43,7 @@ from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
 from torchrecord.convert.images import IMG_EXTENSIONS, from_image_folder, from_list_file
 from torchrecord.convert.robomimic import from_robomimic, is_robomimic
-from torchrecord.errors import SourceError
+from torchrecord.errors import ArgumentError, SourceError
 
 __all__ = [
     "CONVERTERS",
@@ -168,7 +168,7 @@ def convert(
     settings = WriteSettings.of(locals())
     fmt = detect_format(source) if format == "auto" else format
     if fmt not in CONVERTERS:
-        raise ValueError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
+        raise ArgumentError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
     written = {f.name: getattr(settings, f.name) for f in fields(WriteSettings)}
     sharding = {"shard": shard, "num_shards": num_shards}
     if fmt == "robomimic":
@@ -176,7 +176,7 @@ def convert(
         given = {**written, **sharding}
         for name, why in _NOT_ROBOMIMIC.items():
             if given[name] != defaults[name]:
-                raise ValueError(
+                raise ArgumentError(
                     f"{name}={given[name]!r} does not apply to a robomimic source ({os.fspath(source)}): {why}; "
                     "leave it out"
                 )
@@ -185,7 +185,7 @@ def convert(
     options: dict[str, Any] = {}
     if keys is not None:
         if fmt not in ("npz", "hdf5"):
-            raise ValueError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
+            raise ArgumentError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
         options["keys"] = keys
     if fmt in ("folder", "list"):
         options["check_images"] = check_images

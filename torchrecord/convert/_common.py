@@ -17,7 +17,7 @@ from torchrecord._store.record_file import RecordFile
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.shards import write_shard_source
 from torchrecord._write.writer import write_source
-from torchrecord.errors import IgnoredOptionWarning, SourceError
+from torchrecord.errors import IgnoredOptionWarning, MissingDependencyError, SourceError
 
 __all__ = ["RowStream", "common_length", "existing", "require", "row_converter", "write", "write_stream"]
 
@@ -42,7 +42,7 @@ def require(module: str, extra: str, purpose: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         package = {"PIL": "Pillow"}.get(module.split(".")[0], module)
-        raise ImportError(f"{purpose} needs {package}: {install_hint(extra)}") from exc
+        raise MissingDependencyError(f"{purpose} needs {package}: {install_hint(extra)}") from exc
 
 
 def write(

@@ -23,7 +23,7 @@ from torchrecord._store.record_file import RecordFile
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.writer import SchemaArg
 from torchrecord.convert._common import existing, require, write
-from torchrecord.errors import SourceError
+from torchrecord.errors import ArgumentError, SourceError
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -86,11 +86,11 @@ def image_extensions(extensions: Sequence[str] | None) -> tuple[str, ...] | None
     out = []
     for ext in extensions:
         if not isinstance(ext, str) or not ext.strip(". "):
-            raise ValueError(f"extensions: {ext!r} is not a file extension such as '.jpg'")
+            raise ArgumentError(f"extensions: {ext!r} is not a file extension such as '.jpg'")
         ext = ext.strip().lower()
         out.append(ext if ext.startswith(".") else "." + ext)
     if not out:
-        raise ValueError("extensions is empty; pass None to take every file")
+        raise ArgumentError("extensions is empty; pass None to take every file")
     return tuple(out)
 
 
@@ -109,9 +109,9 @@ class ImageFiles:
         self, files: list[str], labels: list[int], check_images: bool = True, names: list[str] | None = None
     ) -> None:
         if len(files) != len(labels):
-            raise ValueError(f"{len(files)} files but {len(labels)} labels")
+            raise ArgumentError(f"{len(files)} files but {len(labels)} labels")
         if names is not None and len(names) != len(files):
-            raise ValueError(f"{len(files)} files but {len(names)} names")
+            raise ArgumentError(f"{len(files)} files but {len(names)} names")
         self.files = files
         self.labels = labels
         self.check_images = check_images

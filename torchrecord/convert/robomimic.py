@@ -27,7 +27,7 @@ from torchrecord._store.record_file import RecordFile
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.writer import RecordWriter
 from torchrecord.convert._common import existing, require
-from torchrecord.errors import SourceError
+from torchrecord.errors import ArgumentError, SourceError
 
 __all__ = ["DEFAULT_DATASET_KEYS", "from_robomimic", "is_robomimic"]
 
@@ -127,7 +127,7 @@ def from_robomimic(
     h5py = _h5py()
     for key in dataset_keys:
         if key in _RESERVED or "." in key:
-            raise ValueError(f"dataset key {key!r} is reserved or contains '.'; leave it out of dataset_keys")
+            raise ArgumentError(f"dataset key {key!r} is reserved or contains '.'; leave it out of dataset_keys")
     try:
         f = h5py.File(src, "r")
     except OSError as exc:
