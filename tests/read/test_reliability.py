@@ -4,7 +4,7 @@
   refused as a FormatError and never run; no read path can unpickle.
 * Integrity: ``verify`` finds bytes flipped inside the data file and records
   rewritten with raw LMDB, naming the first bad index and counting the bad ones;
-  ``RecordDataset(verify=True)`` stops at the first bad record.
+  ``RecordDataset(check="checksums")`` stops at the first bad record.
 * Damaged files (truncated, empty, not LMDB, no metadata, newer format,
   unfinished) raise a torchrecord error naming the path and saying what to do,
   never SIGBUS or a raw LMDB/struct error.
@@ -92,7 +92,7 @@ def read_everything(path: Path) -> list[tuple[str, str, str]]:
         "RecordFile iteration": lambda: list(torchrecord.RecordFile(path)),
         "RecordDataset": lambda: list(torchrecord.RecordDataset(path, shuffle=False)),
         "RecordDataset batches": lambda: list(torchrecord.RecordDataset(path, shuffle=False, batch_size=8)),
-        "RecordDataset verify": lambda: list(torchrecord.RecordDataset(path, verify=True, batch_size=8)),
+        "RecordDataset verify": lambda: list(torchrecord.RecordDataset(path, check="checksums", batch_size=8)),
     }
     raised = []
     for way, read in ways.items():
@@ -239,8 +239,8 @@ def test_verify_finds_bytes_flipped_in_the_data_file(tmp_path: Path) -> None:
     assert [i for i, _ in report.errors] == bad
     assert all("CRC-32" in m and str(path) in m for _, m in report.errors)
     for loader in (
-        torchrecord.RecordDataset(path, shuffle=False, verify=True),
-        torchrecord.RecordDataset(path, shuffle=False, verify=True, batch_size=16),
+        torchrecord.RecordDataset(path, shuffle=False, check="checksums"),
+        torchrecord.RecordDataset(path, shuffle=False, check="checksums", batch_size=16),
     ):
         with pytest.raises(ChecksumError, match=rf"{path}: record 7\b"):
             list(loader)

@@ -35,6 +35,7 @@ import numpy as np
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import Field, Schema
 from torchrecord._read.reader import Share, ShareReader
+from torchrecord._store.checked import Check, checks_crc, parse_check
 from torchrecord._store.forkgate import lmdb_calls
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.walk import Walk, record_runs
@@ -147,19 +148,19 @@ class FileSource(Source):
 
     Args:
         file: a path or a :class:`~torchrecord._store.record_file.RecordFile`.
-        verify: check every record's CRC-32 as it is read.
-        check: ``"structure"``: check the file's LMDB page structure first (see :class:`RecordFile`).
+        check: integrity on read (see :class:`RecordFile`): ``"checksums"`` checks every
+            record's CRC-32 as it is read, ``"structure"`` the file's LMDB page structure
+            first, ``"full"`` both.
     """
 
-    def __init__(
-        self, file: str | os.PathLike[str] | RecordFile, *, verify: bool = False, check: str | None = None
-    ) -> None:
+    def __init__(self, file: str | os.PathLike[str] | RecordFile, *, check: Check | None = None) -> None:
+        check = parse_check(check)
         if isinstance(file, RecordFile):
             file._require_check(check)
             self.file = file
         else:
             self.file = RecordFile(file, check=check)
-        self.verify = verify
+        self.verify = checks_crc(check)
         self._layout: tuple[FixedLayout | None] | None = None
         self._info: SourceInfo | None = None
 
@@ -167,7 +168,7 @@ class FileSource(Source):
         return {"file": self.file, "verify": self.verify}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["file"], verify=state["verify"])  # type: ignore[misc]
+        self.__init__(state["file"], check="checksums" if state["verify"] else None)  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"FileSource({self.file.path!r})"

@@ -22,7 +22,7 @@ import numpy as np
 from torchrecord._core.schema import Schema
 from torchrecord._shards import manifest as _manifest
 from torchrecord._shards.remote import ShardCache, fetch_manifest, is_url
-from torchrecord._store.checked import parse_check
+from torchrecord._store.checked import Check, combine_checks, parse_check
 from torchrecord._store.format import _describe_directory
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.subset import position as subset_position
@@ -53,8 +53,9 @@ class ShardedSet(RecordFile):
             finished with are evicted beyond it (None: no limit).
         subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
             reads a subset of a sharded set.
-        check: ``"structure"``: check each shard's LMDB page structure before it is
-            first opened in a process (see :class:`RecordFile`).
+        check: integrity on read, for each shard: ``"checksums"`` (each record's
+            CRC-32), ``"structure"`` (each shard's LMDB page structure before it
+            is first opened in a process) or ``"full"`` (both; see :class:`RecordFile`).
     """
 
     def __init__(
@@ -64,7 +65,7 @@ class ShardedSet(RecordFile):
         subset: Any = None,
         cache_dir: str | None = None,
         cache_limit: int | None = None,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
         self.path = os.fsdecode(path)
         self._check = parse_check(check)
@@ -279,9 +280,9 @@ class ShardedSet(RecordFile):
 
     def _require_check(self, check: str | None) -> None:
         """Turn on ``check`` for every shard opened from now on."""
-        check = parse_check(check)
-        if check is not None and self._check is None:
-            self._check = check
+        combined = combine_checks(self._check, parse_check(check))
+        if combined != self._check:
+            self._check = combined
             self._files = {}
 
     def close(self) -> None:
