@@ -630,3 +630,114 @@ def test_more_stalled_sources_than_read_slots_do_not_stop_the_others(sets: list[
         gate.set()
     after = [_labels(b) for b in it]
     assert_exactly_once(_as_index([x for b in before + after for x in b]), TOTAL)
+
+
+# -- one reader contract: collation, len(loader), shuffle, fresh epochs ------------------------------
+
+
+@pytest.fixture(scope="module")
+def ragged_set(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A set with a variable-shape field: its batches hold a list, not a stacked tensor."""
+    path = tmp_path_factory.mktemp("ragged") / "ragged.tr"
+    samples = [{"points": torch.arange(i % 5 + 1, dtype=torch.float32), "label": i} for i in range(40)]
+    write_record(samples, path, shuffle=False, progress=False, schema={"points": [None]})
+    return str(path)
+
+
+@pytest.mark.parametrize("transform", [None, lambda s: {**s, "twice": s["label"] * 2}])
+def test_mixed_batches_collate_as_record_dataset_batches(ragged_set: str, transform: Any) -> None:
+    """One source, no shuffling: MixedDataset's batches are RecordDataset's, variable-shape field included."""
+    from torchrecord import RecordDataset
+
+    reference = list(RecordDataset(ragged_set, shuffle=False, batch_size=4, transform=transform))
+    mixed = list(MixedDataset([ragged_set], shuffle=False, batch_size=4, transform=transform, draw_size=40))
+    assert len(mixed) == len(reference) == 10
+    for a, b in zip(mixed, reference):
+        assert isinstance(a["points"], list) and isinstance(b["points"], list)  # not default_collate's error
+        assert [p.tolist() for p in a["points"]] == [p.tolist() for p in b["points"]]
+        assert torch.equal(a["label"], b["label"])
+        assert a.keys() == b.keys()
+        if transform is not None:
+            assert torch.equal(a["twice"], b["twice"])
+
+
+def test_mixed_collate_fn_and_batch_transform(ragged_set: str) -> None:
+    ds = MixedDataset(
+        [ragged_set],
+        batch_size=4,
+        collate_fn=lambda samples: [s["label"] for s in samples],
+        batch_transform=lambda batch: sum(batch),
+    )
+    assert sum(ds) == sum(range(40))
+    with pytest.raises(ValueError, match="collate_fn is for batch mode"):
+        MixedDataset([ragged_set], collate_fn=list)
+
+
+@pytest.mark.parametrize(("loader_batch", "loader_batch_size"), [(8, None), (7, 7), (16, None)])
+def test_mixed_len_loader_is_exact_per_sample_with_workers(
+    sets: list[str], loader_batch: int, loader_batch_size: int | None
+) -> None:
+    """Per-sample mode with workers: worker shares are cut on whole loader batches, as in RecordDataset."""
+    ds = MixedDataset(sets, epoch_size=229, draw_size=4, shuffle_buffer=32, loader_batch_size=loader_batch_size)
+    loader = DataLoader(ds, batch_size=loader_batch, num_workers=2)
+    promised = ds.check_loader(loader)
+    batches = list(loader)
+    assert len(batches) == promised == len(loader) == -(-229 // loader_batch)
+    assert sum(len(b[1]) for b in batches) == 229
+
+
+def test_mixed_check_loader_refuses_a_loader_that_miscounts(sets: list[str]) -> None:
+    ds = MixedDataset(sets, epoch_size=229, draw_size=4, shuffle_buffer=32)
+    loader = DataLoader(ds, batch_size=7, num_workers=2)  # 7 divides no power-of-two unit
+    with pytest.raises(ValueError, match=r"MixedDataset\(\.\.\., loader_batch_size=7\)"):
+        ds.check_loader(loader)
+    with pytest.warns(UserWarning, match="loader_batch_size=7"):
+        len(loader)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        batched = MixedDataset(sets, batch_size=8)
+        batched.check_loader(DataLoader(batched, batch_size=8))
+
+
+def test_mixed_shuffle_false_keeps_each_window_in_draw_order(sets: list[str]) -> None:
+    """shuffle=False: no permutation within windows: one reader hands out its draws' samples in plan order."""
+    kw: dict[str, Any] = dict(epoch_size=200, draw_size=4, shuffle_buffer=32, batch_size=8, seed=3)
+    ds = MixedDataset(sets, shuffle=False, **kw)
+    plain = _epoch(ds)
+    shuffled = _epoch(MixedDataset(sets, **kw))
+    assert sorted(plain) == sorted(shuffled) and plain != shuffled  # the same samples, another order
+    files = [RecordFile(p) for p in sets]
+    units = reader_units(ds.plan(), batch_size=8)
+    planned = []
+    for s, lo, n in zip(units.source.tolist(), units.stream.tolist(), units.length.tolist()):
+        info = ds.infos[s]
+        block = order_block(info.count, 4, info.samples_per_record)
+        for a, b in stream_runs(info.count, block, source_seed(3, s), lo, lo + n):
+            planned += [int(files[s][i][1]) for i in range(a, b)]
+    assert plain == planned
+
+
+def test_a_fresh_epoch_does_not_go_through_resume_code(sets: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchrecord._mix.dataset as mix_dataset
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a fresh epoch went through the resume module")
+
+    monkeypatch.setattr(mix_dataset, "reader_units_of", refuse)
+    ds = MixedDataset(sets, batch_size=8, draw_size=4)
+    assert sorted(_epoch(ds)) == sorted(LABELS)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    resumed = MixedDataset(sets, batch_size=8, draw_size=4)
+    resumed.load_state_dict(state)
+    with pytest.raises(AssertionError, match="resume module"):
+        next(iter(resumed))  # a loaded state does take the resume path
+
+
+def test_old_state_with_block_is_refused_clearly(sets: list[str]) -> None:
+    ds = MixedDataset(sets, batch_size=8, draw_size=4)
+    state = ds.state_dict()
+    old = {k: v for k, v in state.items() if k != "draw_size"}
+    old["block"] = 4
+    with pytest.raises(ValueError, match=r"older torchrecord.*'block', now 'draw_size'"):
+        ds.load_state_dict(old)

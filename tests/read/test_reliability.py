@@ -246,6 +246,27 @@ def test_verify_finds_bytes_flipped_in_the_data_file(tmp_path: Path) -> None:
             list(loader)
 
 
+def test_check_checksums_catches_a_corrupted_crc_on_every_reader(tmp_path: Path) -> None:
+    """check="checksums" (was verify=True) and "full" raise ChecksumError on a record whose bytes no longer
+    match their CRC-32, on RecordFile and the readers; without a check the flipped bytes are read."""
+    path = write(tmp_path / "set.tr", n=120, offset=1000)
+    value = encoded(1000 + 33)
+    _flip_in_file(path, value, len(value) // 2)  # inside the image's raw bytes: decodes fine
+    assert len(list(torchrecord.RecordFile(path))) == 120  # trusted: read as it is
+    readers: list[Callable[[str | None], Any]] = [
+        lambda check: torchrecord.RecordFile(path, check=check)[33],
+        lambda check: list(torchrecord.RecordFile(path, check=check)),
+        lambda check: torchrecord.RecordFile(path, check=check)[30:40],
+        lambda check: list(torchrecord.RecordDataset(path, check=check, batch_size=16)),
+        lambda check: list(torchrecord.MixedDataset([path], check=check, batch_size=16)),
+    ]
+    for read in readers:
+        read(None)
+        for check in ("checksums", "full"):
+            with pytest.raises(ChecksumError, match=rf"{path}: record 33\b"):
+                read(check)
+
+
 def test_verify_finds_a_flipped_header_byte(tmp_path: Path) -> None:
     path = write(tmp_path / "set.tr", n=300, offset=1000)
     _flip_in_file(path, encoded(1010), 1)  # inside the protobuf framing

@@ -292,3 +292,33 @@ def test_resume_with_stateful_dataloader_workers(demo_set: str) -> None:
     resumed = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2)
     resumed.load_state_dict(saved)
     assert head + _fingerprints(resumed) == reference
+
+
+def test_transform_is_per_window_and_batch_transform_per_batch(demo_set: str) -> None:
+    kw: dict[str, Any] = dict(frame_stack=2, seq_length=4, batch_size=8, seed=2)
+    plain = list(WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, **kw))
+    seen: list[tuple[int, ...]] = []
+
+    def per_window(window: dict[str, Any]) -> dict[str, Any]:
+        seen.append(tuple(window["actions"].shape))
+        return {"actions": window["actions"] * 2, "steps": window["actions"].shape[0]}
+
+    windows = list(WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, transform=per_window, **kw))
+    assert seen and all(shape == (5, 4) for shape in seen)  # one window [T, ...] at a time
+    assert len(windows) == len(plain)
+    for a, b in zip(plain, windows):
+        assert torch.equal(b["actions"], a["actions"] * 2)  # collated back into [B, T, ...]
+        assert b["steps"].tolist() == [5] * len(a["actions"])
+    batched = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, batch_transform=lambda b: b["actions"].shape, **kw)
+    assert [shape for shape in batched] == [a["actions"].shape for a in plain]
+    collated = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, collate_fn=len, **kw)
+    assert list(collated) == [len(a["actions"]) for a in plain]
+    single = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, frame_stack=2, seq_length=4, transform=per_window)
+    first = next(iter(single))
+    assert first["actions"].shape == (5, 4) and first["steps"] == 5
+
+
+def test_window_len_loader_is_exact_per_sample_with_workers(demo_set: str) -> None:
+    ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=3, loader_batch_size=5)
+    loader = DataLoader(ds, batch_size=5, num_workers=2)
+    assert ds.check_loader(loader) == len(loader) == sum(1 for _ in loader)

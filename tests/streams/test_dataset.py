@@ -403,3 +403,39 @@ def test_a_batch_of_padding_only_keeps_the_transformed_structure(tmp_path: Path)
         assert not last[key].any()
         if transform is not None:
             assert last["label"].shape == (2, 1) and first["label"].tolist() == [[2], [3]]
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_drop_last_is_the_old_tail_drop(stream_set: str, steps: int) -> None:
+    """drop_last=True (was tail="drop") plays the plan of tail="drop", cut to whole steps; False the padded one."""
+    for drop_last, tail in ((True, "drop"), (False, "pad")):
+        ds = StreamDataset(stream_set, batch_size=B, steps=steps, seed=5, drop_last=drop_last)
+        plan = plan_streams(ds.file.groups, streams=B, seed=5, epoch=0, tail=tail)
+        total = plan.steps_per_epoch
+        assert len(ds) == (total // steps if drop_last else -(-total // steps))
+        batches = list(ds)
+        assert len(batches) == len(ds)
+        cells = plan.batch_cells(range(B), [t * steps for t in range(len(batches))], steps)
+        for j, batch in enumerate(batches):
+            assert batch["sequence"].tolist() == cells.sequence[j].tolist()
+        if drop_last:
+            assert all(bool(b["mask"].all()) for b in batches)
+
+
+def test_batch_transform_on_stream_batches(stream_set: str) -> None:
+    plain = list(StreamDataset(stream_set, batch_size=B, steps=2, seed=1))
+    ds = StreamDataset(stream_set, batch_size=B, steps=2, seed=1, batch_transform=lambda b: {**b, "n": b["mask"].sum()})
+    for a, b in zip(plain, DataLoader(ds, batch_size=None, num_workers=2)):
+        assert int(b["n"]) == int(a["mask"].sum()) and torch.equal(a["sequence"], b["sequence"])
+
+
+def test_streams_refuse_positional_batch_size_and_old_tail_states(stream_set: str) -> None:
+    with pytest.raises(TypeError):
+        StreamDataset(stream_set, B)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        StreamDataset(stream_set, batch_size=B, tail="drop")  # type: ignore[call-arg]
+    ds = StreamDataset(stream_set, batch_size=B, drop_last=True)
+    old = {k: v for k, v in ds.state_dict().items() if k != "drop_last"}
+    old["tail"] = "drop"
+    with pytest.raises(ValueError, match=r"older torchrecord.*'tail', now 'drop_last'"):
+        ds.load_state_dict(old)
