@@ -205,7 +205,7 @@ def _samples_section(data: WorkloadData, rounds: int) -> list[Measurement]:
     x, y = _tensors(data)
     configs: list[tuple[Measurement, Epochs]] = [
         (_measurement(data, BARE), _Bare(x, y, data.batch_size)),
-        (_measurement(data, BATCH_ITER), _Iterable(torchrecord.BatchIter((x, y), data.batch_size))),
+        (_measurement(data, BATCH_ITER), _Iterable(torchrecord.BatchIter((x, y), batch_size=data.batch_size))),
         (_measurement(data, DATALOADER), _Loader(x, y, data.batch_size)),
     ]
     run_rounds(configs, rounds, _log)

@@ -185,7 +185,13 @@ def _one_run(args: tuple[list[str], str, str, float | None, int, int]) -> dict[s
     opened = time.perf_counter()
     if loader != "torchdata":  # reads every source's metadata (schema check, sizes for the plan)
         ds = torchrecord.MixedDataset(
-            sources, epoch_size=epoch_size, batch_size=BATCH, block=BLOCK, policy=loader, seed=repeat, tag_source=True
+            sources,
+            epoch_size=epoch_size,
+            batch_size=BATCH,
+            draw_size=BLOCK,
+            policy=loader,
+            seed=repeat,
+            tag_source=True,
         )
     else:  # the same: every source's metadata, then the sampler's nodes
         sampled = _torchdata_batches(sources, repeat)

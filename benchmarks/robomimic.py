@@ -189,7 +189,7 @@ def _robomimic(files: dict[str, str], cache: str | None, params: dict[str, Any])
 def _sequence(files: dict[str, str], cache: str | None, params: dict[str, Any], set_: str = "tr") -> Any:
     from torchrecord import SequenceDataset
 
-    return SequenceDataset(files[set_], cache=cache, **params)
+    return SequenceDataset(files[set_], frame_cache=cache, **params)
 
 
 def _windows(
@@ -197,7 +197,7 @@ def _windows(
 ) -> Any:
     from torchrecord import WindowDataset
 
-    return WindowDataset(files[set_], cache=cache, batch_size=batch_size, **params)
+    return WindowDataset(files[set_], frame_cache=cache, batch_size=batch_size, **params)
 
 
 #: loader name -> (kind, cache mode); names ending in " zstd" read the zstd-compressed record set

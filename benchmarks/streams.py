@@ -84,17 +84,17 @@ class _Part(StreamDataset):
 
 
 def _stream_loader(path: Path, steps: int, transform: Any, workers: int) -> Any:
-    ds = StreamDataset(path, B, steps=steps, transform=transform, seed=0)
+    ds = StreamDataset(path, batch_size=B, steps=steps, transform=transform, seed=0)
     return ds if workers == 0 else DataLoader(ds, batch_size=None, num_workers=workers)
 
 
 def _bundled_loader(path: Path, steps: int, transform: Any, workers: int) -> Any:
-    ds = StreamDataset(path, B, steps=steps, transform=transform, seed=0)
+    ds = StreamDataset(path, batch_size=B, steps=steps, transform=transform, seed=0)
     return StreamLoader(ds, num_workers=workers)
 
 
 def _islice_loader(path: Path, steps: int, transform: Any, workers: int) -> Any:
-    ds = StreamDataset(path, B, steps=steps, transform=transform, seed=0)
+    ds = StreamDataset(path, batch_size=B, steps=steps, transform=transform, seed=0)
     return DataLoader(_Islice(ds), batch_size=None, num_workers=workers)
 
 
@@ -132,7 +132,7 @@ def _steps16_target(path: str, repeats: int) -> tuple[float, float]:
     torch.set_num_threads(1)
     frames = len(torchrecord.RecordFile(path))
     batch_ds = torchrecord.RecordDataset(path, batch_size=B * 16)
-    stream_ds = StreamDataset(path, B, steps=16, seed=0)
+    stream_ds = StreamDataset(path, batch_size=B, steps=16, seed=0)
     flat_times, stream_times = [], []
     for e in range(repeats):
         batch_ds.set_epoch(e)

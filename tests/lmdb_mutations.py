@@ -595,7 +595,9 @@ def _read_path(path_name: str, file: str, base: Base) -> list[str]:
             if got == base.canonical:
                 return ["correct", ""]
         else:
-            ds = torchrecord.RecordDataset(file, shuffle=False, verify=path_name == "dataset_verify", check=check)
+            if path_name == "dataset_verify":
+                check = "full" if check == "structure" else "checksums"
+            ds = torchrecord.RecordDataset(file, shuffle=False, check=check)
             got = [canonical(s) for s in ds]
             if Counter(got) == base.counts:
                 return ["correct", ""]

@@ -66,7 +66,7 @@ def make_record(path: str, **kw: Any) -> RecordDataset:
 
 
 def make_mixed(paths: list[str], **kw: Any) -> MixedDataset:
-    return MixedDataset(paths, **{"block": 4, "shuffle_buffer": 32, "seed": 3, **kw})
+    return MixedDataset(paths, **{"draw_size": 4, "shuffle_buffer": 32, "seed": 3, **kw})
 
 
 def make_stream(path: str, **kw: Any) -> StreamDataset:
@@ -196,31 +196,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
 
 
 #: (case, check) -> why it fails today. Strict: a closed gap fails until its line is removed.
-GAPS: dict[tuple[str, str], str] = {
-    ("RecordDataset", "refuses_breaking_loader"): (
-        "check_loader accepts DataLoader(in_order=False, num_workers=2), which hands batches out as workers "
-        "finish them (not in the reader's order), and running it raises nothing"
-    ),
-    ("MixedDataset", "len_loader"): (
-        "no loader_batch_size (issue 27 item 4): per-sample DataLoader(batch_size=7, num_workers=2) has len 29 "
-        "and yields 30 batches"
-    ),
-    ("MixedDataset", "refuses_breaking_loader"): (
-        "no check_loader and no guard when it runs: DataLoader(batch_size=4) over its batches, in_order=False, "
-        "run without an error"
-    ),
-    ("WindowDataset", "len_loader"): (
-        "no loader_batch_size: per-sample DataLoader(batch_size=7 or 8, num_workers=2) yields one batch more "
-        "than len(loader) (12 for 11, 10 for 9)"
-    ),
-    ("WindowDataset", "refuses_breaking_loader"): (
-        "no check_loader and no guard when it runs: DataLoader(batch_size=4) over its batches, in_order=False, "
-        "run without an error"
-    ),
-}
+GAPS: dict[tuple[str, str], str] = {}
 for _name in ("BatchIter", "GroupBatchIter"):
-    for _check in ("state_round_trip", "state_in_another_process"):
-        GAPS[(_name, _check)] = f"{_name} has no state_dict/load_state_dict yet (issue 26: it saves its position too)"
     GAPS[(_name, "pickling")] = (
         f"{_name} does not pickle: Columns keeps its batch builders as closures "
         "(torchrecord/_memory/columns.py _container and _leaf_at)"

@@ -203,7 +203,7 @@ def test_strings_named_for_compression_are_refused(tmp_path: Path) -> None:
 
 def _damage(path: str, record: int) -> None:
     """Cut the first field's compressed payload of ``record`` in half (flipped bytes may decode silently,
-    as in a raw payload: the per-record CRC-32s catch those, see ``RecordDataset(verify=True)``)."""
+    as in a raw payload: the per-record CRC-32s catch those, see ``RecordDataset(check="checksums")``)."""
     env = lmdb.open(path, subdir=False, max_dbs=4, lock=False)
     try:
         db = env.open_db(b"records")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, namedtuple
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ def _rows_of(batches: list[Any]) -> list[int]:
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_batch_iter_covers_every_row_once(count: int, drop_last: bool, shuffle: bool) -> None:
     rows = torch.arange(count)
-    it = BatchIter((rows, rows * 10), 8, shuffle=shuffle, seed=3, drop_last=drop_last)
+    it = BatchIter((rows, rows * 10), batch_size=8, shuffle=shuffle, seed=3, drop_last=drop_last)
     batches = list(it)
     assert len(it) == len(batches)
     rest = count % 8
@@ -52,7 +53,7 @@ def test_batch_iter_covers_every_row_once(count: int, drop_last: bool, shuffle: 
 
 @pytest.mark.parametrize(("count", "drop_last", "expected"), [(0, False, 0), (0, True, 0), (5, False, 1), (5, True, 0)])
 def test_batch_iter_fewer_rows_than_a_batch(count: int, drop_last: bool, expected: int) -> None:
-    it = BatchIter(torch.arange(count), 8, drop_last=drop_last)
+    it = BatchIter(torch.arange(count), batch_size=8, drop_last=drop_last)
     batches = list(it)
     assert len(it) == len(batches) == expected
     if expected:
@@ -63,11 +64,11 @@ def test_batch_iter_order_is_a_pure_function_of_seed_and_epoch() -> None:
     data = torch.arange(1000)
 
     def order(seed: int, epoch: int, it: BatchIter | None = None) -> list[int]:
-        it = it or BatchIter(data, 64, seed=seed)
+        it = it or BatchIter(data, batch_size=64, seed=seed)
         it.set_epoch(epoch)
         return torch.cat(list(it)).tolist()
 
-    it = BatchIter(data, 64, seed=5)
+    it = BatchIter(data, batch_size=64, seed=5)
     first = order(5, 0, it)
     assert order(5, 0, it) == first  # iterating again repeats the epoch
     assert order(5, 1, it) != first  # a new epoch, a new order
@@ -79,7 +80,7 @@ def test_batch_iter_order_is_a_pure_function_of_seed_and_epoch() -> None:
 
 def test_batch_iter_batches_are_fresh_tensors() -> None:
     data = torch.arange(100.0)
-    it = iter(BatchIter((data,), 10, seed=1))
+    it = iter(BatchIter((data,), batch_size=10, seed=1))
     (first,) = next(it)
     kept = first.clone()
     (second,) = next(it)
@@ -98,7 +99,7 @@ def test_batch_iter_keeps_nested_structure() -> None:
         "pair": Pair(rows, [rows + 1, SampleList(f"s{i}" for i in range(n))]),
     }
     seen = []
-    for batch in BatchIter(data, 5, seed=2):
+    for batch in BatchIter(data, batch_size=5, seed=2):
         assert set(batch) == {"x", "pair"}
         x, inner = batch["x"]
         index = batch["pair"].a
@@ -116,7 +117,7 @@ def test_batch_iter_keeps_bool_and_bfloat16_exactly() -> None:
     rows = torch.arange(n)
     flags = rows % 3 == 0
     half = (rows % 256).to(torch.bfloat16)  # integers up to 256 are exact in bfloat16
-    for index, f, h in BatchIter((rows, flags, half), 16, seed=9):
+    for index, f, h in BatchIter((rows, flags, half), batch_size=16, seed=9):
         assert f.dtype == torch.bool and h.dtype == torch.bfloat16
         assert torch.equal(f, index % 3 == 0)
         assert torch.equal(h, (index % 256).to(torch.bfloat16))
@@ -126,7 +127,7 @@ def test_iterators_index_on_each_tensors_device() -> None:
     """The meta device stands in for a GPU: indices go to each field's device, offsets to the data's."""
     rows = torch.arange(12)
     on_meta = torch.empty(12, 3, device="meta")
-    for index, meta in BatchIter((rows, on_meta), 5, seed=1):
+    for index, meta in BatchIter((rows, on_meta), batch_size=5, seed=1):
         assert index.device.type == "cpu" and meta.device.type == "meta" and meta.shape == (len(index), 3)
     for (meta, index), offsets in GroupBatchIter((on_meta, rows), [0, 4, 12], groups_per_batch=1, seed=1):
         assert meta.device.type == offsets.device.type == "meta" and index.device.type == "cpu"
@@ -135,21 +136,21 @@ def test_iterators_index_on_each_tensors_device() -> None:
 
 def test_batch_iter_rejects_bad_data_and_arguments() -> None:
     with pytest.raises(ValueError, match=r"data\[0\] has 10 rows but data\[1\]\['y'\] has 9"):
-        BatchIter((torch.zeros(10), {"y": torch.zeros(9)}), 2)
+        BatchIter((torch.zeros(10), {"y": torch.zeros(9)}), batch_size=2)
     with pytest.raises(ValueError, match="0-d tensor"):
-        BatchIter((torch.zeros(10), torch.tensor(1.0)), 2)
+        BatchIter((torch.zeros(10), torch.tensor(1.0)), batch_size=2)
     with pytest.raises(TypeError, match=r"data\[1\] is a ndarray.*torch.as_tensor"):
-        BatchIter((torch.zeros(3), np.zeros(3)), 2)
+        BatchIter((torch.zeros(3), np.zeros(3)), batch_size=2)
     with pytest.raises(TypeError, match=r"data\[0\] is a str.*SampleList"):
-        BatchIter(["a", "b"], 2)
+        BatchIter(["a", "b"], batch_size=2)
     with pytest.raises(ValueError, match="holds no tensors"):
-        BatchIter({}, 2)
+        BatchIter({}, batch_size=2)
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
-        BatchIter(torch.zeros(3), 0)
+        BatchIter(torch.zeros(3), batch_size=0)
     with pytest.raises(ValueError, match="seed must be an int >= 0"):
-        BatchIter(torch.zeros(3), 2, seed=-1)
+        BatchIter(torch.zeros(3), batch_size=2, seed=-1)
     with pytest.raises(ValueError, match="epoch must be an int >= 0"):
-        BatchIter(torch.zeros(3), 2).set_epoch(-1)
+        BatchIter(torch.zeros(3), batch_size=2).set_epoch(-1)
 
 
 # -- GroupBatchIter ----------------------------------------------------------------------------------------
@@ -577,7 +578,7 @@ def test_load_then_batch(make_record: Callable[..., str]) -> None:
     path = make_record([_mixed(i) for i in range(30)], schema=_VARIABLE)
     data = load(path)
     seen = []
-    for batch in BatchIter(data, 7, seed=3):
+    for batch in BatchIter(data, batch_size=7, seed=3):
         labels = batch["label"].tolist()
         assert batch["name"] == [f"n{i}" for i in labels]
         assert all(torch.equal(t, torch.arange(i % 5)) for t, i in zip(batch["tokens"], labels))
@@ -685,3 +686,58 @@ def test_loaded_columns_own_their_memory(tmp_path: Any) -> None:
     assert [int(v) for v in x[:, 0, 0, 0]] == list(range(50))
     assert y.tolist() == [float(i) for i in range(50)]
     del big
+
+
+# -- resume: state_dict / load_state_dict --------------------------------------------------------
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batch_iter_state_mid_epoch_gives_exactly_the_rest(drop_last: bool) -> None:
+    rows = torch.arange(103)
+    it = BatchIter((rows,), batch_size=10, seed=4, drop_last=drop_last)
+    it.set_epoch(2)
+    whole = [b[0].tolist() for b in it]
+    stream = iter(it)
+    head = [next(stream)[0].tolist() for _ in range(4)]
+    state = json.loads(json.dumps(it.state_dict()))
+    assert state["epoch"] == 2 and state["yielded"] == 4
+    fresh = BatchIter((rows,), batch_size=10, seed=4, drop_last=drop_last)
+    fresh.load_state_dict(state)
+    rest = [b[0].tolist() for b in fresh]
+    assert head + rest == whole and fresh.epoch == 2
+    assert [b[0].tolist() for b in fresh] == whole  # the resume point is used once: the next pass is whole
+
+
+def test_batch_iter_refuses_a_state_that_does_not_fit() -> None:
+    it = BatchIter(torch.arange(50), batch_size=10, seed=1)
+    state = it.state_dict()
+    for other, match in (
+        (BatchIter(torch.arange(50), batch_size=5, seed=1), "batch_size=10"),
+        (BatchIter(torch.arange(50), batch_size=10, seed=2), "seed=1"),
+        (BatchIter(torch.arange(60), batch_size=10, seed=1), "rows=50"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            other.load_state_dict(state)
+    with pytest.raises(ValueError, match="upgrade torchrecord"):
+        it.load_state_dict({**state, "version": 99})
+    with pytest.raises(ValueError, match=r"not a torchrecord\.BatchIter state"):
+        it.load_state_dict({**state, "kind": "torchrecord.GroupBatchIter"})
+    with pytest.raises(ValueError, match="past the epoch"):
+        it.load_state_dict({**state, "yielded": 6})
+
+
+def test_group_batch_iter_state_mid_epoch_gives_exactly_the_rest() -> None:
+    rows = torch.arange(40)
+    groups = torch.tensor([0, 3, 5, 9, 10, 17, 20, 26, 33, 40])
+    it = GroupBatchIter((rows,), groups, max_samples=8, seed=3)
+    it.set_epoch(1)
+    whole = [(b[0].tolist(), o.tolist()) for b, o in it]
+    stream = iter(it)
+    head = [next(stream) for _ in range(2)]
+    state = json.loads(json.dumps(it.state_dict()))
+    fresh = GroupBatchIter((rows,), groups, max_samples=8, seed=3)
+    fresh.load_state_dict(state)
+    rest = [(b[0].tolist(), o.tolist()) for b, o in fresh]
+    assert [(b[0].tolist(), o.tolist()) for b, o in head] + rest == whole
+    with pytest.raises(ValueError, match="groups_per_batch"):
+        GroupBatchIter((rows,), groups, groups_per_batch=2, seed=3).load_state_dict(state)

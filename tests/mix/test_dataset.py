@@ -89,7 +89,7 @@ def test_all_once_gives_every_sample_once_over_two_ranks(sets: list[str], worker
     seen: list[int] = []
     per_rank = []
     for rank in range(2):
-        ds = MixedDataset(sets, rank=rank, world_size=2, batch_size=batch_size, block=4, shuffle_buffer=32)
+        ds = MixedDataset(sets, rank=rank, world_size=2, batch_size=batch_size, draw_size=4, shuffle_buffer=32)
         ds.set_epoch(1)
         loader: Any = (
             ds if workers == 0 else DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork")
@@ -102,7 +102,7 @@ def test_all_once_gives_every_sample_once_over_two_ranks(sets: list[str], worker
 
 
 def test_samples_come_back_as_written(sets: list[str]) -> None:
-    for image, label in MixedDataset(sets, block=4, shuffle_buffer=32):
+    for image, label in MixedDataset(sets, draw_size=4, shuffle_buffer=32):
         assert isinstance(image, torch.Tensor) and image.shape == (3, 4, 4) and image.dtype == torch.uint8
         assert isinstance(label, int) and (image == label // 10_000).all()
 
@@ -116,7 +116,7 @@ def test_bytes_fields_are_decoded_after_the_mix(text_sets: list[str]) -> None:
             return super().decode(value, record)
 
     sources = [Counting(p) for p in text_sets]
-    ds = MixedDataset(sources, batch_size=5, block=4, shuffle_buffer=40)
+    ds = MixedDataset(sources, batch_size=5, draw_size=4, shuffle_buffer=40)
     it = iter(ds)
     batch = next(it)
     assert sorted(batch) == ["label", "text"] and len(batch["text"]) == 5
@@ -137,7 +137,7 @@ def test_transform_runs_after_the_mix_on_handed_out_samples_only(sets: list[str]
         calls.append(sample[1])
         return sample[0].float() / 255, sample[1]
 
-    ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=64, transform=transform)
+    ds = MixedDataset(sets, batch_size=8, draw_size=4, shuffle_buffer=64, transform=transform)
     images, labels = next(iter(ds))
     assert images.dtype == torch.float32 and images.shape == (8, 3, 4, 4)
     assert calls == labels.tolist()
@@ -147,7 +147,7 @@ def test_drop_last_gives_every_rank_the_same_full_batches(sets: list[str]) -> No
     per_rank = []
     seen: list[int] = []
     for rank in range(2):
-        ds = MixedDataset(sets, rank=rank, world_size=2, batch_size=8, block=4, drop_last=True)
+        ds = MixedDataset(sets, rank=rank, world_size=2, batch_size=8, draw_size=4, drop_last=True)
         batches = [_labels(b) for b in ds]
         assert all(len(b) == 8 for b in batches) and len(batches) == len(ds)
         per_rank.append(len(batches))
@@ -157,7 +157,7 @@ def test_drop_last_gives_every_rank_the_same_full_batches(sets: list[str]) -> No
 
 
 def test_persistent_workers_follow_set_epoch(sets: list[str]) -> None:
-    ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=32)
+    ds = MixedDataset(sets, batch_size=8, draw_size=4, shuffle_buffer=32)
     loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
     epochs = []
     for epoch in range(2):
@@ -184,7 +184,7 @@ class Broken(FileSource):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["exact", "ready"])
 def test_a_failing_source_raises_its_error(sets: list[str], policy: str) -> None:
-    ds = MixedDataset([*sets[:3], Broken(sets[3])], batch_size=8, block=4, policy=policy)
+    ds = MixedDataset([*sets[:3], Broken(sets[3])], batch_size=8, draw_size=4, policy=policy)
     with pytest.raises(OSError, match="the disk went away"):
         list(ds)
 
@@ -193,7 +193,7 @@ def test_a_failing_source_raises_its_error(sets: list[str], policy: str) -> None
 
 
 def test_weights_and_epoch_size_give_exact_counts_per_source(sets: list[str]) -> None:
-    ds = MixedDataset(sets, weights=[1, 0, 2, 1], epoch_size=200, block=4, batch_size=16, tag_source=True)
+    ds = MixedDataset(sets, weights=[1, 0, 2, 1], epoch_size=200, draw_size=4, batch_size=16, tag_source=True)
     assert ds.counts == [50, 0, 100, 50]
     sources = [s for _, tag in ds for s in tag.tolist()]
     assert Counter(sources) == {0: 50, 2: 100, 3: 50}
@@ -204,7 +204,7 @@ def test_weights_and_epoch_size_give_exact_counts_per_source(sets: list[str]) ->
 
 def test_sources_continue_and_wrap_across_mix_epochs(sets: list[str]) -> None:
     # per mix epoch: source 0 (37) gives 20 samples, source 3 (150) gives 200
-    ds = MixedDataset({"a": sets[0], "d": sets[3]}, weights={"a": 1, "d": 10}, epoch_size=220, block=4)
+    ds = MixedDataset({"a": sets[0], "d": sets[3]}, weights={"a": 1, "d": 10}, epoch_size=220, draw_size=4)
     assert ds.counts == [20, 200]
     epochs = []
     for epoch in range(2):
@@ -218,10 +218,10 @@ def test_sources_continue_and_wrap_across_mix_epochs(sets: list[str]) -> None:
 
 
 def test_until_all_and_first_exhausted(sets: list[str]) -> None:
-    ds = MixedDataset(sets, weights="uniform", stop="until_all", block=4)
+    ds = MixedDataset(sets, weights="uniform", stop="until_all", draw_size=4)
     got = Counter(x // 10_000 for x in _epoch(ds))
     assert all(got[s] >= n for s, n in enumerate(SIZES))
-    ds = MixedDataset(sets, weights="uniform", stop="first_exhausted", block=4)
+    ds = MixedDataset(sets, weights="uniform", stop="first_exhausted", draw_size=4)
     got = Counter(x // 10_000 for x in _epoch(ds))
     assert got == {0: 37, 1: 37, 2: 37, 3: 37}
 
@@ -231,7 +231,7 @@ def test_until_all_and_first_exhausted(sets: list[str]) -> None:
 
 def test_exact_policy_is_reproducible_across_runs_and_start_methods(sets: list[str]) -> None:
     def run(context: str | None) -> list[list[int]]:
-        ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=32, seed=5)
+        ds = MixedDataset(sets, batch_size=8, draw_size=4, shuffle_buffer=32, seed=5)
         ds.set_epoch(2)
         if context is None:
             return [_labels(b) for b in ds]
@@ -244,13 +244,13 @@ def test_exact_policy_is_reproducible_across_runs_and_start_methods(sets: list[s
     single = run(None)
     assert sorted(x for b in single for x in b) == sorted(x for b in first for x in b)
     assert single == run(None)
-    other = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=32, seed=5)
+    other = MixedDataset(sets, batch_size=8, draw_size=4, shuffle_buffer=32, seed=5)
     other.set_epoch(3)
     assert [_labels(b) for b in other] != single
 
 
 def test_batches_mix_sources(sets: list[str]) -> None:
-    ds = MixedDataset(sets, batch_size=32, block=4, shuffle_buffer=128, tag_source=True)
+    ds = MixedDataset(sets, batch_size=32, draw_size=4, shuffle_buffer=128, tag_source=True)
     mixed = [len(set(tag.tolist())) for _, tag in ds]
     assert max(mixed) >= 3
 
@@ -275,7 +275,7 @@ class Gated(FileSource):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("batch_size", [None, 8])
 def test_ready_policy_keeps_going_while_a_source_is_gated(sets: list[str], batch_size: int | None) -> None:
-    kw: dict[str, Any] = dict(batch_size=batch_size, block=4, shuffle_buffer=16, max_defer=40, seed=1)
+    kw: dict[str, Any] = dict(batch_size=batch_size, draw_size=4, shuffle_buffer=16, max_defer=40, seed=1)
     expected = Counter(_epoch(MixedDataset(sets, **kw)))
     gate = threading.Event()
     gated = Gated(sets[3], gate)
@@ -307,7 +307,7 @@ def test_ready_policy_keeps_going_while_a_source_is_gated(sets: list[str], batch
 @pytest.mark.timeout(120)
 def test_ready_policy_moves_a_draw_less_than_max_defer_places(sets: list[str]) -> None:
     # one-sample draws and windows, so the order handed out is the order of placement
-    kw: dict[str, Any] = dict(block=1, shuffle_buffer=0, batch_size=1, max_defer=20)
+    kw: dict[str, Any] = dict(draw_size=1, shuffle_buffer=0, batch_size=1, max_defer=20)
     gate = threading.Event()
     ds = MixedDataset([*sets[:3], Gated(sets[3], gate)], policy="ready", **kw)
     plan = ds.plan()
@@ -333,7 +333,7 @@ def test_ready_policy_moves_a_draw_less_than_max_defer_places(sets: list[str]) -
 
 
 def test_ready_policy_without_stalls_gives_the_planned_samples(sets: list[str]) -> None:
-    kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=32)
+    kw: dict[str, Any] = dict(batch_size=8, draw_size=4, shuffle_buffer=32)
     exact = _epoch(MixedDataset(sets, **kw))
     loader = DataLoader(
         MixedDataset(sets, policy="ready", **kw), batch_size=None, num_workers=2, multiprocessing_context="fork"
@@ -372,13 +372,15 @@ def _run_and_resume(sets: list[str], workers: int, stop: int, **kw: Any) -> tupl
 @pytest.mark.parametrize("batch_size", [None, 8])
 @pytest.mark.parametrize("stop", [1, 5, 19])
 def test_exact_resume_continues_identically(sets: list[str], workers: int, batch_size: int | None, stop: int) -> None:
-    full, before, after = _run_and_resume(sets, workers, stop, batch_size=batch_size, block=4, shuffle_buffer=32)
+    full, before, after = _run_and_resume(sets, workers, stop, batch_size=batch_size, draw_size=4, shuffle_buffer=32)
     assert before + after == full
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ready_resume_hands_out_every_sample_exactly_once(sets: list[str], workers: int) -> None:
-    full, before, after = _run_and_resume(sets, workers, 7, batch_size=8, block=4, shuffle_buffer=32, policy="ready")
+    full, before, after = _run_and_resume(
+        sets, workers, 7, batch_size=8, draw_size=4, shuffle_buffer=32, policy="ready"
+    )
     done = [x for b in before + after for x in b]
     assert sorted(done) == sorted(x for b in full for x in b)
     assert_exactly_once(_as_index(done), TOTAL)
@@ -389,7 +391,7 @@ def test_ready_resume_hands_out_every_sample_exactly_once(sets: list[str], worke
 def test_elastic_resume_every_sample_once(
     sets: list[str], old: tuple[int, int], new: tuple[int, int], policy: str
 ) -> None:
-    kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=32, policy=policy)
+    kw: dict[str, Any] = dict(batch_size=8, draw_size=4, shuffle_buffer=32, policy=policy)
     (world, workers), (new_world, new_workers) = old, new
     before: list[int] = []
     states = []
@@ -421,7 +423,7 @@ def test_elastic_resume_every_sample_once(
 
 
 def test_elastic_resume_twice_in_one_epoch(sets: list[str]) -> None:
-    kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=32)
+    kw: dict[str, Any] = dict(batch_size=8, draw_size=4, shuffle_buffer=32)
     seen: list[int] = []
     position: Any = None
     for world in (2, 3, 1):
@@ -445,20 +447,20 @@ def test_elastic_resume_twice_in_one_epoch(sets: list[str]) -> None:
 def test_state_is_small_plain_and_checked(sets: list[str], tmp_path: Path) -> None:
     # policy="exact": the "ready" policy's state also lists the blocks it took out of plan order,
     # which depends on timing (1,244 bytes seen on a loaded machine); see the closing note of issue 15
-    ds = MixedDataset(sets, batch_size=8, block=4, policy="exact")
+    ds = MixedDataset(sets, batch_size=8, draw_size=4, policy="exact")
     it = iter(ds)
     next(it)
     state = ds.state_dict()
     assert len(json.dumps(state)) < 1024
     assert state["kind"] == "torchrecord.MixedDataset" and state["set_id"].startswith("mix-")
-    other = MixedDataset(sets[:3], batch_size=8, block=4)
+    other = MixedDataset(sets[:3], batch_size=8, draw_size=4)
     with pytest.raises(ValueError, match="another record set"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="upgrade torchrecord"):
         ds.load_state_dict({**state, "version": 99})
     with pytest.raises(ValueError, match=r"set_epoch\(4\)"):
         ds.load_state_dict({**state, "epoch": 4})
-    reweighted = MixedDataset(sets, weights="uniform", batch_size=8, block=4)
+    reweighted = MixedDataset(sets, weights="uniform", batch_size=8, draw_size=4)
     with pytest.raises(ValueError, match="counts="):
         reweighted.load_state_dict(state)
     with pytest.raises(ValueError, match="rank 0, worker 1"):
@@ -484,7 +486,7 @@ def test_schema_mismatch_names_both_files_and_the_field(sets: list[str], tmp_pat
 def test_sizes_that_differ_become_variable(sets: list[str], tmp_path: Path) -> None:
     bigger = tmp_path / "bigger.tr"
     write_record([(torch.full((3, 8, 8), 9, dtype=torch.uint8), 90_000 + i) for i in range(6)], bigger, progress=False)
-    ds = MixedDataset([sets[0], str(bigger)], batch_size=5, block=2)
+    ds = MixedDataset([sets[0], str(bigger)], batch_size=5, draw_size=2)
     batches = list(ds)
     images = [im for b in batches for im in b[0]]
     assert sorted(tuple(im.shape) for im in images) == [(3, 4, 4)] * 37 + [(3, 8, 8)] * 6
@@ -495,8 +497,8 @@ def test_arguments_are_checked(sets: list[str]) -> None:
         MixedDataset(sets, policy="fast")
     with pytest.raises(ValueError, match="stop must be"):
         MixedDataset(sets, stop="forever")
-    with pytest.raises(ValueError, match="block"):
-        MixedDataset(sets, block=0)
+    with pytest.raises(ValueError, match="draw_size"):
+        MixedDataset(sets, draw_size=0)
     with pytest.raises(ValueError, match="sources is empty"):
         MixedDataset([])
 
@@ -507,7 +509,7 @@ def test_forty_sources_open_at_once(tmp_path: Path) -> None:
         path = tmp_path / f"m{s}.tr"
         write_record([(np.full(2, s, np.int16), s * 1000 + i) for i in range(3 + s % 5)], path, progress=False)
         paths.append(str(path))
-    ds = MixedDataset(paths, batch_size=16, block=2, policy="ready")
+    ds = MixedDataset(paths, batch_size=16, draw_size=2, policy="ready")
     labels = _epoch(ds)
     assert sorted(labels) == sorted(s * 1000 + i for s in range(40) for i in range(3 + s % 5))
     stats = ds.stats()
@@ -536,7 +538,7 @@ def test_window_targets_ramp_up_from_one_step_to_the_window() -> None:
 
 
 def test_windows_follow_the_ramp_up(sets: list[str]) -> None:
-    ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=64)
+    ds = MixedDataset(sets, batch_size=8, draw_size=4, shuffle_buffer=64)
     plan_units = reader_units(ds.plan())
     sizes: dict[int, int] = {}
     for _ in ds:
@@ -567,7 +569,7 @@ def test_the_first_batch_needs_only_the_first_window(sets: list[str]) -> None:
                 gate.wait()
             return super().read(runs, columns)
 
-    ds = MixedDataset([SecondReadGated(p) for p in sets], batch_size=8, block=4, shuffle_buffer=64, seed=3)
+    ds = MixedDataset([SecondReadGated(p) for p in sets], batch_size=8, draw_size=4, shuffle_buffer=64, seed=3)
     first_units = ds.plan().source[:2].tolist()
     assert len(set(first_units)) == 2, "the test needs the first two draws from two sources"
     it = iter(ds)
@@ -583,7 +585,7 @@ def test_the_first_batch_needs_only_the_first_window(sets: list[str]) -> None:
 def test_each_batch_waits_for_about_one_batch_of_draws(sets: list[str]) -> None:
     # the next window is filled while the current one is handed out, so between two batches the mixer takes
     # about a batch of samples from the read-ahead (a whole window at once before)
-    ds = MixedDataset(sets, batch_size=8, block=4, shuffle_buffer=64)
+    ds = MixedDataset(sets, batch_size=8, draw_size=4, shuffle_buffer=64)
     it = iter(ds)
     taken = []
     for _ in it:
@@ -596,7 +598,7 @@ def test_each_batch_waits_for_about_one_batch_of_draws(sets: list[str]) -> None:
 @pytest.mark.parametrize("policy", ["exact", "ready"])
 @pytest.mark.parametrize("stop", [1, 2, 3, 6, 11])
 def test_resume_in_the_middle_of_the_ramp_up(sets: list[str], policy: str, stop: int) -> None:
-    kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=128, policy=policy, seed=2)
+    kw: dict[str, Any] = dict(batch_size=8, draw_size=4, shuffle_buffer=128, policy=policy, seed=2)
     full = [_labels(b) for b in MixedDataset(sets, **kw)]
     ds = MixedDataset(sets, **kw)
     it = iter(ds)
@@ -618,7 +620,7 @@ def test_more_stalled_sources_than_read_slots_do_not_stop_the_others(sets: list[
     # three sources stalled at once (the read-ahead runs two reads at a time): a stalled read stops counting
     # after its lease, so the fourth source is still read
     gate = threading.Event()
-    kw: dict[str, Any] = dict(batch_size=8, block=4, shuffle_buffer=16, max_defer=1000)
+    kw: dict[str, Any] = dict(batch_size=8, draw_size=4, shuffle_buffer=16, max_defer=1000)
     ds = MixedDataset([*(Gated(p, gate) for p in sets[:3]), sets[3]], policy="ready", **kw)
     it = iter(ds)
     try:
@@ -628,3 +630,114 @@ def test_more_stalled_sources_than_read_slots_do_not_stop_the_others(sets: list[
         gate.set()
     after = [_labels(b) for b in it]
     assert_exactly_once(_as_index([x for b in before + after for x in b]), TOTAL)
+
+
+# -- one reader contract: collation, len(loader), shuffle, fresh epochs ------------------------------
+
+
+@pytest.fixture(scope="module")
+def ragged_set(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A set with a variable-shape field: its batches hold a list, not a stacked tensor."""
+    path = tmp_path_factory.mktemp("ragged") / "ragged.tr"
+    samples = [{"points": torch.arange(i % 5 + 1, dtype=torch.float32), "label": i} for i in range(40)]
+    write_record(samples, path, shuffle=False, progress=False, schema={"points": [None]})
+    return str(path)
+
+
+@pytest.mark.parametrize("transform", [None, lambda s: {**s, "twice": s["label"] * 2}])
+def test_mixed_batches_collate_as_record_dataset_batches(ragged_set: str, transform: Any) -> None:
+    """One source, no shuffling: MixedDataset's batches are RecordDataset's, variable-shape field included."""
+    from torchrecord import RecordDataset
+
+    reference = list(RecordDataset(ragged_set, shuffle=False, batch_size=4, transform=transform))
+    mixed = list(MixedDataset([ragged_set], shuffle=False, batch_size=4, transform=transform, draw_size=40))
+    assert len(mixed) == len(reference) == 10
+    for a, b in zip(mixed, reference):
+        assert isinstance(a["points"], list) and isinstance(b["points"], list)  # not default_collate's error
+        assert [p.tolist() for p in a["points"]] == [p.tolist() for p in b["points"]]
+        assert torch.equal(a["label"], b["label"])
+        assert a.keys() == b.keys()
+        if transform is not None:
+            assert torch.equal(a["twice"], b["twice"])
+
+
+def test_mixed_collate_fn_and_batch_transform(ragged_set: str) -> None:
+    ds = MixedDataset(
+        [ragged_set],
+        batch_size=4,
+        collate_fn=lambda samples: [s["label"] for s in samples],
+        batch_transform=lambda batch: sum(batch),
+    )
+    assert sum(ds) == sum(range(40))
+    with pytest.raises(ValueError, match="collate_fn is for batch mode"):
+        MixedDataset([ragged_set], collate_fn=list)
+
+
+@pytest.mark.parametrize(("loader_batch", "loader_batch_size"), [(8, None), (7, 7), (16, None)])
+def test_mixed_len_loader_is_exact_per_sample_with_workers(
+    sets: list[str], loader_batch: int, loader_batch_size: int | None
+) -> None:
+    """Per-sample mode with workers: worker shares are cut on whole loader batches, as in RecordDataset."""
+    ds = MixedDataset(sets, epoch_size=229, draw_size=4, shuffle_buffer=32, loader_batch_size=loader_batch_size)
+    loader = DataLoader(ds, batch_size=loader_batch, num_workers=2)
+    promised = ds.check_loader(loader)
+    batches = list(loader)
+    assert len(batches) == promised == len(loader) == -(-229 // loader_batch)
+    assert sum(len(b[1]) for b in batches) == 229
+
+
+def test_mixed_check_loader_refuses_a_loader_that_miscounts(sets: list[str]) -> None:
+    ds = MixedDataset(sets, epoch_size=229, draw_size=4, shuffle_buffer=32)
+    loader = DataLoader(ds, batch_size=7, num_workers=2)  # 7 divides no power-of-two unit
+    with pytest.raises(ValueError, match=r"MixedDataset\(\.\.\., loader_batch_size=7\)"):
+        ds.check_loader(loader)
+    with pytest.warns(UserWarning, match="loader_batch_size=7"):
+        len(loader)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        batched = MixedDataset(sets, batch_size=8)
+        batched.check_loader(DataLoader(batched, batch_size=8))
+
+
+def test_mixed_shuffle_false_keeps_each_window_in_draw_order(sets: list[str]) -> None:
+    """shuffle=False: no permutation within windows: one reader hands out its draws' samples in plan order."""
+    kw: dict[str, Any] = dict(epoch_size=200, draw_size=4, shuffle_buffer=32, batch_size=8, seed=3)
+    ds = MixedDataset(sets, shuffle=False, **kw)
+    plain = _epoch(ds)
+    shuffled = _epoch(MixedDataset(sets, **kw))
+    assert sorted(plain) == sorted(shuffled) and plain != shuffled  # the same samples, another order
+    files = [RecordFile(p) for p in sets]
+    units = reader_units(ds.plan(), batch_size=8)
+    planned = []
+    for s, lo, n in zip(units.source.tolist(), units.stream.tolist(), units.length.tolist()):
+        info = ds.infos[s]
+        block = order_block(info.count, 4, info.samples_per_record)
+        for a, b in stream_runs(info.count, block, source_seed(3, s), lo, lo + n):
+            planned += [int(files[s][i][1]) for i in range(a, b)]
+    assert plain == planned
+
+
+def test_a_fresh_epoch_does_not_go_through_resume_code(sets: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchrecord._mix.dataset as mix_dataset
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a fresh epoch went through the resume module")
+
+    monkeypatch.setattr(mix_dataset, "reader_units_of", refuse)
+    ds = MixedDataset(sets, batch_size=8, draw_size=4)
+    assert sorted(_epoch(ds)) == sorted(LABELS)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    resumed = MixedDataset(sets, batch_size=8, draw_size=4)
+    resumed.load_state_dict(state)
+    with pytest.raises(AssertionError, match="resume module"):
+        next(iter(resumed))  # a loaded state does take the resume path
+
+
+def test_old_state_with_block_is_refused_clearly(sets: list[str]) -> None:
+    ds = MixedDataset(sets, batch_size=8, draw_size=4)
+    state = ds.state_dict()
+    old = {k: v for k, v in state.items() if k != "draw_size"}
+    old["block"] = 4
+    with pytest.raises(ValueError, match=r"older torchrecord.*'block', now 'draw_size'"):
+        ds.load_state_dict(old)

@@ -1,5 +1,5 @@
 """Issue 20, finding 2: a duplicated leaf page or a misdirected node pointer in the records database
-never makes a reader duplicate or skip samples silently (verify=False, the default).
+never makes a reader duplicate or skip samples silently (without check="checksums", the default).
 
 Before the bulk key check, ``RecordDataset`` yielded 400 samples of which 387 were distinct, every
 epoch, also through DataLoader workers. Each read path runs in a forked child (a damaged file must not

@@ -4,7 +4,7 @@
   refused as a FormatError and never run; no read path can unpickle.
 * Integrity: ``verify`` finds bytes flipped inside the data file and records
   rewritten with raw LMDB, naming the first bad index and counting the bad ones;
-  ``RecordDataset(verify=True)`` stops at the first bad record.
+  ``RecordDataset(check="checksums")`` stops at the first bad record.
 * Damaged files (truncated, empty, not LMDB, no metadata, newer format,
   unfinished) raise a torchrecord error naming the path and saying what to do,
   never SIGBUS or a raw LMDB/struct error.
@@ -92,7 +92,7 @@ def read_everything(path: Path) -> list[tuple[str, str, str]]:
         "RecordFile iteration": lambda: list(torchrecord.RecordFile(path)),
         "RecordDataset": lambda: list(torchrecord.RecordDataset(path, shuffle=False)),
         "RecordDataset batches": lambda: list(torchrecord.RecordDataset(path, shuffle=False, batch_size=8)),
-        "RecordDataset verify": lambda: list(torchrecord.RecordDataset(path, verify=True, batch_size=8)),
+        "RecordDataset verify": lambda: list(torchrecord.RecordDataset(path, check="checksums", batch_size=8)),
     }
     raised = []
     for way, read in ways.items():
@@ -239,11 +239,32 @@ def test_verify_finds_bytes_flipped_in_the_data_file(tmp_path: Path) -> None:
     assert [i for i, _ in report.errors] == bad
     assert all("CRC-32" in m and str(path) in m for _, m in report.errors)
     for loader in (
-        torchrecord.RecordDataset(path, shuffle=False, verify=True),
-        torchrecord.RecordDataset(path, shuffle=False, verify=True, batch_size=16),
+        torchrecord.RecordDataset(path, shuffle=False, check="checksums"),
+        torchrecord.RecordDataset(path, shuffle=False, check="checksums", batch_size=16),
     ):
         with pytest.raises(ChecksumError, match=rf"{path}: record 7\b"):
             list(loader)
+
+
+def test_check_checksums_catches_a_corrupted_crc_on_every_reader(tmp_path: Path) -> None:
+    """check="checksums" (was verify=True) and "full" raise ChecksumError on a record whose bytes no longer
+    match their CRC-32, on RecordFile and the readers; without a check the flipped bytes are read."""
+    path = write(tmp_path / "set.tr", n=120, offset=1000)
+    value = encoded(1000 + 33)
+    _flip_in_file(path, value, len(value) // 2)  # inside the image's raw bytes: decodes fine
+    assert len(list(torchrecord.RecordFile(path))) == 120  # trusted: read as it is
+    readers: list[Callable[[str | None], Any]] = [
+        lambda check: torchrecord.RecordFile(path, check=check)[33],
+        lambda check: list(torchrecord.RecordFile(path, check=check)),
+        lambda check: torchrecord.RecordFile(path, check=check)[30:40],
+        lambda check: list(torchrecord.RecordDataset(path, check=check, batch_size=16)),
+        lambda check: list(torchrecord.MixedDataset([path], check=check, batch_size=16)),
+    ]
+    for read in readers:
+        read(None)
+        for check in ("checksums", "full"):
+            with pytest.raises(ChecksumError, match=rf"{path}: record 33\b"):
+                read(check)
 
 
 def test_verify_finds_a_flipped_header_byte(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def demo_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 def oracle(hdf5: str, **kw: Any) -> Any:
     """robomimic's SequenceDataset, quietly (it prints while caching)."""
-    cache = kw.pop("cache")
+    cache = kw.pop("frame_cache")
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return robomimic_dataset.SequenceDataset(hdf5, hdf5_cache_mode=cache, **kw)
 
@@ -104,7 +104,7 @@ def _params(
         pad_seq_length=psl,
         get_pad_mask=mask,
         goal_mode=goal,
-        cache=cache,
+        frame_cache=cache,
         filter_by_attribute=filt,
         load_next_obs=nxt,
     )
@@ -166,7 +166,7 @@ def test_too_short_demo_names_demo_and_minimum(demo_set: tuple[str, str]) -> Non
         )
     # robomimic builds this one and fails at the demo's first item: refused up front
     with pytest.raises(ValueError, match=r"'demo_10' has 5 frames.*at least 6"):
-        SequenceDataset(path, OBS_KEYS, DATASET_KEYS, frame_stack=6, pad_frame_stack=False, cache=None)
+        SequenceDataset(path, OBS_KEYS, DATASET_KEYS, frame_stack=6, pad_frame_stack=False, frame_cache=None)
 
 
 @pytest.mark.parametrize(
@@ -176,12 +176,12 @@ def test_too_short_demo_names_demo_and_minimum(demo_set: tuple[str, str]) -> Non
         ({"seq_length": 0}, "seq_length"),
         ({"goal_mode": "first"}, "goal_mode"),
         ({"goal_mode": "last", "load_next_obs": False}, "load_next_obs"),
-        ({"cache": "some"}, "cache"),
+        ({"frame_cache": "some"}, "frame_cache"),
         ({"filter_by_attribute": "nope"}, "nope"),
         ({"obs_keys": ["pos", "nope"]}, "nope"),
         ({"dataset_keys": ["states"]}, "states"),
         ({"hdf5_normalize_obs": True}, "normalize"),
-        ({"cache": None, "hdf5_cache_mode": "all"}, "disagree"),
+        ({"frame_cache": None, "hdf5_cache_mode": "all"}, "disagree"),
     ],
 )
 def test_refused_parameters(demo_set: tuple[str, str], kw: dict[str, Any], match: str) -> None:
@@ -192,18 +192,18 @@ def test_refused_parameters(demo_set: tuple[str, str], kw: dict[str, Any], match
 
 def test_hdf5_cache_mode_is_an_alias(demo_set: tuple[str, str]) -> None:
     ds = SequenceDataset(demo_set[1], OBS_KEYS, DATASET_KEYS, hdf5_cache_mode=None)
-    assert ds.cache is None and ds[0]["actions"].dtype == np.float64
+    assert ds.frame_cache is None and ds[0]["actions"].dtype == np.float64
     assert SequenceDataset(demo_set[1], OBS_KEYS, DATASET_KEYS)[0]["actions"].dtype == np.float32
 
 
 def test_low_dim_cache_holds_low_dim_keys_only(demo_set: tuple[str, str]) -> None:
-    ds = SequenceDataset(demo_set[1], OBS_KEYS, DATASET_KEYS, cache="low_dim")
+    ds = SequenceDataset(demo_set[1], OBS_KEYS, DATASET_KEYS, frame_cache="low_dim")
     store = ds.core.store
     assert set(store.cached) == {"obs.pos", "obs.eef", *DATASET_KEYS}
     assert set(ds.core.file_fields) == {f"obs.{k}" for k in IMAGES}
     frames = sum(LENGTHS) + len(LENGTHS)  # steps and tail frames, each once
     assert store.cache_bytes == frames * (3 * 8 + 2 * 4 + 4 * 4 + 4 + 4 + 2 * 4)
-    everything = SequenceDataset(demo_set[1], OBS_KEYS, DATASET_KEYS, cache="all")
+    everything = SequenceDataset(demo_set[1], OBS_KEYS, DATASET_KEYS, frame_cache="all")
     assert everything.core.file_fields == []
     assert everything.core.store.cache_bytes == frames * (3 * 8 + 2 * 4 + 90 + 64 + 4 * 4 + 4 + 4 + 2 * 4)
 

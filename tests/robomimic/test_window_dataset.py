@@ -80,8 +80,8 @@ def _get(item: dict[str, Any], path: str) -> np.ndarray:
 
 PARAMS = [
     {"frame_stack": 2, "seq_length": 4, "get_pad_mask": True, "goal_mode": "last"},
-    {"frame_stack": 1, "seq_length": 5, "pad_seq_length": False, "cache": None},
-    {"frame_stack": 3, "seq_length": 1, "pad_frame_stack": False, "cache": "all", "filter_by_attribute": "train"},
+    {"frame_stack": 1, "seq_length": 5, "pad_seq_length": False, "frame_cache": None},
+    {"frame_stack": 3, "seq_length": 1, "pad_frame_stack": False, "frame_cache": "all", "filter_by_attribute": "train"},
 ]
 
 
@@ -169,24 +169,26 @@ def test_each_frame_read_once_per_buffer(demo_set: str) -> None:
     """cache=None, seq_length 10: about one read per frame, not one per window it appears in."""
     frames = sum(LENGTHS) + len(LENGTHS)  # steps and tail records
     whole = WindowDataset(
-        demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, cache=None, batch_size=16, shuffle_buffer=10_000
+        demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, frame_cache=None, batch_size=16, shuffle_buffer=10_000
     )
     assert whole.records_read == 0
     windows = sum(b["actions"].shape[0] for b in whole)
     assert windows == sum(LENGTHS)
     assert whole.records_read == frames  # one buffer: every record exactly once
-    small = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, cache=None, batch_size=16, shuffle_buffer=64)
+    small = WindowDataset(
+        demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, frame_cache=None, batch_size=16, shuffle_buffer=64
+    )
     list(small)
     assert frames < small.records_read < 2 * frames < windows * 10 // 4
 
 
 def test_cache_all_reads_nothing_while_iterating(demo_set: str) -> None:
-    ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=5, cache="all", batch_size=16)
+    ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=5, frame_cache="all", batch_size=16)
     filled = ds.records_read
     assert filled == sum(LENGTHS) + len(LENGTHS)
     list(ds)
     assert ds.records_read == filled
-    low = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=5, cache="low_dim", batch_size=16)
+    low = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=5, frame_cache="low_dim", batch_size=16)
     assert low.core.file_fields == ["obs.cam"]
 
 
@@ -199,9 +201,9 @@ def test_batches_and_dtypes_per_cache_mode(demo_set: str) -> None:
             frame_stack=2,
             seq_length=4,
             get_pad_mask=True,
-            cache=cache,
+            frame_cache=cache,
             batch_size=8,
-            transform=lambda b: {**b, "seen": True},
+            batch_transform=lambda b: {**b, "seen": True},
         )
         batch = next(iter(ds))
         assert batch["seen"] is True
@@ -290,3 +292,33 @@ def test_resume_with_stateful_dataloader_workers(demo_set: str) -> None:
     resumed = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2)
     resumed.load_state_dict(saved)
     assert head + _fingerprints(resumed) == reference
+
+
+def test_transform_is_per_window_and_batch_transform_per_batch(demo_set: str) -> None:
+    kw: dict[str, Any] = dict(frame_stack=2, seq_length=4, batch_size=8, seed=2)
+    plain = list(WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, **kw))
+    seen: list[tuple[int, ...]] = []
+
+    def per_window(window: dict[str, Any]) -> dict[str, Any]:
+        seen.append(tuple(window["actions"].shape))
+        return {"actions": window["actions"] * 2, "steps": window["actions"].shape[0]}
+
+    windows = list(WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, transform=per_window, **kw))
+    assert seen and all(shape == (5, 4) for shape in seen)  # one window [T, ...] at a time
+    assert len(windows) == len(plain)
+    for a, b in zip(plain, windows):
+        assert torch.equal(b["actions"], a["actions"] * 2)  # collated back into [B, T, ...]
+        assert b["steps"].tolist() == [5] * len(a["actions"])
+    batched = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, batch_transform=lambda b: b["actions"].shape, **kw)
+    assert [shape for shape in batched] == [a["actions"].shape for a in plain]
+    collated = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, collate_fn=len, **kw)
+    assert list(collated) == [len(a["actions"]) for a in plain]
+    single = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, frame_stack=2, seq_length=4, transform=per_window)
+    first = next(iter(single))
+    assert first["actions"].shape == (5, 4) and first["steps"] == 5
+
+
+def test_window_len_loader_is_exact_per_sample_with_workers(demo_set: str) -> None:
+    ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=3, loader_batch_size=5)
+    loader = DataLoader(ds, batch_size=5, num_workers=2)
+    assert ds.check_loader(loader) == len(loader) == sum(1 for _ in loader)

@@ -168,7 +168,7 @@ def test_cli_info_head_and_verify_on_a_folder(tmp_path: Path, capsys: pytest.Cap
 def test_stream_dataset_over_a_sharded_set_says_it_has_no_groups(tmp_path: Path) -> None:
     folder = _shards(tmp_path / "shards")
     with pytest.raises(ValueError, match="has no groups"):
-        StreamDataset(folder, 2)
+        StreamDataset(folder, batch_size=2)
 
 
 def test_window_dataset_over_a_sharded_set_says_why_it_cannot(tmp_path: Path) -> None:

@@ -78,9 +78,9 @@ def test_a_good_file_reads_the_same_with_the_check(tmp_path: Path) -> None:
 def test_bad_check_values_are_refused(tmp_path: Path) -> None:
     path = write_set(tmp_path / "set.tr", n=10)
     for bad in ("Structure", "crc", True):
-        with pytest.raises(ValueError, match="check must be None or 'structure'"):
+        with pytest.raises(ValueError, match="check must be None, 'checksums', 'structure' or 'full'"):
             torchrecord.RecordFile(path, check=bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="check must be None or 'structure'"):
+        with pytest.raises(ValueError, match="check must be None, 'checksums', 'structure' or 'full'"):
             torchrecord.RecordDataset(path, check=bad)  # type: ignore[arg-type]
 
 

@@ -125,7 +125,7 @@ def test_non_canonical_records_read_the_same(make_record: Any) -> None:
     _rewrite(path, changes, fix_crc=True)
     rf = torchrecord.RecordFile(path)
     reference = {rf[i][1]: rf[i][0] for i in range(len(rf))}
-    ds = torchrecord.RecordDataset(path, batch_size=32, seed=3, verify=True)
+    ds = torchrecord.RecordDataset(path, batch_size=32, seed=3, check="checksums")
     labels, images = _labels_and_images(ds)
     assert_exactly_once(labels, 300)
     for label, image in zip(labels, images):
@@ -167,7 +167,7 @@ def test_verify_catches_a_flipped_payload_byte(make_record: Any, batch_size: int
     value[-20] ^= 0xFF  # inside the image payload: still decodes, checksum does not match
     _rewrite(path, {5: bytes(value)}, fix_crc=False)
     with pytest.raises(ChecksumError, match="record 5"):
-        list(torchrecord.RecordDataset(path, batch_size=batch_size, verify=True))
+        list(torchrecord.RecordDataset(path, batch_size=batch_size, check="checksums"))
     # without verify the damaged record is read as stored (that is what checksums are for)
     assert len(list(torchrecord.RecordDataset(path, batch_size=batch_size))) > 0
 
@@ -178,7 +178,7 @@ def test_generic_path_verify_catches_a_flipped_byte(make_record: Any) -> None:
     value[6] ^= 0x01  # inside the string
     _rewrite(path, {30: bytes(value)}, fix_crc=False)
     with pytest.raises(ChecksumError, match="record 30"):
-        list(torchrecord.RecordDataset(path, verify=True))
+        list(torchrecord.RecordDataset(path, check="checksums"))
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 16])

@@ -142,7 +142,7 @@ def _check_batches(batches: list[dict[str, Any]], steps: int) -> None:
 
 @pytest.mark.parametrize("steps", [1, 16])
 def test_batches_continue_streams(stream_set: str, steps: int) -> None:
-    ds = StreamDataset(stream_set, B, steps=steps, seed=2)
+    ds = StreamDataset(stream_set, batch_size=B, steps=steps, seed=2)
     batches = list(ds)
     assert len(batches) == len(ds)
     _check_batches(batches, steps)
@@ -153,7 +153,7 @@ def test_batches_continue_streams(stream_set: str, steps: int) -> None:
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 @pytest.mark.parametrize("steps", [1, 16])
 def test_any_number_of_workers_gives_identical_batches(stream_set: str, context: str, steps: int) -> None:
-    ds = StreamDataset(stream_set, B, steps=steps, seed=2)
+    ds = StreamDataset(stream_set, batch_size=B, steps=steps, seed=2)
     reference = list(ds)
     workers = [1, 2, 3, 5] if context == "fork" else [2]
     for n in workers:  # steps=16 gives fewer batches than 5 workers for short epochs too
@@ -184,8 +184,8 @@ def test_packed_records_give_the_same_batches(stream_set: str, tmp_path: Path, k
 
     for steps in (1, 3):
         for transform in (None, double):
-            reference = list(StreamDataset(stream_set, B, steps=steps, seed=2, transform=transform))
-            packed = StreamDataset(path, B, steps=steps, seed=2, transform=transform, verify=True)
+            reference = list(StreamDataset(stream_set, batch_size=B, steps=steps, seed=2, transform=transform))
+            packed = StreamDataset(path, batch_size=B, steps=steps, seed=2, transform=transform, check="checksums")
             got = list(DataLoader(packed, batch_size=None, num_workers=2)) if steps == 3 else list(packed)
             assert len(got) == len(reference)
             if transform is None:
@@ -201,12 +201,12 @@ def test_packed_records_give_the_same_batches(stream_set: str, tmp_path: Path, k
 
 
 def test_every_frame_is_read_once_over_workers(stream_set: str) -> None:
-    alone = StreamDataset(stream_set, B, steps=3, seed=2)
+    alone = StreamDataset(stream_set, batch_size=B, steps=3, seed=2)
     assert sum(int(b["mask"].sum()) for b in alone) == alone.records_read == sum(LENGTHS)
-    ds = StreamDataset(stream_set, B, steps=3, seed=2)
+    ds = StreamDataset(stream_set, batch_size=B, steps=3, seed=2)
     valid = 0
     for worker in range(3):
-        part = StreamDataset(stream_set, B, steps=3, seed=2)
+        part = StreamDataset(stream_set, batch_size=B, steps=3, seed=2)
         for batch in part.batches(worker, 3):
             valid += int(batch["mask"].sum())
         assert part.records_read == sum(int(b["mask"].sum()) for b in ds.batches(worker, 3))
@@ -214,7 +214,7 @@ def test_every_frame_is_read_once_over_workers(stream_set: str) -> None:
 
 
 def test_drop_tail_counts_dropped_frames(stream_set: str) -> None:
-    ds = StreamDataset(stream_set, B, steps=2, tail="drop")
+    ds = StreamDataset(stream_set, batch_size=B, steps=2, drop_last=True)
     batches = list(ds)
     kept = sum(int(b["mask"].sum()) for b in batches)
     assert all(bool(b["mask"].all()) for b in batches)
@@ -222,15 +222,15 @@ def test_drop_tail_counts_dropped_frames(stream_set: str) -> None:
 
 
 def test_transform_runs_per_frame(stream_set: str) -> None:
-    ds = StreamDataset(stream_set, B, steps=4, transform=lambda s: {"y": torch.from_numpy(s["x"] * 2)})
+    ds = StreamDataset(stream_set, batch_size=B, steps=4, transform=lambda s: {"y": torch.from_numpy(s["x"] * 2)})
     batch = next(iter(ds))
-    plain = next(iter(StreamDataset(stream_set, B, steps=4)))
+    plain = next(iter(StreamDataset(stream_set, batch_size=B, steps=4)))
     assert torch.equal(batch["data"]["y"], plain["data"]["x"] * 2)
 
 
 def test_transformed_frames_of_any_structure_collate_by_name(stream_set: str) -> None:
     """Flat dicts collate by key (any key order); nested ones through their structure; ragged leaves as lists."""
-    plain = list(StreamDataset(stream_set, B, steps=4, seed=1))
+    plain = list(StreamDataset(stream_set, batch_size=B, steps=4, seed=1))
 
     def reordered(s: dict[str, Any]) -> dict[str, Any]:  # key order differs from frame to frame
         pairs = [("y", s["x"] * 2), ("t", int(s["t"])), ("name", f"f{int(s['t'])}")]
@@ -240,7 +240,7 @@ def test_transformed_frames_of_any_structure_collate_by_name(stream_set: str) ->
         return (torch.from_numpy(s["x"]), {"t": np.int32(s["t"]), "ragged": np.zeros(int(s["t"]) % 3)})
 
     for transform in (reordered, nested):
-        batches = list(StreamDataset(stream_set, B, steps=4, seed=1, transform=transform))
+        batches = list(StreamDataset(stream_set, batch_size=B, steps=4, seed=1, transform=transform))
         assert len(batches) == len(plain)
         for got, want in zip(batches, plain):
             mask, x = want["mask"], want["data"]["x"]
@@ -273,45 +273,48 @@ def test_frames_of_different_structures_are_named(stream_set: str) -> None:
 
     named = r"seqs\.tr: sample \d+ \(sequence \d+\): the transform returned a frame whose structure differs"
     with pytest.raises(ValueError, match=named):
-        list(StreamDataset(stream_set, B, steps=4, seed=1, transform=uneven))
+        list(StreamDataset(stream_set, batch_size=B, steps=4, seed=1, transform=uneven))
 
 
 def test_resume_with_another_number_of_workers_continues_identically(stream_set: str) -> None:
-    ds = StreamDataset(stream_set, B, steps=2, seed=4)
+    ds = StreamDataset(stream_set, batch_size=B, steps=2, seed=4)
     reference = [b["sequence"].tolist() for b in ds]
     states = []
     for worker in range(2):  # two workers, 7 batches delivered: worker 0 made 4, worker 1 made 3
-        part = StreamDataset(stream_set, B, steps=2, seed=4)
+        part = StreamDataset(stream_set, batch_size=B, steps=2, seed=4)
         it = part.batches(worker, 2)
         for _ in range(4 if worker == 0 else 3):
             next(it)
         states.append(json.loads(json.dumps(part.state_dict())))
-    resumed = StreamDataset(stream_set, B, steps=2, seed=4)
+    resumed = StreamDataset(stream_set, batch_size=B, steps=2, seed=4)
     resumed.load_state_dict({"workers": states})
     loader = DataLoader(resumed, batch_size=None, num_workers=3, multiprocessing_context="fork")
     assert [b["sequence"].tolist() for b in loader] == reference[7:]
 
 
 def test_resume_with_other_streams_is_refused(stream_set: str) -> None:
-    state = StreamDataset(stream_set, B).state_dict()
+    state = StreamDataset(stream_set, batch_size=B).state_dict()
     with pytest.raises(ValueError, match="hidden state could not follow"):
-        StreamDataset(stream_set, B + 1).load_state_dict(state)
+        StreamDataset(stream_set, batch_size=B + 1).load_state_dict(state)
 
 
 def test_errors(stream_set: str, tmp_path: Path) -> None:
     flat = tmp_path / "flat.tr"
     write_record(list(range(10)), flat, progress=False)
     with pytest.raises(ValueError, match="group_by"):
-        StreamDataset(flat, 2)
+        StreamDataset(flat, batch_size=2)
     with pytest.raises(ValueError, match="batch_size=None"):
-        StreamDataset.check_loader(DataLoader(StreamDataset(stream_set, B), batch_size=4))
+        ds = StreamDataset(stream_set, batch_size=B)
+        ds.check_loader(DataLoader(ds, batch_size=4))
 
 
 def _rank_main(rank: int, init_file: str, path: str, out_dir: str) -> None:
-    early = StreamDataset(path, B, steps=5, seed=1)  # made before the process group: StreamLoader reads it later
+    early = StreamDataset(
+        path, batch_size=B, steps=5, seed=1
+    )  # made before the process group: StreamLoader reads it later
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        ds = StreamDataset(path, B, steps=5, seed=1)
+        ds = StreamDataset(path, batch_size=B, steps=5, seed=1)
         batches = [b["data"]["x"][:, :, 2].tolist() for b in DataLoader(ds, batch_size=None, num_workers=1)]
         bundled = [b["data"]["x"][:, :, 2].tolist() for b in StreamLoader(early, num_workers=1, bundle=3)]
         masks = [b["mask"].tolist() for b in ds]
@@ -326,7 +329,7 @@ def test_two_gloo_ranks_play_the_2b_stream_plan(stream_set: str, tmp_path: Path)
     mp.spawn(_rank_main, args=(str(tmp_path / "init"), stream_set, str(tmp_path)), nprocs=2, join=True)
     reports = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     assert reports[0]["len"] == reports[1]["len"] == len(reports[0]["batches"]) == len(reports[1]["batches"])
-    both = StreamDataset(stream_set, 2 * B, steps=5, seed=1, rank=0, world_size=1)
+    both = StreamDataset(stream_set, batch_size=2 * B, steps=5, seed=1, rank=0, world_size=1)
     expected = [b["data"]["x"][:, :, 2].tolist() for b in both]
     for t, batch in enumerate(expected):
         assert reports[0]["batches"][t] == batch[:B] and reports[1]["batches"][t] == batch[B:]
@@ -336,19 +339,21 @@ def test_two_gloo_ranks_play_the_2b_stream_plan(stream_set: str, tmp_path: Path)
 def test_resume_through_stateful_dataloader(stream_set: str) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    reference = [b["sequence"].tolist() for b in StreamDataset(stream_set, B, steps=2, seed=4)]
-    loader = StatefulDataLoader(StreamDataset(stream_set, B, steps=2, seed=4), batch_size=None, num_workers=2)
+    reference = [b["sequence"].tolist() for b in StreamDataset(stream_set, batch_size=B, steps=2, seed=4)]
+    loader = StatefulDataLoader(
+        StreamDataset(stream_set, batch_size=B, steps=2, seed=4), batch_size=None, num_workers=2
+    )
     it = iter(loader)
     before = [next(it)["sequence"].tolist() for _ in range(5)]
     state = json.loads(json.dumps(loader.state_dict()))
     del it
-    again = StatefulDataLoader(StreamDataset(stream_set, B, steps=2, seed=4), batch_size=None, num_workers=2)
+    again = StatefulDataLoader(StreamDataset(stream_set, batch_size=B, steps=2, seed=4), batch_size=None, num_workers=2)
     again.load_state_dict(state)
     assert before + [b["sequence"].tolist() for b in again] == reference
 
 
 def test_a_batch_of_padding_only_keeps_its_shapes(stream_set: str) -> None:
-    ds = StreamDataset(stream_set, 40, steps=3, seed=1)  # more streams than sequences: some only pad
+    ds = StreamDataset(stream_set, batch_size=40, steps=3, seed=1)  # more streams than sequences: some only pad
     for batch in ds:
         assert batch["data"]["x"].shape == (40, 3, 3) and batch["data"]["seq"].shape == (40, 3)
 
@@ -388,7 +393,7 @@ def test_a_batch_of_padding_only_keeps_the_transformed_structure(tmp_path: Path)
     path = tmp_path / "uneven.tr"
     write_record(_sequences([20, 20, 2, 2]), path, group_by="seq", shuffle=False, progress=False)
     for transform in (None, lambda s: {"y": torch.from_numpy(s["x"] * 2), "label": s["seq"]}):
-        ds = StreamDataset(path, 2, steps=1, shuffle=False, rank=1, world_size=2, transform=transform)
+        ds = StreamDataset(path, batch_size=2, steps=1, shuffle=False, rank=1, world_size=2, transform=transform)
         batches = list(ds)
         assert len(batches) == 20 and int(sum(b["mask"].sum() for b in batches)) == 4
         first, last = batches[0]["data"], batches[-1]["data"]
@@ -398,3 +403,39 @@ def test_a_batch_of_padding_only_keeps_the_transformed_structure(tmp_path: Path)
         assert not last[key].any()
         if transform is not None:
             assert last["label"].shape == (2, 1) and first["label"].tolist() == [[2], [3]]
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_drop_last_is_the_old_tail_drop(stream_set: str, steps: int) -> None:
+    """drop_last=True (was tail="drop") plays the plan of tail="drop", cut to whole steps; False the padded one."""
+    for drop_last, tail in ((True, "drop"), (False, "pad")):
+        ds = StreamDataset(stream_set, batch_size=B, steps=steps, seed=5, drop_last=drop_last)
+        plan = plan_streams(ds.file.groups, streams=B, seed=5, epoch=0, tail=tail)
+        total = plan.steps_per_epoch
+        assert len(ds) == (total // steps if drop_last else -(-total // steps))
+        batches = list(ds)
+        assert len(batches) == len(ds)
+        cells = plan.batch_cells(range(B), [t * steps for t in range(len(batches))], steps)
+        for j, batch in enumerate(batches):
+            assert batch["sequence"].tolist() == cells.sequence[j].tolist()
+        if drop_last:
+            assert all(bool(b["mask"].all()) for b in batches)
+
+
+def test_batch_transform_on_stream_batches(stream_set: str) -> None:
+    plain = list(StreamDataset(stream_set, batch_size=B, steps=2, seed=1))
+    ds = StreamDataset(stream_set, batch_size=B, steps=2, seed=1, batch_transform=lambda b: {**b, "n": b["mask"].sum()})
+    for a, b in zip(plain, DataLoader(ds, batch_size=None, num_workers=2)):
+        assert int(b["n"]) == int(a["mask"].sum()) and torch.equal(a["sequence"], b["sequence"])
+
+
+def test_streams_refuse_positional_batch_size_and_old_tail_states(stream_set: str) -> None:
+    with pytest.raises(TypeError):
+        StreamDataset(stream_set, B)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        StreamDataset(stream_set, batch_size=B, tail="drop")  # type: ignore[call-arg]
+    ds = StreamDataset(stream_set, batch_size=B, drop_last=True)
+    old = {k: v for k, v in ds.state_dict().items() if k != "drop_last"}
+    old["tail"] = "drop"
+    with pytest.raises(ValueError, match=r"older torchrecord.*'tail', now 'drop_last'"):
+        ds.load_state_dict(old)

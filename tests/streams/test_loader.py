@@ -34,7 +34,7 @@ def _assert_same_batches(got: list[dict[str, Any]], want: list[dict[str, Any]]) 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_bundles_give_the_datasets_batches_in_order(packed_set: str, context: str) -> None:
-    ds = StreamDataset(packed_set, B, steps=1, seed=2)
+    ds = StreamDataset(packed_set, batch_size=B, steps=1, seed=2)
     reference = list(ds)
     assert len(reference) > 30
     cases = [(2, None), (1, 4), (3, 7), (2, 1000)] if context == "fork" else [(2, 5)]
@@ -45,28 +45,31 @@ def test_bundles_give_the_datasets_batches_in_order(packed_set: str, context: st
 
 
 def test_no_workers_and_a_plain_dataloader_agree(packed_set: str) -> None:
-    ds = StreamDataset(packed_set, B, steps=3, seed=5)
+    ds = StreamDataset(packed_set, batch_size=B, steps=3, seed=5)
     plain = list(DataLoader(ds, batch_size=None, num_workers=2))
     _assert_same_batches(list(StreamLoader(ds)), plain)
     _assert_same_batches(list(StreamLoader(ds, num_workers=2, bundle=3)), plain)
 
 
 def test_persistent_workers_follow_set_epoch(packed_set: str) -> None:
-    ds = StreamDataset(packed_set, B, steps=2, seed=1)
+    ds = StreamDataset(packed_set, batch_size=B, steps=2, seed=1)
     loader = StreamLoader(ds, num_workers=2, bundle=3, persistent_workers=True)
     for epoch in (0, 1, 0):
         loader.set_epoch(epoch)
         got = list(loader)
-        alone = StreamDataset(packed_set, B, steps=2, seed=1)
+        alone = StreamDataset(packed_set, batch_size=B, steps=2, seed=1)
         alone.set_epoch(epoch)
         _assert_same_batches(got, list(alone))
-    one, two = StreamDataset(packed_set, B, steps=2, seed=1), StreamDataset(packed_set, B, steps=2, seed=1)
+    one, two = (
+        StreamDataset(packed_set, batch_size=B, steps=2, seed=1),
+        StreamDataset(packed_set, batch_size=B, steps=2, seed=1),
+    )
     two.set_epoch(1)
     assert [b["sequence"].tolist() for b in one] != [b["sequence"].tolist() for b in two]
 
 
 def test_resume_continues_with_another_number_of_workers(packed_set: str) -> None:
-    ds = StreamDataset(packed_set, B, steps=1, seed=4)
+    ds = StreamDataset(packed_set, batch_size=B, steps=1, seed=4)
     reference = list(ds)
     loader = StreamLoader(ds, num_workers=2, bundle=4)
     taken = []
@@ -77,21 +80,23 @@ def test_resume_continues_with_another_number_of_workers(packed_set: str) -> Non
             break
     assert state["next_step"] == 11
     for workers, bundle in ((0, None), (3, 2)):
-        resumed = StreamLoader(StreamDataset(packed_set, B, steps=1, seed=4), num_workers=workers, bundle=bundle)
+        resumed = StreamLoader(
+            StreamDataset(packed_set, batch_size=B, steps=1, seed=4), num_workers=workers, bundle=bundle
+        )
         resumed.load_state_dict(state)
         _assert_same_batches(taken + list(resumed), reference)
         _assert_same_batches(list(resumed), reference)  # the resume holds for one iteration
 
 
 def test_a_state_for_other_streams_is_refused(packed_set: str) -> None:
-    state = StreamLoader(StreamDataset(packed_set, B, steps=1, seed=4)).state_dict()
-    other = StreamLoader(StreamDataset(packed_set, B + 1, steps=1, seed=4))
+    state = StreamLoader(StreamDataset(packed_set, batch_size=B, steps=1, seed=4)).state_dict()
+    other = StreamLoader(StreamDataset(packed_set, batch_size=B + 1, steps=1, seed=4))
     with pytest.raises(ValueError, match="saved with streams=4, this dataset has 5"):
         other.load_state_dict(state)
 
 
 def test_arguments_are_checked(packed_set: str, tmp_path: Path) -> None:
-    ds = StreamDataset(packed_set, B)
+    ds = StreamDataset(packed_set, batch_size=B)
     with pytest.raises(ValueError, match="does not take batch_size, shuffle"):
         StreamLoader(ds, num_workers=2, batch_size=4, shuffle=True)
     with pytest.raises(ValueError, match="bundle must be >= 1"):
@@ -108,7 +113,7 @@ def _ragged(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_bundles_of_unstackable_batches_cross_as_lists(packed_set: str) -> None:
-    ds = StreamDataset(packed_set, B, steps=2, seed=3, transform=_ragged)
+    ds = StreamDataset(packed_set, batch_size=B, steps=2, seed=3, transform=_ragged)
     reference = list(ds)
     assert any(isinstance(b["data"]["tail"], list) for b in reference)
     got = list(StreamLoader(ds, num_workers=2, bundle=4))

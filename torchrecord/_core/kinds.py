@@ -24,6 +24,7 @@ from torchrecord.errors import CorruptRecordError, SchemaError
 __all__ = [
     "as_tensor",
     "check_bools",
+    "collate_any",
     "collate_samples",
     "collate_transformed",
     "column_leaves",
@@ -159,6 +160,26 @@ def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, wh
         else:
             leaves.append(_collate_any(column))
     return unflatten(tree, leaves)
+
+
+def collate_any(batch: list[Any], where: str) -> Any:
+    """Collate samples of no schema by what they hold (see :func:`collate_transformed`'s made leaves).
+
+    Raises:
+        SchemaError: the samples have different structures.
+    """
+    if not batch:
+        return []
+    flat = [flatten(sample) for sample in batch]
+    tree = flat[0][0]
+    for i, (other, _) in enumerate(flat):
+        if other != tree:
+            raise SchemaError(
+                f"{where}: samples of different structures in one batch (sample 0 and sample {i} of the batch "
+                "differ); return one structure from the transform, or pass collate_fn= to collate them"
+            )
+    columns = zip(*(leaves for _, leaves in flat))
+    return unflatten(tree, [_collate_any(list(column)) for column in columns])
 
 
 def _collate_any(column: list[Any]) -> Any:

@@ -11,7 +11,8 @@ on the tensors' device, with no worker processes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from torchrecord._memory.columns import Columns, SampleList, epoch_rng
 from torchrecord._memory.load import Subset, load_columns
 from torchrecord._order.group_batches import GroupPlan, check_offsets, offsets_from_ids, plan_epoch
 from torchrecord._shards.open import SetLike
-from torchrecord.errors import ArgumentError
+from torchrecord.errors import ArgumentError, ResumeStateError
 
 __all__ = ["BatchIter", "GroupBatchIter", "SampleList", "load"]
 
@@ -80,6 +81,45 @@ def _check_count(name: str, value: int | None, *, minimum: int = 1) -> None:
         raise ArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+#: The version of BatchIter and GroupBatchIter states this torchrecord writes and reads.
+STATE_VERSION = 1
+
+
+def _accept(state: Any, kind: str, mine: Mapping[str, Any]) -> tuple[int, int]:
+    """(epoch, batches yielded) of an iterator state, checked against the iterator's settings ``mine``.
+
+    Raises ResumeStateError (a ValueError) for what is not a state of this kind, a newer
+    version, other settings or data, or a position past the epoch's end.
+    """
+    if not isinstance(state, Mapping) or state.get("kind") != kind:
+        raise ResumeStateError(
+            f"not a {kind} state (expected kind {kind!r}); pass what {kind.rsplit('.', 1)[-1]}.state_dict() returned"
+        )
+    version = state.get("version")
+    if not isinstance(version, int) or version > STATE_VERSION:
+        raise ResumeStateError(
+            f"the {kind} state has version {version!r}, this torchrecord reads states up to version "
+            f"{STATE_VERSION}: upgrade torchrecord to resume from it"
+        )
+    for key, value in mine.items():
+        if state.get(key) != value:
+            raise ResumeStateError(
+                f"the {kind} state was saved with {key}={state.get(key)!r}, this iterator has {value!r}: resume "
+                "with the same data and settings"
+            )
+    epoch, yielded = state.get("epoch"), state.get("yielded")
+    if not isinstance(epoch, int) or epoch < 0 or not isinstance(yielded, int) or yielded < 0:
+        raise ResumeStateError(f"the {kind} state has no valid epoch and position: {epoch!r}, {yielded!r}")
+    return epoch, yielded
+
+
+def _counted(batches: Iterator[Any], owner: Any) -> Iterator[Any]:
+    """Count each batch before it is handed out, so ``state_dict()`` always says what was yielded."""
+    for batch in batches:
+        owner._yielded += 1
+        yield batch
+
+
 class BatchIter:
     """Shuffled mini-batches of in-memory tensors, one ``index_select`` per field per batch.
 
@@ -96,14 +136,17 @@ class BatchIter:
             list or dict of tensors with the same first dimension, nested. A
             :class:`SampleList` leaf is batched item by item; a plain list is a
             container of fields.
-        batch_size: rows per batch (the last one may be smaller).
+        batch_size: rows per batch (the last one may be smaller); keyword-only.
         shuffle: visit the rows in a new seeded order each epoch; ``False``
             keeps the stored order.
         seed: the base seed (an int >= 0); each (seed, epoch) has its own
             independent permutation.
         drop_last: leave out the last batch when it is smaller than ``batch_size``.
 
-    ``len()`` is the exact number of batches per epoch.
+    ``len()`` is the exact number of batches per epoch. :meth:`state_dict` saves
+    the position within the epoch (with the epoch and the settings), and
+    :meth:`load_state_dict` makes the next iteration yield exactly the rest of
+    that epoch.
 
     Example:
         >>> x, y = torch.randn(1000, 16), torch.randint(0, 10, (1000,))
@@ -116,8 +159,10 @@ class BatchIter:
         (16, torch.Size([40, 16]))
     """
 
+    STATE_KIND = "torchrecord.BatchIter"
+
     def __init__(
-        self, data: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False
+        self, data: Any, *, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False
     ) -> None:
         _check_count("batch_size", batch_size)
         _check_count("seed", seed, minimum=0)
@@ -127,10 +172,18 @@ class BatchIter:
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
+        self._start = 0  # batches of the epoch the next iteration skips (a loaded state)
+        self._yielded = 0  # batches the current iteration handed out
+        self._iter_epoch: int | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration produces (an int >= 0)."""
+        """Choose the epoch whose order the next iteration produces (an int >= 0).
+
+        Another epoch than a loaded state's starts from its beginning.
+        """
         _check_count("epoch", epoch, minimum=0)
+        if epoch != self.epoch:
+            self._start = 0
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -147,12 +200,48 @@ class BatchIter:
         return order[: min(rows, len(self) * self.batch_size)]
 
     def __iter__(self) -> Iterator[Any]:
-        order = self.order()
+        start, self._start = self._start, 0
+        self._iter_epoch, self._yielded = self.epoch, start
+        return _counted(self._batches(start), self)
+
+    def _batches(self, start: int) -> Iterator[Any]:
+        order = self.order()[start * self.batch_size :]
         if not len(order):
             return
         take = self.columns.take
         for indices in zip(*self.columns.index_splits(order, self.batch_size)):
             yield take(indices)
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "rows": self.columns.rows,
+            "batch_size": self.batch_size,
+            "shuffle": bool(self.shuffle),
+            "seed": self.seed,
+            "drop_last": bool(self.drop_last),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position reached: the epoch, the batches yielded in it, and the settings (plain values)."""
+        epoch = self._iter_epoch if self._iter_epoch is not None else self.epoch
+        state: dict[str, Any] = {"kind": self.STATE_KIND, "version": STATE_VERSION, "epoch": epoch}
+        state.update(self._settings())
+        state["yielded"] = self._yielded if self._iter_epoch is not None else self._start
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go back to a saved position: the next iteration yields exactly the rest of its epoch.
+
+        The epoch is set from the state. Raises ValueError for another kind of
+        state, a newer version, other data or settings (rows, batch_size, shuffle,
+        seed, drop_last), or a position past the end of the epoch.
+        """
+        epoch, yielded = _accept(state, self.STATE_KIND, self._settings())
+        if yielded > len(self):
+            raise ResumeStateError(
+                f"the {self.STATE_KIND} state is at batch {yielded}, past the epoch's {len(self)} batches"
+            )
+        self.epoch, self._start, self._iter_epoch = epoch, yielded, None
 
 
 class GroupBatchIter:
@@ -188,7 +277,9 @@ class GroupBatchIter:
             ``groups_per_batch`` groups (fewer than ``max_samples`` rows).
 
     ``len()`` is the exact number of batches of the current epoch (with
-    ``max_samples`` it depends on the epoch's order).
+    ``max_samples`` it depends on the epoch's order). :meth:`state_dict` and
+    :meth:`load_state_dict` save and restore the position within an epoch, as
+    for :class:`BatchIter`.
 
     Example:
         >>> x = torch.randn(10, 4)
@@ -227,6 +318,11 @@ class GroupBatchIter:
         self.drop_last = drop_last
         self.epoch = 0
         self._plan: tuple[int, GroupPlan] | None = None
+        self._start = 0
+        self._yielded = 0
+        self._iter_epoch: int | None = None
+
+    STATE_KIND = "torchrecord.GroupBatchIter"
 
     @property
     def num_groups(self) -> int:
@@ -234,8 +330,13 @@ class GroupBatchIter:
         return len(self.offsets) - 1
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration produces (an int >= 0)."""
+        """Choose the epoch whose order the next iteration produces (an int >= 0).
+
+        Another epoch than a loaded state's starts from its beginning.
+        """
         _check_count("epoch", epoch, minimum=0)
+        if epoch != self.epoch:
+            self._start = 0
         self.epoch = epoch
 
     def plan(self) -> GroupPlan:
@@ -258,9 +359,48 @@ class GroupBatchIter:
         return len(self.plan().batch_sizes)
 
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
+        start, self._start = self._start, 0
+        self._iter_epoch, self._yielded = self.epoch, start
+        return _counted(self._batches(start), self)
+
+    def _batches(self, start: int) -> Iterator[tuple[Any, torch.Tensor]]:
         plan = self.plan()
         take = self.columns.take
         offsets = torch.split(torch.tensor(plan.offsets, device=self.columns.device), plan.offsets_sizes)
         indices = zip(*self.columns.index_splits(plan.order, plan.batch_sizes))
-        for index, inner in zip(indices, offsets):
+        for index, inner in itertools.islice(zip(indices, offsets), start, None):
             yield take(index), inner
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "rows": self.columns.rows,
+            "groups": self.num_groups,
+            "groups_per_batch": self.groups_per_batch,
+            "max_samples": self.max_samples,
+            "shuffle": bool(self.shuffle),
+            "seed": self.seed,
+            "drop_last": bool(self.drop_last),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position reached: the epoch, the batches yielded in it, and the settings (plain values)."""
+        epoch = self._iter_epoch if self._iter_epoch is not None else self.epoch
+        state: dict[str, Any] = {"kind": self.STATE_KIND, "version": STATE_VERSION, "epoch": epoch}
+        state.update(self._settings())
+        state["yielded"] = self._yielded if self._iter_epoch is not None else self._start
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go back to a saved position: the next iteration yields exactly the rest of its epoch.
+
+        The epoch is set from the state. Raises ValueError for another kind of
+        state, a newer version, other data or settings, or a position past the
+        end of the epoch.
+        """
+        epoch, yielded = _accept(state, self.STATE_KIND, self._settings())
+        self.epoch = epoch
+        if yielded > len(self):
+            raise ResumeStateError(
+                f"the {self.STATE_KIND} state is at batch {yielded}, past the epoch's {len(self)} batches"
+            )
+        self._start, self._iter_epoch = yielded, None

@@ -6,38 +6,38 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
-from torchrecord._core.kinds import collate_samples, split_columns, stack_columns
 from torchrecord._mix.mixer import Mixer, Picked, Placement
 from torchrecord._mix.resume import MIX_POSITION_KIND, MIX_STATE_KIND, reader_units_of
 from torchrecord._mix.source import FileSource, Source, SourceInfo, shared_schema
 from torchrecord._order import mix_plan as _mix_plan
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
-from torchrecord._read import resume as _resume
-from torchrecord._read.world import EpochAndWorld
+from torchrecord._read.base import Reader, ReaderDataset, check_choice
+from torchrecord._read.items import Items
 from torchrecord._shards.open import SetLike
-from torchrecord._store.checked import parse_check
+from torchrecord._store.checked import Check
 from torchrecord.errors import ArgumentError, ResumeStateError
 
 __all__ = ["MixedDataset"]
 
-POLICIES = ("exact", "ready")
+Policy = Literal["exact", "ready"]
+Stop = Literal["all_once", "until_all", "first_exhausted"]
+POLICIES: tuple[str, ...] = get_args(Policy)
 
 #: Internal chunk of the read path when the dataset yields single samples.
 _SAMPLE_MODE_BATCH = 256
 
 
-class MixedDataset(EpochAndWorld, IterableDataset[Any]):
+class MixedDataset(ReaderDataset):
     """Mix several record sets by weight into one stream, with exact per-source counts every epoch.
 
     Every mix epoch takes an exact number of samples from each source (from the
-    weights and the stop rule, by largest remainder), in *draws* of ``block``
+    weights and the stop rule, by largest remainder), in *draws* of ``draw_size``
     consecutive samples of that source, interleaved evenly over the epoch by a
     seeded plan; the plan is split over ranks (equal counts per rank) and
     DataLoader workers like :class:`~torchrecord.RecordDataset`. Each source reads
@@ -80,17 +80,29 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             ``"first_exhausted"`` (until the first source is read whole).
         epoch_size: the epoch's length in samples (overrides ``stop``).
         policy: ``"exact"`` or ``"ready"`` (see above).
-        block: samples per draw: consecutive samples of one source read together.
+        draw_size: samples per draw: consecutive samples of one source read together.
         batch_size: yield batches of this many samples built in the reader (use
-            ``DataLoader(batch_size=None)``); None yields samples.
+            ``DataLoader(batch_size=None)``); None yields samples. Batches are
+            collated as :class:`~torchrecord.RecordDataset` collates them
+            (fixed numeric leaves stacked, variable shapes and strings as lists).
+        shuffle: permute the samples of each mixing window (``False``: they are
+            handed out in the order of their draws; the plan of draws and each
+            source's own block order still come from the seed, so the mix is
+            still interleaved by weight).
         shuffle_buffer: samples per mixing window once ramped up (capped at 64 MiB
             of stored records, never below one batch).
         transform: called on each decoded sample after the mix.
         batch_transform: called on each batch (batch mode).
+        collate_fn: batch mode: turns the list of (transformed) samples of a batch
+            into the batch, replacing the default collation.
         seed: the base seed of the plan and of every order.
         drop_last: ranks cut the remainder instead of padding by wrapping; in batch
             mode each reader also drops its last short batch.
         rank, world_size: override what ``torch.distributed`` reports.
+        loader_batch_size: per-sample mode: the ``batch_size`` of the DataLoader,
+            so each worker's share is cut on whole batches and the loader yields
+            exactly ``len(loader)`` batches for any batch size (as for
+            :class:`~torchrecord.RecordDataset`).
         tag_source: yield ``(item, source)``: the source index of a sample (an
             int), or of each sample of a batch (an int64 tensor).
         max_defer: how far (in draws) ``policy="ready"`` may move a draw.
@@ -100,11 +112,11 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             once (reading a fast source is Python work under the GIL, and busy
             readers delay the mixer); a read still running after 10 ms (a stalled
             source) stops counting, and the next one starts.
-        verify: check every record's CRC-32 as it is read.
-        check: ``"structure"``: check each file's LMDB page structure when the
-            dataset is made (files of unknown provenance; see :class:`RecordFile`).
-            A :class:`~torchrecord.RecordSet` source made with
-            ``check="structure"`` carries its own check.
+        check: integrity on read: ``"checksums"`` checks every record's CRC-32 as it
+            is read, ``"structure"`` each file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`),
+            ``"full"`` both. A :class:`RecordFile` source made with a ``check``
+            carries its own check.
 
     :meth:`stats` reports this process's time to the first batch, draws read per
     source, waits, deferrals and the realised share of every source.
@@ -121,49 +133,55 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
     def __init__(
         self,
         sources: Sequence[SetLike | Source] | Mapping[str, SetLike | Source],
-        weights: str | Sequence[float] | Mapping[str, float] = "size",
+        weights: Literal["size", "uniform"] | Sequence[float] | Mapping[str, float] = "size",
         *,
-        stop: str = "all_once",
+        stop: Stop = "all_once",
         epoch_size: int | None = None,
-        policy: str = "exact",
-        block: int = 16,
+        policy: Policy = "exact",
+        draw_size: int = 16,
         batch_size: int | None = None,
-        shuffle_buffer: int = 2048,
+        shuffle: bool = True,
+        shuffle_buffer: int = 8192,
         transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        loader_batch_size: int | None = None,
         tag_source: bool = False,
         max_defer: int = 1024,
         read_ahead_bytes: int = 64 << 20,
         threads: int = 8,
-        verify: bool = False,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
-        check = parse_check(check)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
-        if policy not in POLICIES:
-            raise ArgumentError(f"policy must be 'exact' or 'ready', got {policy!r}")
-        if stop not in _mix_plan.STOPS:
-            raise ArgumentError(f"stop must be one of {', '.join(_mix_plan.STOPS)}, got {stop!r}")
-        for name, value, least in (
-            ("block", block, 1),
-            ("max_defer", max_defer, 1),
-            ("threads", threads, 1),
-            ("read_ahead_bytes", read_ahead_bytes, 1),
-            ("shuffle_buffer", shuffle_buffer, 0),
+        self._init_reader(
+            rank,
+            world_size,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            transform=transform,
+            batch_transform=batch_transform,
+            collate_fn=collate_fn,
+            seed=seed,
+            drop_last=drop_last,
+            loader_batch_size=loader_batch_size,
+            check=check,
+        )
+        check_choice("policy", policy, POLICIES)
+        check_choice("stop", stop, _mix_plan.STOPS)
+        if isinstance(weights, str):
+            check_choice("weights", weights, ("size", "uniform"))
+        for name, value in (
+            ("draw_size", draw_size),
+            ("max_defer", max_defer),
+            ("threads", threads),
+            ("read_ahead_bytes", read_ahead_bytes),
         ):
-            if value < least:
-                raise ArgumentError(f"{name} must be >= {least}, got {value}")
-        if batch_size is not None and batch_size < 1:
-            raise ArgumentError(f"batch_size must be >= 1 or None, got {batch_size}")
-        if (rank is None) != (world_size is None):
-            raise ArgumentError("give both rank and world_size, or neither")
-        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ArgumentError(f"{name} must be an integer >= 1, got {value!r}")
         if isinstance(sources, Mapping):
             names = [str(k) for k in sources]
             given = list(sources.values())
@@ -172,9 +190,7 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
             names = []
         if not given:
             raise ArgumentError("sources is empty: give at least one record set")
-        self.sources: list[Source] = [
-            s if isinstance(s, Source) else FileSource(s, verify=verify, check=check) for s in given
-        ]
+        self.sources: list[Source] = [s if isinstance(s, Source) else FileSource(s, check=self.check) for s in given]
         with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
             self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
         self.names = names or [info.name for info in self.infos]
@@ -183,13 +199,11 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
         self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
         self.weights = [float(w) for w in fractions]
-        self.stop, self.epoch_size, self.policy, self.block = stop, epoch_size, policy, block
-        self.batch_size, self.shuffle_buffer, self.seed, self.drop_last = batch_size, shuffle_buffer, seed, drop_last
-        self.transform, self.batch_transform, self.tag_source = transform, batch_transform, tag_source
+        self.stop, self.epoch_size, self.policy, self.draw_size = stop, epoch_size, policy, int(draw_size)
+        self.tag_source = tag_source
         self.max_defer, self.read_ahead_bytes, self.threads = max_defer, read_ahead_bytes, threads
         digest = hashlib.sha256("\n".join(info.set_id for info in self.infos).encode()).hexdigest()
         self.set_id = "mix-" + digest[:32]
-        self._init_epoch_and_world(rank, world_size)
         self._plan_cache: tuple[int, _mix_plan.MixPlan] | None = None
         self._resume: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None  # the current iteration (this process)
@@ -208,7 +222,10 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         """This epoch's draws over all ranks (a pure function of the sources, weights, seed and epoch)."""
         epoch = self.epoch
         if self._plan_cache is None or self._plan_cache[0] != epoch:
-            self._plan_cache = (epoch, _mix_plan.plan_epoch(self.counts, block=self.block, seed=self.seed, epoch=epoch))
+            self._plan_cache = (
+                epoch,
+                _mix_plan.plan_epoch(self.counts, block=self.draw_size, seed=self.seed, epoch=epoch),
+            )
         return self._plan_cache[1]
 
     @property
@@ -216,12 +233,14 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         """Samples per mix epoch over all ranks (before padding or cutting for the ranks)."""
         return sum(self.counts)
 
-    def __len__(self) -> int:
-        self._refresh_distributed()
-        per_rank = _partition.samples_per_rank(self.epoch_length, self._distributed[1], self.drop_last)
-        if self.batch_size is None:
-            return per_rank
-        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+    STATE_KIND = MIX_STATE_KIND
+    RETIRED_STATE_KEYS: ClassVar[Mapping[str, str]] = {"block": "draw_size"}
+
+    def _set_id(self) -> str:
+        return self.set_id
+
+    def _per_rank(self) -> int:
+        return _partition.samples_per_rank(self.epoch_length, self._distributed[1], self.drop_last)
 
     def __repr__(self) -> str:
         return f"MixedDataset({len(self.sources)} sources, epoch_length={self.epoch_length}, policy={self.policy!r})"
@@ -234,13 +253,15 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         return {
             "sizes": [info.count for info in self.infos],
             "counts": list(self.counts),
-            "block": self.block,
+            "draw_size": self.draw_size,
             "seed": int(self.seed),
+            "shuffle": bool(self.shuffle),
             "window": self._window(),
             "drop_last": bool(self.drop_last),
             "batch_size": self.batch_size,
             "world_size": self._distributed[1],
             "num_workers": num_workers,
+            "worker_unit": self._unit(num_workers),
             "policy": self.policy,
             "horizon": self._horizon(),
         }
@@ -251,29 +272,30 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
     # -- iteration ------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         started = time.perf_counter()  # first_batch_seconds counts the plan and the mixer's start too
-        info = get_worker_info()
-        if info is None:
-            self._refresh_distributed()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        rank, world = self._distributed
+        who = self.reader()
+        rank, worker, num_workers = who.rank, who.worker, who.num_workers
         plan = self.plan()
-        base, placement, yielded = self._resume_point(rank, worker, num_workers)
-        units = reader_units_of(
-            plan,
-            base,
-            rank=rank,
-            world_size=world,
-            worker=worker,
-            num_workers=num_workers,
-            drop_last=self.drop_last,
-            batch_size=self.batch_size,
-        )
-        seed, epoch = self.seed, self.epoch
+        if self._resume is None:  # a fresh epoch: this reader's part of the plan
+            base, placement, yielded = None, Placement(), 0
+            units = _mix_plan.reader_units(
+                plan,
+                rank=rank,
+                world_size=who.world_size,
+                worker=worker,
+                num_workers=num_workers,
+                drop_last=self.drop_last,
+                batch_size=self._unit(num_workers),
+            )
+        else:  # a loaded resume point: used by this iteration only
+            base, placement, yielded, units = self._resume_point(plan, who)
+        seed, epoch, shuffle = self.seed, self.epoch, self.shuffle
 
         def order(j: int, n: int) -> np.ndarray:
+            if not shuffle:
+                return np.arange(n)
             return _order.window_order(n, seed=seed, epoch=epoch, rank=rank, worker=worker, window=j)
 
-        blocks = [_mix_plan.order_block(i.count, self.block, i.samples_per_record) for i in self.infos]
+        blocks = [_mix_plan.order_block(i.count, self.draw_size, i.samples_per_record) for i in self.infos]
         seeds = [_mix_plan.source_seed(self.seed, s) for s in range(len(self.infos))]
         sizes = [i.count for i in self.infos]
 
@@ -317,39 +339,37 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
                 live["first"] = time.perf_counter() - live["started"]
             yield item
 
+    def _items(self) -> Items:
+        """How this dataset turns mixed chunks into samples or batches: the one path of every reader."""
+        return Items(
+            self._where(),
+            self.schema,
+            transform=self.transform,
+            collate_fn=self.collate_fn,
+            batch_transform=self.batch_transform,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
+
     def _samples(self, mixer: Mixer) -> Iterator[Any]:
-        schema, transform, tag = self.schema, self.transform, self.tag_source
+        items, tag = self._items(), self.tag_source
         for picked in mixer.chunks(_SAMPLE_MODE_BATCH, cross=False):
-            samples = list(split_columns(picked.columns, schema)) if picked.columns is not None else picked.samples
-            assert samples is not None
+            chunk, fixed = _chunk_of(picked)
             sources = picked.source.tolist()
-            self._unyielded = len(samples)
-            for sample, source in zip(samples, sources):
+            self._unyielded = len(sources)
+            for sample, source in zip(items.samples(chunk, fixed), sources):
                 self._unyielded -= 1
-                out = transform(sample) if transform is not None else sample
-                yield (out, source) if tag else out
+                yield (sample, source) if tag else sample
 
     def _batches(self, mixer: Mixer) -> Iterator[Any]:
         size = self.batch_size
         assert size is not None
+        items = self._items()
         for picked in mixer.chunks(size):
             if len(picked) < size and self.drop_last:
                 return
-            batch = self._collate(picked)
-            if self.batch_transform is not None:
-                batch = self.batch_transform(batch)
+            batch = items.batch(*_chunk_of(picked))
             yield (batch, torch.from_numpy(picked.source)) if self.tag_source else batch
-
-    def _collate(self, picked: Picked) -> Any:
-        schema = self.schema
-        if self.transform is not None:
-            samples = list(split_columns(picked.columns, schema)) if picked.columns is not None else picked.samples
-            assert samples is not None
-            return torch.utils.data.default_collate([self.transform(s) for s in samples])
-        if picked.columns is not None:
-            return stack_columns(picked.columns, schema)
-        assert picked.samples is not None
-        return collate_samples(picked.samples, schema)
 
     # -- statistics ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -402,21 +422,17 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
         draws of the current window, and how many of its samples
         were handed out).
         """
-        info = get_worker_info()
-        if info is None:
-            self._refresh_distributed()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        state: dict[str, Any] = {"kind": MIX_STATE_KIND, "version": _resume.STATE_VERSION, "set_id": self.set_id}
-        state["epoch"] = self._iter_epoch if self._iter_epoch is not None else self.epoch
-        state.update(self._settings(num_workers))
+        who = self.reader()
+        state = self._state_header(who, self._iter_epoch if self._iter_epoch is not None else self.epoch)
+        state.update(self._settings(who.num_workers))
         live = self._live
-        if live is not None and live["reader"] == (self._distributed[0], worker, num_workers):
+        if live is not None and live["reader"] == (who.rank, who.worker, who.num_workers):
             placement = live["mixer"].placement.to_state()
             placement["offset"] -= self._unyielded
             base = live["base"]
         else:
             placement, base = Placement().to_state(), None
-        state.update(rank=self._distributed[0], worker=worker, yielded=self._yielded, base=base, placement=placement)
+        state.update(yielded=self._yielded, base=base, placement=placement)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -431,44 +447,65 @@ class MixedDataset(EpochAndWorld, IterableDataset[Any]):
 
         Raises:
             ValueError: a state of other sources, of a later epoch, of a newer
-                state version, or of other weights, block or seed. A state of an
-                earlier epoch is ignored with a warning.
+                state version, or of other weights, draw_size, seed or shuffle. A
+                state of an earlier epoch is ignored with a warning.
         """
         self._refresh_distributed()
-        accepted = _resume.accept(
-            state, set_id=self.set_id, epoch=self.epoch, path=self._where(), kinds=(MIX_STATE_KIND, MIX_POSITION_KIND)
+        self._resume = self._accept_state(
+            state,
+            kinds=(MIX_STATE_KIND, MIX_POSITION_KIND),
+            plan=self._settings(1),
+            plan_keys=("sizes", "counts", "draw_size", "seed", "shuffle"),
+            advice="resume with the same sources, weights, stop rule, draw_size, seed and shuffle",
         )
-        if accepted is not None:
-            mine = self._settings(int(accepted["num_workers"]))
-            for key in ("sizes", "counts", "block", "seed"):
-                if accepted.get(key) != mine[key]:
-                    raise ResumeStateError(
-                        f"{self._where()}: the state was saved with {key}={accepted.get(key)!r}, this dataset has "
-                        f"{mine[key]!r}: resume with the same sources, weights, stop rule, block and seed"
-                    )
-        self._resume = accepted
 
     def _where(self) -> str:
         return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"
 
-    def _resume_point(self, rank: int, worker: int, num_workers: int) -> tuple[dict[str, Any] | None, Placement, int]:
-        """(base position, placement, items yielded) of this reader under the loaded resume point (used once)."""
+    def _resume_point(self, plan: _mix_plan.MixPlan, who: Reader) -> tuple[Any, Placement, int, _mix_plan.Units]:
+        """(base position, placement, items yielded, units) of this reader under the loaded resume point (used once)."""
         resume, self._resume = self._resume, None
-        if resume is None or int(resume["epoch"]) != self.epoch:
-            return None, Placement(), 0
-        same = all(resume.get(k) == v for k, v in self._settings(num_workers).items())
-        if resume["kind"] == MIX_STATE_KIND:
-            if same and (resume["rank"], resume["worker"]) == (rank, worker):
-                return resume.get("base"), Placement.from_state(resume["placement"]), int(resume["yielded"])
-            raise ResumeStateError(
-                f"{self._where()}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
-                f"{resume['world_size']} ranks x {resume['num_workers']} workers with its settings, not to rank "
-                f"{rank} worker {worker} of {self._distributed[1]} x {num_workers}: merge the states of every reader "
-                "with torchrecord.loader_position(...) and load that position instead"
-            )
-        if same and resume.get("base") is None:
-            mine = [p for r, w, p in resume["readers"] if (r, w) == (rank, worker)]
-            if mine:
-                return None, Placement.from_state(mine[0]), 0
-        assert resume["kind"] == MIX_POSITION_KIND
-        return resume, Placement(), 0
+        rank, worker, num_workers = who.rank, who.worker, who.num_workers
+        base: dict[str, Any] | None = None
+        placement, yielded = Placement(), 0
+        if resume is not None and int(resume["epoch"]) == self.epoch:
+            same = all(resume.get(k) == v for k, v in self._settings(num_workers).items())
+            if resume["kind"] == MIX_STATE_KIND:
+                if not (same and (resume["rank"], resume["worker"]) == (rank, worker)):
+                    raise ResumeStateError(
+                        f"{self._where()}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
+                        f"{resume['world_size']} ranks x {resume['num_workers']} workers with its settings, not to "
+                        f"rank {rank} worker {worker} of {who.world_size} x {num_workers}: merge the states of every "
+                        "reader with torchrecord.loader_position(...) and load that position instead"
+                    )
+                base, placement, yielded = (
+                    resume.get("base"),
+                    Placement.from_state(resume["placement"]),
+                    int(resume["yielded"]),
+                )
+            else:
+                assert resume["kind"] == MIX_POSITION_KIND
+                mine = [p for r, w, p in resume["readers"] if (r, w) == (rank, worker)]
+                if same and resume.get("base") is None and mine:
+                    placement = Placement.from_state(mine[0])
+                else:
+                    base = resume
+        units = reader_units_of(
+            plan,
+            base,
+            rank=rank,
+            world_size=who.world_size,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=self.drop_last,
+            unit=self._unit(num_workers),
+        )
+        return base, placement, yielded, units
+
+
+def _chunk_of(picked: Picked) -> tuple[Any, bool]:
+    """(chunk, fixed) of a mixed chunk: its typed columns, or its decoded samples."""
+    if picked.columns is not None:
+        return picked.columns, True
+    assert picked.samples is not None
+    return picked.samples, False

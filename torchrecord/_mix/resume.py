@@ -36,6 +36,7 @@ __all__ = [
     "consumed_positions",
     "mix_position",
     "plan_of",
+    "position_unit",
     "reader_units_of",
 ]
 
@@ -46,13 +47,15 @@ MIX_POSITION_KIND = "torchrecord.MixedDataset.position"
 MIX_PLAN_KEYS = (
     "sizes",
     "counts",
-    "block",
+    "draw_size",
     "seed",
+    "shuffle",
     "window",
     "drop_last",
     "batch_size",
     "world_size",
     "num_workers",
+    "worker_unit",
     "policy",
     "horizon",
 )
@@ -61,7 +64,7 @@ MIX_PLAN_KEYS = (
 def plan_of(position: Mapping[str, Any]) -> MixPlan:
     """The mix plan of a state's or position's epoch (pure)."""
     return plan_epoch(
-        position["counts"], block=int(position["block"]), seed=int(position["seed"]), epoch=int(position["epoch"])
+        position["counts"], block=int(position["draw_size"]), seed=int(position["seed"]), epoch=int(position["epoch"])
     )
 
 
@@ -74,9 +77,12 @@ def reader_units_of(
     worker: int,
     num_workers: int,
     drop_last: bool,
-    batch_size: int | None,
+    unit: int | None,
 ) -> Units:
-    """One reader's units: its part of the epoch, or with ``base`` (a position) its part of the rest."""
+    """One reader's units: its part of the epoch, or with ``base`` (a position) its part of the rest.
+
+    ``unit``: what a rank's span is cut on among its workers (the batch, or the per-sample unit).
+    """
     if base is None:
         return reader_units(
             plan,
@@ -85,13 +91,13 @@ def reader_units_of(
             worker=worker,
             num_workers=num_workers,
             drop_last=drop_last,
-            batch_size=batch_size,
+            batch_size=unit,
         )
     rest = np.setdiff1d(np.arange(plan.total, dtype=np.int64), consumed_positions(base, plan), assume_unique=True)
     if not len(rest):
         return units_of_positions(plan, [])
     lo, hi = _partition.worker_span(
-        _partition.rank_span(len(rest), rank, world_size, drop_last), worker, num_workers, batch_size
+        _partition.rank_span(len(rest), rank, world_size, drop_last), worker, num_workers, unit
     )
     picked = rest[np.arange(lo, hi) % len(rest)]
     if not len(picked):
@@ -100,6 +106,12 @@ def reader_units_of(
     bounds = np.concatenate(([0], breaks, [len(picked)]))
     runs = [(int(picked[a]), int(picked[b - 1]) + 1) for a, b in itertools.pairwise(bounds)]
     return units_of_positions(plan, runs)
+
+
+def position_unit(position: Mapping[str, Any]) -> int | None:
+    """What the rank spans of a state's or position's readers were cut on among workers."""
+    unit = position.get("worker_unit") or position.get("batch_size")
+    return int(unit) if unit else None
 
 
 def _handed_out(position: Mapping[str, Any], plan: MixPlan, rank: int, worker: int, placement: Placement) -> np.ndarray:
@@ -112,7 +124,7 @@ def _handed_out(position: Mapping[str, Any], plan: MixPlan, rank: int, worker: i
         worker=worker,
         num_workers=int(position["num_workers"]),
         drop_last=bool(position["drop_last"]),
-        batch_size=position["batch_size"],
+        unit=position_unit(position),
     )
     members = set(placement.members)
     placed = [i for i in range(min(placement.prefix, len(units))) if i not in members]
@@ -121,14 +133,17 @@ def _handed_out(position: Mapping[str, Any], plan: MixPlan, rank: int, worker: i
     window = [np.arange(int(units.position[i]), int(units.position[i] + units.length[i])) for i in placement.members]
     if window and placement.offset:
         flat = np.concatenate(window)
-        order = _order.window_order(
-            len(flat),
-            seed=int(position["seed"]),
-            epoch=int(position["epoch"]),
-            rank=rank,
-            worker=worker,
-            window=placement.window,
-        )
+        if not position.get("shuffle", True):
+            order = np.arange(len(flat))
+        else:
+            order = _order.window_order(
+                len(flat),
+                seed=int(position["seed"]),
+                epoch=int(position["epoch"]),
+                rank=rank,
+                worker=worker,
+                window=placement.window,
+            )
         out.append(flat[order[: placement.offset]])
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 

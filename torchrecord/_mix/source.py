@@ -37,6 +37,7 @@ from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import Field, Schema
 from torchrecord._read.reader import Share, ShareReader, split_runs
 from torchrecord._shards.open import SetLike, open_set
+from torchrecord._store.checked import Check, checks_crc, parse_check
 from torchrecord._store.forkgate import lmdb_calls
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
@@ -150,14 +151,15 @@ class FileSource(Source):
     Args:
         file: a path (a file, or a sharded set's folder, manifest or URL) or a
             :class:`~torchrecord.RecordSet`.
-        verify: check every record's CRC-32 as it is read.
-        check: ``"structure"``: check each file's LMDB page structure first (see
-            :class:`~torchrecord.RecordFile`).
+        check: integrity on read (see :class:`~torchrecord.RecordFile`): ``"checksums"`` checks every
+            record's CRC-32 as it is read, ``"structure"`` the file's LMDB page structure
+            first, ``"full"`` both.
     """
 
-    def __init__(self, file: SetLike, *, verify: bool = False, check: str | None = None) -> None:
+    def __init__(self, file: SetLike, *, check: Check | None = None) -> None:
+        check = parse_check(check)
         self.file: RecordSet = open_set(file, check=check)
-        self.verify = verify
+        self.verify = checks_crc(check)
         self._layout: tuple[FixedLayout | None] | None = None
         self._info: SourceInfo | None = None
 
@@ -165,7 +167,7 @@ class FileSource(Source):
         return {"file": self.file, "verify": self.verify}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["file"], verify=state["verify"])  # type: ignore[misc]
+        self.__init__(state["file"], check="checksums" if state["verify"] else None)  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"FileSource({self.file.path!r})"

@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord._core.kinds import collate_samples
 from torchrecord._core.layout import FixedLayout
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
-from torchrecord._read import glue as _glue
 from torchrecord._read import resume as _resume
+from torchrecord._read.base import ReaderDataset
 from torchrecord._read.items import SAMPLE_CHUNK, Items
 from torchrecord._read.reader import Share, ShareReader
-from torchrecord._read.world import EpochAndWorld
 from torchrecord._shards.open import SetLike, open_set
-from torchrecord._store.checked import parse_check
+from torchrecord._store.checked import Check, checks_crc
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.subset import Subset
 from torchrecord._store.subset import resolve as resolve_subset
-from torchrecord.errors import ArgumentError, LoaderMismatchError, ResumeStateError
+from torchrecord.errors import ResumeStateError
 
 __all__ = ["RecordDataset", "collate_samples"]
 
 
-class RecordDataset(EpochAndWorld, IterableDataset[Any]):
+class RecordDataset(ReaderDataset):
     """Stream a record set into a DataLoader, sharded over ranks and workers.
 
     Every reader (one per DataLoader worker per distributed rank) opens the file
@@ -107,13 +104,15 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
             the selected samples; a resume state records which subset it was
             saved on and is refused by another.
         rank, world_size: override what ``torch.distributed`` reports.
-        verify: check each record's CRC-32 as it is read (ChecksumError on mismatch).
-        check: ``"structure"`` for files of unknown provenance: LMDB's page
+        check: integrity on read. ``"checksums"``: each record's CRC-32 is checked
+            as it is read (:class:`~torchrecord.errors.ChecksumError` on a
+            mismatch). ``"structure"`` for files of unknown provenance: LMDB's page
             structure is checked in pure Python when the dataset is made, so a
             damaged file raises :class:`~torchrecord.errors.StructureError` here
             instead of killing a reader; workers do not check it again unless
             the file changed (see :class:`RecordFile`, and docs/GUARANTEES.md
-            for the cost). A :class:`~torchrecord.RecordSet` given as ``path`` is checked too.
+            for the cost). ``"full"``: both. A :class:`RecordFile` given as
+            ``path`` is checked too.
         cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
             local folder its shards are fetched to, and the bytes of shards it
             keeps (see :class:`~torchrecord.ShardedSet`).
@@ -156,59 +155,36 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
         batch_size: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        verify: bool = False,
         cache_dir: str | None = None,
         cache_limit: int | None = None,
         loader_batch_size: int | None = None,
         subset: Any = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
-        if shuffle_buffer < 0:
-            raise ArgumentError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
-        if block_size is not None and block_size < 1:
-            raise ArgumentError(f"block_size must be >= 1, got {block_size}")
-        if batch_size is not None and batch_size < 1:
-            raise ArgumentError(f"batch_size must be >= 1 or None, got {batch_size}")
-        if loader_batch_size is not None and loader_batch_size < 1:
-            raise ArgumentError(f"loader_batch_size must be >= 1 or None, got {loader_batch_size}")
-        if loader_batch_size is not None and batch_size is not None:
-            raise ArgumentError(
-                "loader_batch_size is for per-sample mode (the DataLoader batches); with batch_size= the "
-                "dataset yields whole batches: use DataLoader(ds, batch_size=None) and leave loader_batch_size out"
-            )
-        if collate_fn is not None and batch_size is None:
-            raise ArgumentError(
-                "collate_fn is for batch mode (batch_size=...); in per-sample mode the DataLoader collates: "
-                "pass it to DataLoader(ds, batch_size=..., collate_fn=...)"
-            )
-        if (rank is None) != (world_size is None):
-            raise ArgumentError("give both rank and world_size, or neither")
-        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ArgumentError(f"seed must be an integer >= 0 (it seeds NumPy's SeedSequence), got {seed!r}")
-        check = parse_check(check)
-        self.file: RecordSet = open_set(path, cache_dir=cache_dir, cache_limit=cache_limit, check=check)
+        self._init_reader(
+            rank,
+            world_size,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            block_size=block_size,
+            seed=seed,
+            transform=transform,
+            batch_transform=batch_transform,
+            collate_fn=collate_fn,
+            drop_last=drop_last,
+            batch_size=batch_size,
+            loader_batch_size=loader_batch_size,
+            check=check,
+        )
+        self.file: RecordSet = open_set(path, cache_dir=cache_dir, cache_limit=cache_limit, check=self.check)
         # a bad path fails here, in the main process, not at len() or in a worker; nothing stays open
         count = int(self.file.read_header()["count"])
         self._subset: Subset | None = None
         if subset is not None:
             self._subset = resolve_subset(subset, count, self.file.path)
-        self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
-        self.block_size = block_size
-        self.seed = int(seed)
-        self.transform = transform
-        self.batch_transform = batch_transform
-        self.collate_fn = collate_fn
-        self.verify = verify
         self._layout_cache: tuple[tuple[str, int], FixedLayout | None] | None = None
         self._force_generic = False  # tests: read a fixed-layout set the generic way
-        self.drop_last = drop_last
-        self.batch_size = batch_size
-        self.loader_batch_size = loader_batch_size
-        self._init_epoch_and_world(rank, world_size)
         self._resume: dict[str, Any] | None = None  # a loaded resume point, used by the next iteration only
         self._yielded = 0  # items this reader yielded in the current iteration
         self._iter_epoch: int | None = None
@@ -233,19 +209,13 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
         return f"RecordDataset({', '.join(parts)})"
 
     # -- configuration ------------------------------------------------------
-    def __len__(self) -> int:
-        self._refresh_distributed()
-        per_rank = self._per_rank()
-        if self.batch_size is None:
-            loader = _glue.calling_loader(self)
-            if loader is not None:  # len(loader): say so now if the loader will yield another count
-                problem = self._loader_problem(loader)
-                if problem:
-                    warnings.warn(problem, UserWarning, stacklevel=3)
-            return per_rank
-        if self.drop_last:
-            return per_rank // self.batch_size
-        return -(-per_rank // self.batch_size)
+    STATE_KIND = _resume.STATE_KIND
+
+    def _set_id(self) -> str:
+        return self.file.set_id
+
+    def _where(self) -> str:
+        return self.file.path
 
     def _per_rank(self) -> int:
         return _partition.samples_per_rank(self._count(), self._distributed[1], self.drop_last)
@@ -258,39 +228,6 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
     def subset(self) -> range | np.ndarray | None:
         """The selected sample indices in order (a range or a read-only int64 array), or None for all."""
         return self._subset.indices if self._subset is not None else None
-
-    def _unit(self, num_workers: int) -> int:
-        """What this rank's span is cut on among ``num_workers`` readers."""
-        return _partition.worker_unit(self._per_rank(), num_workers, self.batch_size, self.loader_batch_size)
-
-    def check_loader(self, loader: Any) -> int:
-        """The number of batches ``loader`` yields from this rank per epoch; raises when it is not ``len(loader)``.
-
-        Use it to size schedules (``OneCycleLR(total_steps=epochs * ds.check_loader(loader))``)
-        or as an assertion before training. In per-sample mode the count
-        differs when the DataLoader's batch size does not divide the unit
-        worker shares are cut on (see the class docstring); the error says
-        which ``loader_batch_size`` fixes it.
-
-        Raises:
-            ValueError: ``loader`` does not read this dataset, or it yields
-                another number of batches than ``len(loader)``.
-        """
-        if getattr(loader, "dataset", None) is not self:
-            raise LoaderMismatchError(
-                "check_loader: the loader does not read this dataset (loader.dataset is another object)"
-            )
-        self._refresh_distributed()
-        problem = self._loader_problem(loader)
-        if problem:
-            raise LoaderMismatchError(problem)
-        return len(loader)
-
-    def _loader_problem(self, loader: Any) -> str | None:
-        """Why ``loader`` yields another number of batches than ``len(loader)``, or None."""
-        return _glue.loader_problem(
-            loader, path=self.file.path, batch_size=self.batch_size, per_rank=self._per_rank(), unit_of=self._unit
-        )
 
     # -- resume -------------------------------------------------------------------
     def _plan(self, num_workers: int) -> dict[str, Any]:
@@ -319,15 +256,10 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
         ``set_id``, the epoch, the order settings, who this reader is and how many
         items (samples, or batches in batch mode) it yielded this epoch.
         """
-        info = get_worker_info()
-        if info is None:
-            self._refresh_distributed()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        state: dict[str, Any] = {"kind": _resume.STATE_KIND, "version": _resume.STATE_VERSION}
-        state["set_id"] = self.file.set_id
-        state["epoch"] = self._iter_epoch if self._iter_epoch is not None else self.epoch
-        state.update(self._plan(num_workers))
-        state.update(rank=self._distributed[0], worker=worker, yielded=self._yielded)
+        reader = self.reader()
+        state = self._state_header(reader, self._iter_epoch if self._iter_epoch is not None else self.epoch)
+        state.update(self._plan(reader.num_workers))
+        state["yielded"] = self._yielded
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -346,11 +278,9 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
                 A state of an earlier epoch is ignored with a warning.
         """
         self._refresh_distributed()
-        self._resume = _resume.accept(
+        self._resume = self._accept_state(
             state,
-            set_id=self.file.set_id,
-            epoch=self.epoch,
-            path=self.file.path,
+            kinds=(_resume.STATE_KIND, _resume.POSITION_KIND),
             subset=self._subset.digest if self._subset is not None else None,
         )
 
@@ -479,13 +409,13 @@ class RecordDataset(EpochAndWorld, IterableDataset[Any]):
         )
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        if info is None:
-            self._refresh_distributed()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        who = self.reader()
+        worker, num_workers = who.worker, who.num_workers
         layout = None if self._force_generic else self._fixed_layout()
-        share, start = self._resume_share(self.share(worker, num_workers), worker, num_workers)
-        reader = ShareReader(self.file, share, layout=layout, verify=self.verify)
+        share, start = self.share(worker, num_workers), 0
+        if self._resume is not None:  # a loaded resume point: used by this iteration only
+            share, start = self._resume_share(share, worker, num_workers)
+        reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check))
         self._iter_epoch = self.epoch
         self._yielded = start
         items = Items(

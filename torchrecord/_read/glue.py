@@ -38,7 +38,13 @@ def calling_loader(dataset: Any) -> Any:
 
 
 def loader_problem(
-    loader: Any, *, path: str, batch_size: int | None, per_rank: int, unit_of: Callable[[int], int]
+    loader: Any,
+    *,
+    path: str,
+    batch_size: int | None,
+    per_rank: int,
+    unit_of: Callable[[int], int],
+    dataset: str = "RecordDataset",
 ) -> str | None:
     """Why ``loader`` yields another number of batches than ``len(loader)`` from a dataset, or None.
 
@@ -48,6 +54,7 @@ def loader_problem(
         batch_size: the dataset's batch size (None: per-sample mode).
         per_rank: samples the dataset yields on this rank per epoch.
         unit_of: what the rank's span is cut on among a number of readers.
+        dataset: the dataset's class name, for the fix the message gives.
     """
     size = getattr(loader, "batch_size", None)
     if batch_size is not None:
@@ -70,5 +77,5 @@ def loader_problem(
         f"{path}: len(loader) is {promised}, but DataLoader(batch_size={size}, num_workers={workers}) yields "
         f"{actual} batches per epoch from this dataset: each worker batches its own share and ends on its own "
         f"short batch, and {size} does not divide the {unit} samples the shares are cut on. Fix: "
-        f"RecordDataset(..., loader_batch_size={size}), or a DataLoader batch size that divides {unit}"
+        f"{dataset}(..., loader_batch_size={size}), or a DataLoader batch size that divides {unit}"
     )

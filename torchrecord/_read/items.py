@@ -16,13 +16,13 @@ DataLoader worker can be traced to its record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from torchrecord._core.kinds import collate_samples, collate_transformed, split_columns, stack_columns
+from torchrecord._core.kinds import collate_any, collate_samples, collate_transformed, split_columns, stack_columns
 from torchrecord._core.schema import Schema
 from torchrecord._read.reader import ShareReader
 
@@ -41,14 +41,14 @@ class Items:
 
     Attributes:
         path: the record set, for notes on errors.
-        schema: its schema.
+        schema: its schema (None: items of no schema, e.g. robomimic windows, collated by what they hold).
         transform, collate_fn, batch_transform: the user's functions (or None).
         batch_size: samples per batch (None: single samples).
         drop_last: drop a short last batch.
     """
 
     path: str
-    schema: Schema
+    schema: Schema | None
     transform: Callable[[Any], Any] | None = None
     collate_fn: Callable[[list[Any]], Any] | None = None
     batch_transform: Callable[[Any], Any] | None = None
@@ -60,61 +60,93 @@ class Items:
         return self._batches(reader, start) if self.batch_size is not None else self._samples(reader, start)
 
     def _samples(self, reader: ShareReader, start: int) -> Iterator[Any]:
-        schema, transform = self.schema, self.transform
         step = SAMPLE_CHUNK
         if reader.layout is not None:
             step = max(1, min(step, SAMPLE_CHUNK_BYTES // max(1, sum(reader.layout.sample_bytes))))
         for chunk, indices in reader.indexed_chunks(step, start):
-            samples = split_columns(chunk, schema) if reader.fixed else chunk
-            if transform is None:
-                yield from samples
-                continue
+            yield from self.samples(chunk, reader.fixed, indices)
+
+    def samples(self, chunk: Any, fixed: bool, indices: np.ndarray | None = None) -> Iterator[Any]:
+        """The samples of one chunk (typed columns when ``fixed``, else decoded samples), transformed.
+
+        ``indices``: the set's index of each sample, named in a failing transform's note.
+        """
+        if fixed:
+            assert self.schema is not None
+            samples: Iterable[Any] = split_columns(chunk, self.schema)
+        else:
+            samples = chunk
+        transform = self.transform
+        if transform is None:
+            yield from samples
+        elif indices is None:
+            for sample in samples:
+                yield self._transform(transform, sample, None)
+        else:
             for sample, index in zip(samples, indices.tolist()):
                 yield self._transform(transform, sample, index)
 
-    def _transform(self, transform: Callable[[Any], Any], sample: Any, index: int) -> Any:
+    def _transform(self, transform: Callable[[Any], Any], sample: Any, index: int | None) -> Any:
         """``transform(sample)``; an exception it raises keeps its type and gains a note naming the sample."""
         try:
             return transform(sample)
         except Exception as exc:
-            add_note(
-                exc,
-                f"torchrecord: the transform failed on sample {index} of {self.path} "
-                f"(RecordFile({self.path!r})[{index}] is that sample, untransformed)",
-            )
+            if index is None:
+                add_note(exc, f"torchrecord: the transform failed on a sample of {self.path}")
+            else:
+                add_note(
+                    exc,
+                    f"torchrecord: the transform failed on sample {index} of {self.path} "
+                    f"(RecordFile({self.path!r})[{index}] is that sample, untransformed)",
+                )
             raise
 
     def _batches(self, reader: ShareReader, start: int) -> Iterator[Any]:
         size = self.batch_size
         assert size is not None
-        schema, transform, collate = self.schema, self.transform, self.collate_fn
         for chunk, indices in reader.indexed_chunks(size, start * size):
             if len(indices) < size and self.drop_last:
                 return
-            if transform is None and collate is None:
-                batch = stack_columns(chunk, schema) if reader.fixed else collate_samples(chunk, schema)
-            else:
-                sources = list(split_columns(chunk, schema)) if reader.fixed else chunk
-                samples = sources
-                if transform is not None:
+            yield self.batch(chunk, reader.fixed, indices)
+
+    def batch(self, chunk: Any, fixed: bool, indices: np.ndarray | None = None) -> Any:
+        """One batch of a chunk: collated (by the schema, or by ``collate_fn``), then ``batch_transform``.
+
+        ``chunk`` holds typed columns when ``fixed``, else samples (decoded ones, or
+        for a dataset without a schema its items). ``indices`` name the samples in notes.
+        """
+        schema, transform, collate = self.schema, self.transform, self.collate_fn
+        if transform is None and collate is None and schema is not None:
+            batch = stack_columns(chunk, schema) if fixed else collate_samples(chunk, schema)
+        else:
+            sources = list(split_columns(chunk, schema)) if fixed and schema is not None else list(chunk)
+            samples = sources
+            if transform is not None:
+                if indices is None:
+                    samples = [self._transform(transform, s, None) for s in sources]
+                else:
                     samples = [self._transform(transform, s, i) for s, i in zip(sources, indices.tolist())]
-                try:
-                    if collate is not None:
-                        batch = collate(samples)
-                    else:
-                        batch = collate_transformed(samples, sources, schema, self.path)
-                except Exception as exc:
-                    add_note(exc, f"torchrecord: collating a batch of {self.path} failed ({_which(indices)})")
-                    raise
-            if self.batch_transform is not None:
-                try:
-                    batch = self.batch_transform(batch)
-                except Exception as exc:
-                    add_note(
-                        exc, f"torchrecord: the batch_transform failed on a batch of {self.path} ({_which(indices)})"
-                    )
-                    raise
-            yield batch
+            try:
+                if collate is not None:
+                    batch = collate(samples)
+                elif schema is not None:
+                    batch = collate_transformed(samples, sources, schema, self.path)
+                else:
+                    batch = collate_any(samples, self.path)
+            except Exception as exc:
+                add_note(exc, f"torchrecord: collating a batch of {self.path} failed ({_which(indices)})")
+                raise
+        return self.finish(batch, indices)
+
+    def finish(self, batch: Any, indices: np.ndarray | None = None) -> Any:
+        """A collated batch after ``batch_transform`` (itself without one)."""
+        if self.batch_transform is not None:
+            try:
+                batch = self.batch_transform(batch)
+            except Exception as exc:
+                add_note(exc, f"torchrecord: the batch_transform failed on a batch of {self.path} ({_which(indices)})")
+                raise
+        return batch
 
 
 def add_note(exc: BaseException, note: str) -> None:
@@ -124,7 +156,9 @@ def add_note(exc: BaseException, note: str) -> None:
         add(note)
 
 
-def _which(indices: np.ndarray) -> str:
+def _which(indices: np.ndarray | None) -> str:
     """The sample indices of a batch, shortened."""
+    if indices is None:
+        return "its samples are not indexed"
     shown = ", ".join(str(i) for i in indices[:8].tolist())
     return f"sample indices {shown}{', ...' if len(indices) > 8 else ''}"

@@ -7,20 +7,22 @@ Both read a set written by ``torchrecord.convert.from_robomimic`` through
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset
 
 from torchrecord._core.structure import flatten, unflatten
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
 from torchrecord._order.window_plan import WindowSpec
 from torchrecord._read import resume as _resume
+from torchrecord._read.base import ReaderDataset
+from torchrecord._read.items import Items
 from torchrecord._robomimic.windows import RoboWindows
 from torchrecord._shards.open import SetLike
+from torchrecord._store.checked import Check, parse_check
 from torchrecord.errors import ArgumentError, IndexOutOfRangeError, ResumeStateError
 
 __all__ = ["SequenceDataset", "WindowDataset"]
@@ -39,16 +41,24 @@ _PLAN_KEYS = (
     "block_size",
     "buffer",
     "world_size",
+    "num_workers",
+    "worker_unit",
 )
 #: A WindowDataset reads at most about this many bytes of frames from the file per shuffle buffer.
 BUFFER_BYTES = 64 << 20
 
 
-def _cache_mode(cache: str | None, hdf5_cache_mode: Any) -> str | None:
+#: The values of ``frame_cache=``.
+FrameCache = Literal["low_dim", "all"]
+
+
+def _cache_mode(frame_cache: str | None, hdf5_cache_mode: Any) -> str | None:
     if hdf5_cache_mode is _UNSET:
-        return cache
-    if cache != "low_dim" and cache != hdf5_cache_mode:
-        raise ArgumentError(f"cache={cache!r} and hdf5_cache_mode={hdf5_cache_mode!r} disagree; give one of them")
+        return frame_cache
+    if frame_cache != "low_dim" and frame_cache != hdf5_cache_mode:
+        raise ArgumentError(
+            f"frame_cache={frame_cache!r} and hdf5_cache_mode={hdf5_cache_mode!r} disagree; give one of them"
+        )
     return hdf5_cache_mode  # type: ignore[no-any-return]
 
 
@@ -69,7 +79,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
     Where robomimic fails at construction (or on the first item), this raises
     ValueError, naming the demo and the minimum length for a demo too short.
 
-    Cache modes, over the memory-mapped file: ``"low_dim"`` copies the
+    Frame cache modes, over the memory-mapped file: ``"low_dim"`` copies the
     dataset keys (as float32, as robomimic does) and the low-dimensional obs keys
     (frames of rank 0 or 1) of the selected demos into one contiguous array per
     key, once per process; images are read from the file per item. ``"all"``
@@ -82,12 +92,14 @@ class SequenceDataset(Dataset[dict[str, Any]]):
             ``actions``, ``rewards``, ``dones``...).
         frame_stack, seq_length, pad_frame_stack, pad_seq_length, get_pad_mask,
             goal_mode, filter_by_attribute, load_next_obs: as in robomimic.
-        cache: ``"low_dim"``, ``"all"`` or None; ``hdf5_cache_mode`` is an alias.
+        frame_cache: which fields are held in memory: ``"low_dim"``, ``"all"`` or
+            None; robomimic's ``hdf5_cache_mode`` is an alias.
         hdf5_use_swmr: ignored (accepted for drop-in use).
         hdf5_normalize_obs: only False is supported.
-        verify: check each record's CRC-32 as it is read.
-        check: ``"structure"``: check the file's LMDB page structure when the
-            dataset is made (files of unknown provenance; see :class:`RecordFile`).
+        check: integrity on read: ``"checksums"`` checks each record's CRC-32 as it
+            is read, ``"structure"`` the file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`),
+            ``"full"`` both.
 
     The dataset pickles without its cache (a spawn worker fills its own).
     """
@@ -102,18 +114,18 @@ class SequenceDataset(Dataset[dict[str, Any]]):
         pad_frame_stack: bool = True,
         pad_seq_length: bool = True,
         get_pad_mask: bool = False,
-        goal_mode: str | None = None,
-        cache: str | None = "low_dim",
+        goal_mode: Literal["last"] | None = None,
+        frame_cache: FrameCache | None = "low_dim",
         filter_by_attribute: str | None = None,
         load_next_obs: bool = True,
         *,
         hdf5_cache_mode: Any = _UNSET,
         hdf5_use_swmr: bool = True,
         hdf5_normalize_obs: bool = False,
-        verify: bool = False,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
         _check_unsupported(hdf5_normalize_obs)
+        check = parse_check(check)
         self.core = RoboWindows(
             path,
             obs_keys,
@@ -121,10 +133,9 @@ class SequenceDataset(Dataset[dict[str, Any]]):
             spec=WindowSpec(frame_stack, seq_length, pad_frame_stack, pad_seq_length),
             get_pad_mask=get_pad_mask,
             goal_mode=goal_mode,
-            cache=_cache_mode(cache, hdf5_cache_mode),
+            cache=_cache_mode(frame_cache, hdf5_cache_mode),
             filter_by_attribute=filter_by_attribute,
             load_next_obs=load_next_obs,
-            verify=verify,
             check=check,
         )
         self.core.store.fill()
@@ -135,8 +146,8 @@ class SequenceDataset(Dataset[dict[str, Any]]):
         return [self.core.robo.demos[i] for i in self.core.selected]
 
     @property
-    def cache(self) -> str | None:
-        """The cache mode in use: ``"low_dim"``, ``"all"`` or None."""
+    def frame_cache(self) -> str | None:
+        """The frame cache mode in use: ``"low_dim"``, ``"all"`` or None."""
         return self.core.cache
 
     def __len__(self) -> int:
@@ -155,7 +166,7 @@ class SequenceDataset(Dataset[dict[str, Any]]):
         spec = self.core.spec
         return (
             f"SequenceDataset({self.core.path!r}, demos={len(self.core.selected)}, windows={len(self)}, "
-            f"frame_stack={spec.frame_stack}, seq_length={spec.seq_length}, cache={self.cache!r})"
+            f"frame_stack={spec.frame_stack}, seq_length={spec.seq_length}, frame_cache={self.frame_cache!r})"
         )
 
 
@@ -163,7 +174,7 @@ def _first(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: _first(v) if isinstance(v, dict) else v[0] for k, v in batch.items()}
 
 
-class WindowDataset(IterableDataset[Any]):
+class WindowDataset(ReaderDataset):
     """robomimic's windows as a stream for training loops: shuffled per epoch, sharded, batched in the worker.
 
     The same windows as :class:`SequenceDataset` with the same parameters (and
@@ -180,9 +191,9 @@ class WindowDataset(IterableDataset[Any]):
 
     Args:
         path, obs_keys, dataset_keys, frame_stack, seq_length, pad_frame_stack,
-            pad_seq_length, get_pad_mask, goal_mode, cache, filter_by_attribute,
+            pad_seq_length, get_pad_mask, goal_mode, frame_cache, filter_by_attribute,
             load_next_obs: as in :class:`SequenceDataset` (``hdf5_cache_mode`` is
-            an alias of ``cache``, as there).
+            an alias of ``frame_cache``, as there).
         shuffle: a new window order every epoch (False: stored order).
         seed: the base seed of the order.
         batch_size: yield batches of this many windows (dicts of tensors
@@ -190,14 +201,24 @@ class WindowDataset(IterableDataset[Any]):
         drop_last: ranks cut the remainder instead of repeating windows from the
             epoch's start, and each rank drops its last short batch.
         rank, world_size: override what ``torch.distributed`` reports.
-        transform: called on each item yielded (a batch, or a window).
+        transform: called on each window (a dict of tensors [T, ...]) after
+            shuffling, before batching; batches of transformed windows are
+            collated by what they hold (tensors of one shape stacked, numbers into
+            a tensor, anything else a list), or by ``collate_fn``.
+        batch_transform: called on each batch (batch mode).
+        collate_fn: batch mode: turns the list of (transformed) windows of a batch
+            into the batch, replacing the default collation.
         shuffle_buffer: windows mixed at a time per reader (capped so that their
             frames read from the file stay near 64 MiB; at least one batch).
         block_size: windows per block of the per-epoch block order (default:
             about windows/256, within [16, 4096]).
-        verify: check each record's CRC-32 as it is read.
-        check: ``"structure"``: check the file's LMDB page structure when the
-            dataset is made (files of unknown provenance; see :class:`RecordFile`).
+        loader_batch_size: per-sample mode: the ``batch_size`` of the DataLoader,
+            so each worker's share is cut on whole batches and the loader yields
+            exactly ``len(loader)`` batches (as for :class:`~torchrecord.RecordDataset`).
+        check: integrity on read: ``"checksums"`` checks each record's CRC-32 as it
+            is read, ``"structure"`` the file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`),
+            ``"full"`` both.
 
     ``len()`` is the number of items (batches, or windows) each rank yields per epoch.
 
@@ -217,8 +238,8 @@ class WindowDataset(IterableDataset[Any]):
         pad_frame_stack: bool = True,
         pad_seq_length: bool = True,
         get_pad_mask: bool = False,
-        goal_mode: str | None = None,
-        cache: str | None = "low_dim",
+        goal_mode: Literal["last"] | None = None,
+        frame_cache: FrameCache | None = "low_dim",
         filter_by_attribute: str | None = None,
         load_next_obs: bool = True,
         *,
@@ -229,24 +250,29 @@ class WindowDataset(IterableDataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
         transform: Callable[[Any], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
         shuffle_buffer: int = 8192,
         block_size: int | None = None,
+        loader_batch_size: int | None = None,
         hdf5_cache_mode: Any = _UNSET,
-        verify: bool = False,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
-        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-            raise ArgumentError(f"batch_size must be >= 1 or None, got {batch_size!r}")
-        if shuffle_buffer < 1:
-            raise ArgumentError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
-        if block_size is not None and block_size < 1:
-            raise ArgumentError(f"block_size must be >= 1, got {block_size}")
-        if seed < 0:
-            raise ArgumentError(f"seed must be >= 0, got {seed}")
-        if (rank is None) != (world_size is None):
-            raise ArgumentError("give both rank and world_size, or neither")
-        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
+        self._init_reader(
+            rank,
+            world_size,
+            shuffle=shuffle,
+            seed=seed,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            transform=transform,
+            batch_transform=batch_transform,
+            collate_fn=collate_fn,
+            shuffle_buffer=shuffle_buffer,
+            block_size=block_size,
+            loader_batch_size=loader_batch_size,
+            check=check,
+        )
         self.core = RoboWindows(
             path,
             obs_keys,
@@ -254,29 +280,34 @@ class WindowDataset(IterableDataset[Any]):
             spec=WindowSpec(frame_stack, seq_length, pad_frame_stack, pad_seq_length),
             get_pad_mask=get_pad_mask,
             goal_mode=goal_mode,
-            cache=_cache_mode(cache, hdf5_cache_mode),
+            cache=_cache_mode(frame_cache, hdf5_cache_mode),
             filter_by_attribute=filter_by_attribute,
             load_next_obs=load_next_obs,
-            verify=verify,
-            check=check,
+            check=self.check,
         )
-        self.shuffle, self.seed, self.batch_size, self.drop_last = shuffle, seed, batch_size, drop_last
-        self.transform, self.shuffle_buffer, self.block_size = transform, shuffle_buffer, block_size
-        self._explicit = (rank, world_size) if rank is not None else None
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._resume: dict[tuple[int, int], int] | None = None  # (worker, num_workers) -> items yielded
         self._yielded = 0
+        self._set_id_cache: str | None = None
         self.core.store.fill()  # in this process: fork workers share it
 
     # -- configuration ------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration produces (reaches persistent workers)."""
-        self._epoch.fill_(int(epoch))
+    STATE_KIND = STATE_KIND
+
+    def _set_id(self) -> str:
+        if self._set_id_cache is None:
+            self._set_id_cache = self.core.store.file.set_id
+        return self._set_id_cache
+
+    def _where(self) -> str:
+        return self.core.path
+
+    def _per_rank(self) -> int:
+        return _partition.samples_per_rank(len(self.core), self._distributed[1], self.drop_last)
 
     @property
-    def epoch(self) -> int:
-        """The epoch set by :meth:`set_epoch` (shared with persistent workers)."""
-        return int(self._epoch.item())
+    def frame_cache(self) -> str | None:
+        """The frame cache mode in use: ``"low_dim"``, ``"all"`` or None."""
+        return self.core.cache
 
     @property
     def windows(self) -> int:
@@ -284,23 +315,14 @@ class WindowDataset(IterableDataset[Any]):
         return len(self.core)
 
     def _world(self) -> tuple[int, int]:
-        if self._explicit is not None:
-            return self._explicit  # type: ignore[return-value]
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-
-    def __len__(self) -> int:
-        per_rank = _partition.samples_per_rank(len(self.core), self._world()[1], self.drop_last)
-        if self.batch_size is None:
-            return per_rank
-        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+        self._refresh_distributed()
+        return self._distributed
 
     def __repr__(self) -> str:
         spec = self.core.spec
         return (
             f"WindowDataset({self.core.path!r}, windows={len(self.core)}, frame_stack={spec.frame_stack}, "
-            f"seq_length={spec.seq_length}, batch_size={self.batch_size}, cache={self.core.cache!r})"
+            f"seq_length={spec.seq_length}, batch_size={self.batch_size}, frame_cache={self.core.cache!r})"
         )
 
     # -- the plan -------------------------------------------------------------------
@@ -332,7 +354,7 @@ class WindowDataset(IterableDataset[Any]):
             worker=worker,
             num_workers=num_workers,
             drop_last=self.drop_last,
-            unit=self.batch_size,
+            unit=self._unit(num_workers),
         )
         total = sum(b - a for a, b in runs)
         size = self.buffer_windows()
@@ -350,12 +372,23 @@ class WindowDataset(IterableDataset[Any]):
 
     # -- iteration --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        resume, self._resume = self._resume, None
-        self._yielded = (resume or {}).get((worker, workers), 0)
+        who = self.reader()
+        worker, workers = who.worker, who.num_workers
+        self._yielded = 0
+        if self._resume is not None:  # a loaded resume point: used by this iteration only
+            resume, self._resume = self._resume, None
+            self._yielded = resume.get((worker, workers), 0)
         skip = self._yielded * (self.batch_size or 1)  # windows already handed out this epoch
         step = self.batch_size or 256
+        items = Items(
+            self.core.path,
+            None,
+            transform=self.transform,
+            collate_fn=self.collate_fn,
+            batch_transform=self.batch_transform,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
         pending: list[dict[str, Any]] = []
         held = 0
         for index in self.reader_windows(worker, workers):
@@ -373,21 +406,28 @@ class WindowDataset(IterableDataset[Any]):
                 held += n
                 at += n
                 if held == step:
-                    yield from self._emit(_join(pending))
+                    yield from self._emit(_join(pending), items)
                     pending, held = [], 0
         if pending and not (self.drop_last and self.batch_size is not None):
-            yield from self._emit(_join(pending))
+            yield from self._emit(_join(pending), items)
 
-    def _emit(self, arrays: dict[str, Any]) -> Iterator[Any]:
+    def _emit(self, arrays: dict[str, Any], items: Items) -> Iterator[Any]:
+        """Windows ``arrays`` (leaves [n, T, ...]) as items: one batch, or n windows, through ``items``."""
         tree, leaves = flatten(arrays)
         tensors = [torch.from_numpy(a) for a in leaves]
+        count = len(tensors[0]) if tensors else 0
+        windows: Iterator[Any] = (unflatten(tree, [t[i] for t in tensors]) for i in range(count))
         if self.batch_size is not None:
-            items: Iterator[Any] = iter([unflatten(tree, tensors)])
+            if self.transform is None and self.collate_fn is None:
+                batch = unflatten(tree, tensors)  # the windows, already stacked
+                out: Iterator[Any] = iter([items.finish(batch)])
+            else:
+                out = iter([items.batch(list(windows), False)])
         else:
-            items = (unflatten(tree, [t[i] for t in tensors]) for i in range(len(tensors[0]) if tensors else 0))
-        for item in items:
+            out = items.samples(windows, False)
+        for item in out:
             self._yielded += 1
-            yield self.transform(item) if self.transform is not None else item
+            yield item
 
     # -- resume -------------------------------------------------------------------------
     def _plan_state(self) -> dict[str, Any]:
@@ -404,14 +444,15 @@ class WindowDataset(IterableDataset[Any]):
             "world_size": self._world()[1],
         }
 
+    def _plan_of(self, num_workers: int) -> dict[str, Any]:
+        return {**self._plan_state(), "num_workers": num_workers, "worker_unit": self._unit(num_workers)}
+
     def state_dict(self) -> dict[str, Any]:
         """This reader's position: items yielded this epoch, who it is, and the plan (small, plain values)."""
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        state: dict[str, Any] = {"kind": STATE_KIND, "version": _resume.STATE_VERSION}
-        state.update(set_id=self.core.store.file.set_id, epoch=self.epoch, rank=self._world()[0])
-        state.update(worker=worker, num_workers=workers, yielded=self._yielded)
-        state.update(self._plan_state())
+        who = self.reader()
+        state = self._state_header(who, self.epoch)
+        state["yielded"] = self._yielded
+        state.update(self._plan_of(who.num_workers))
         return state
 
     def load_state_dict(self, state: Any) -> None:
@@ -425,19 +466,17 @@ class WindowDataset(IterableDataset[Any]):
         found = list(_resume.find_states(state, (STATE_KIND,)))
         if not found:
             raise ResumeStateError(f"{self.core.path}: no WindowDataset state found in what was given")
-        set_id = self.core.store.file.set_id
-        mine = self._plan_state()
         resume: dict[tuple[int, int], int] = {}
         for s in found:
-            kept = _resume.accept(s, set_id=set_id, epoch=self.epoch, path=self.core.path, kinds=(STATE_KIND,))
+            saved = s.get("num_workers")
+            kept = self._accept_state(
+                s,
+                plan=self._plan_of(saved if isinstance(saved, int) and saved >= 1 else 1),
+                plan_keys=_PLAN_KEYS,
+                advice="resume with the same windows, settings and world size",
+            )
             if kept is None:
                 continue
-            for key in _PLAN_KEYS:
-                if kept.get(key) != mine[key]:
-                    raise ResumeStateError(
-                        f"{self.core.path}: the state was saved with {key}={kept.get(key)!r}, this dataset has "
-                        f"{mine[key]!r}; resume with the same windows, settings and world size"
-                    )
             if kept.get("rank") == self._world()[0]:
                 resume[(int(kept["worker"]), int(kept["num_workers"]))] = int(kept["yielded"])
         self._resume = resume or None

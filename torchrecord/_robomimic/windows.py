@@ -20,6 +20,7 @@ from torchrecord._order.window_plan import Windows, WindowSpec
 from torchrecord._robomimic.episodes import SHIFT, STORED, RoboSet, field_name
 from torchrecord._robomimic.frame_store import Block, FrameStore
 from torchrecord._shards.open import SetLike, open_set
+from torchrecord._store.checked import Check, checks_crc
 from torchrecord.errors import ArgumentError
 
 __all__ = ["CACHE_MODES", "Leaf", "RoboWindows"]
@@ -64,11 +65,10 @@ class RoboWindows:
         cache: str | None,
         filter_by_attribute: str | None,
         load_next_obs: bool,
-        verify: bool = False,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
         if cache not in CACHE_MODES:
-            raise ArgumentError(f"cache (hdf5_cache_mode) must be 'all', 'low_dim' or None, got {cache!r}")
+            raise ArgumentError(f"frame_cache (hdf5_cache_mode) must be 'all', 'low_dim' or None, got {cache!r}")
         if goal_mode not in (None, "last"):
             raise ArgumentError(f"goal_mode must be None or 'last', got {goal_mode!r}")
         if goal_mode == "last" and not load_next_obs:
@@ -95,7 +95,7 @@ class RoboWindows:
             if cache is None:
                 raise ArgumentError(
                     f"{self.path}: the source's demos have no {k!r}; robomimic reads zeros for it only under a "
-                    "cache mode (and fails without one): leave it out or use cache='low_dim'"
+                    "cache mode (and fails without one): leave it out or use frame_cache='low_dim'"
                 )
             self.zero_keys.add(k)
         if load_next_obs and self.obs_keys and not robo.next_obs:
@@ -103,7 +103,7 @@ class RoboWindows:
         self.selected = robo.select(filter_by_attribute)
         names = [robo.demos[i] for i in self.selected]
         self.windows = Windows(spec, robo.lengths[self.selected], names, self.path)
-        self.store = FrameStore(file, self._cached_fields(), self._cache_records(), verify=verify)
+        self.store = FrameStore(file, self._cached_fields(), self._cache_records(), verify=checks_crc(check))
         file.close()
 
     def __len__(self) -> int:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from torchrecord._shards.sharded import ShardedSet
+from torchrecord._store.checked import Check
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, is_sharded
 from torchrecord.errors import ArgumentError
@@ -28,7 +29,7 @@ def open_set(
     subset: Any = None,
     cache_dir: str | None = None,
     cache_limit: int | None = None,
-    check: str | None = None,
+    check: Check | None = None,
 ) -> RecordSet:
     """Open the record set at ``path``: a :class:`~torchrecord.RecordFile` or a :class:`~torchrecord.ShardedSet`.
 

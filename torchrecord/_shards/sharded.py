@@ -23,7 +23,7 @@ import numpy as np
 from torchrecord._core.schema import Schema
 from torchrecord._shards import manifest as _manifest
 from torchrecord._shards.remote import ShardCache, fetch_manifest, is_url
-from torchrecord._store.checked import parse_check
+from torchrecord._store.checked import Check, combine_checks, parse_check
 from torchrecord._store.format import _describe_directory
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
@@ -59,8 +59,9 @@ class ShardedSet(RecordSet):
             finished with are evicted beyond it (None: no limit).
         subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
             reads a subset of a sharded set.
-        check: ``"structure"``: check each shard's LMDB page structure before it is
-            first opened in a process (see :class:`RecordFile`).
+        check: integrity on read, for each shard: ``"checksums"`` (each record's
+            CRC-32), ``"structure"`` (each shard's LMDB page structure before it
+            is first opened in a process) or ``"full"`` (both; see :class:`RecordFile`).
     """
 
     def __init__(
@@ -70,7 +71,7 @@ class ShardedSet(RecordSet):
         subset: Any = None,
         cache_dir: str | None = None,
         cache_limit: int | None = None,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
         self.path = os.fsdecode(path)
         if subset is not None:
@@ -82,11 +83,11 @@ class ShardedSet(RecordSet):
         self.read_header()  # a folder without a finalized set fails here, not at len()
 
     def _setup(
-        self, cache_dir: str | None, cache_limit: int | None, check: str | None, manifest: dict[str, Any] | None
+        self, cache_dir: str | None, cache_limit: int | None, check: Check | None, manifest: dict[str, Any] | None
     ) -> None:
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
-        self._check = check
+        self._check: Check | None = check
         self._manifest = manifest
         self._files: dict[int, RecordFile] = {}
         self._cache: ShardCache | None = None
@@ -341,9 +342,9 @@ class ShardedSet(RecordSet):
 
     def _require_check(self, check: str | None) -> None:
         """Turn on ``check`` for every shard opened from now on."""
-        check = parse_check(check)
-        if check is not None and self._check is None:
-            self._check = check
+        combined = combine_checks(self._check, parse_check(check))
+        if combined != self._check:
+            self._check = combined
             self._files = {}
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""``check="structure"``: LMDB's page structure checked once per file per process, before liblmdb reads it.
+"""``check=``: integrity on read. ``"structure"``: LMDB's page structure checked once per file per process,
+before liblmdb reads it; ``"checksums"``: each record's CRC-32 checked as it is read; ``"full"``: both.
 
 liblmdb trusts the file it maps: damage to its page structure can kill the
 reading process (SIGSEGV, SIGBUS, an assertion's SIGABRT). A reader of files of
@@ -18,15 +19,29 @@ at the path): then it is checked again.
 from __future__ import annotations
 
 import os
+from typing import Literal, get_args
 
 from torchrecord._store import format as _format
 from torchrecord._store.lmdb_check import check_structure
 from torchrecord.errors import ArgumentError, NotARecordSetError, RecordNotFoundError, StructureError
 
-__all__ = ["CHECKS", "Identity", "ensure", "identity", "parse_check"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "Identity",
+    "checks_crc",
+    "checks_structure",
+    "combine_checks",
+    "ensure",
+    "identity",
+    "parse_check",
+]
 
-#: The values of ``check=``: None (trust the file's structure) or "structure".
-CHECKS = (None, "structure")
+#: The values of ``check=`` besides None (trust the file): each record's CRC-32 as it is read,
+#: LMDB's page structure before the file is mapped, or both.
+Check = Literal["checksums", "structure", "full"]
+#: Every value of ``check=``.
+CHECKS: tuple[str | None, ...] = (None, *get_args(Check))
 
 #: (st_dev, st_ino, st_size, st_mtime_ns) of a file.
 Identity = tuple[int, int, int, int]
@@ -36,14 +51,34 @@ _PASSED: set[Identity] = set()
 _ATTEMPTS = 3
 
 
-def parse_check(check: object) -> str | None:
-    """``check`` as given to a reader, checked: None or ``"structure"`` (ValueError otherwise)."""
-    if check is None or check == "structure":
-        return check
+def parse_check(check: object) -> Check | None:
+    """``check`` as given to a reader, checked: None, ``"checksums"``, ``"structure"`` or ``"full"``."""
+    if check is None or (isinstance(check, str) and check in CHECKS):
+        return check  # type: ignore[return-value]
     raise ArgumentError(
-        f"check must be None or 'structure', got {check!r}; 'structure' checks LMDB's page structure before "
-        "reading a file of unknown provenance"
+        f"check must be None, 'checksums', 'structure' or 'full', got {check!r}: 'checksums' checks each "
+        "record's CRC-32 as it is read, 'structure' checks LMDB's page structure before reading a file of "
+        "unknown provenance, 'full' does both"
     )
+
+
+def checks_structure(check: str | None) -> bool:
+    """Does ``check`` (parsed) include the structural check?"""
+    return check in ("structure", "full")
+
+
+def checks_crc(check: str | None) -> bool:
+    """Does ``check`` (parsed) include each record's CRC-32?"""
+    return check in ("checksums", "full")
+
+
+def combine_checks(a: str | None, b: str | None) -> Check | None:
+    """The check that does what ``a`` and ``b`` both ask for."""
+    structure = checks_structure(a) or checks_structure(b)
+    crc = checks_crc(a) or checks_crc(b)
+    if structure and crc:
+        return "full"
+    return "structure" if structure else ("checksums" if crc else None)
 
 
 def identity(path: str) -> Identity:

@@ -23,7 +23,7 @@ from torchrecord._store.identity import set_id_of
 from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
 from torchrecord._store.subset import Subset
 from torchrecord._store.subset import resolve as resolve_subset
-from torchrecord._store.walk import PIECE, Walk, record_runs
+from torchrecord._store.walk import PIECE, Walk, check_crc, record_runs
 from torchrecord.errors import (
     CorruptRecordError,
     IndexOutOfRangeError,
@@ -74,7 +74,9 @@ class RecordFile(RecordSet):
             the order given (``rf[0]`` is the first selected sample). A subset
             is checked against the set when the RecordFile is made (which opens
             the file); without one, the file opens on first use.
-        check: ``"structure"`` for a file of unknown provenance (downloaded, copied
+        check: integrity on read. ``"checksums"``: each record's CRC-32 is checked as
+            it is read (:class:`~torchrecord.errors.ChecksumError` on a mismatch).
+            ``"structure"`` for a file of unknown provenance (downloaded, copied
             from elsewhere, written by someone else): LMDB's page structure is
             checked in pure Python before liblmdb maps the file, so a damaged
             file raises :class:`~torchrecord.errors.StructureError` instead of
@@ -84,7 +86,7 @@ class RecordFile(RecordSet):
             modification time). It reads the whole file once and costs about
             1.5 us per record: 0.2 s per 100 MB of 3 KB images, 1 s per 100 MB
             of 72-byte vectors (``python -m benchmarks.checks``; see
-            docs/GUARANTEES.md). None (default): trust the structure.
+            docs/GUARANTEES.md). ``"full"``: both. None (default): trust the file.
 
     Example:
         >>> rf = RecordFile("train.tr")                      # doctest: +SKIP
@@ -97,7 +99,7 @@ class RecordFile(RecordSet):
         path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
         *,
         subset: Any = None,
-        check: str | None = None,
+        check: _checked.Check | None = None,
     ) -> None:
         self.path = os.fsdecode(path)  # bytes paths too, as str for messages
         self._check = _checked.parse_check(check)
@@ -114,7 +116,7 @@ class RecordFile(RecordSet):
         self._subset: Subset | None = None
         if is_sharded(self.path):  # a folder, manifest or URL: a sharded set (or nothing), never one file
             raise not_one_file(self.path)
-        if self._check is not None:
+        if _checked.checks_structure(self._check):
             self._checked = _checked.ensure(self.path)
         if subset is not None:
             self._subset = resolve_subset(subset, self._set_count(), self.path)
@@ -187,7 +189,7 @@ class RecordFile(RecordSet):
         but leaves no descriptor or mapping behind unless this process already
         had the file open: for checking a path in a process that will not read.
         """
-        if self._check is None:
+        if not _checked.checks_structure(self._check):
             return _envcache.read_closed(self.path, self._read_description)
         for _ in range(3):
             self._checked = _checked.ensure(self.path, self._checked)
@@ -197,16 +199,16 @@ class RecordFile(RecordSet):
         raise StructureError(f"{self.path}: the file keeps changing while it is opened; try again when it is not")
 
     def _require_check(self, check: str | None) -> None:
-        """Turn on ``check`` for this RecordFile (a dataset was given it with ``check=``); checks now."""
+        """Turn on ``check`` too for this RecordFile (a dataset was given it with ``check=``); checks now."""
         check = _checked.parse_check(check)
-        if check is None or self._check is not None:
-            return
-        self._check = check
-        self._checked = _checked.ensure(self.path)
+        before = self._check
+        self._check = _checked.combine_checks(before, check)
+        if _checked.checks_structure(self._check) and not _checked.checks_structure(before):
+            self._checked = _checked.ensure(self.path)
 
     def _acquire(self) -> _envcache.Handle:
         """This process's handle of the file; with ``check="structure"`` only after the file passed the check."""
-        if self._check is None:
+        if not _checked.checks_structure(self._check):
             return _envcache.acquire(self.path, self._inode)
         for _ in range(3):
             self._checked = _checked.ensure(self.path, self._checked)
@@ -357,6 +359,8 @@ class RecordFile(RecordSet):
         try:
             with _format.lmdb_errors(self.path), env.begin(db=db) as txn:
                 value = txn.get(_format.encode_key(record))
+                crc_db = self._crc_to_check()
+                stored = txn.get(_format.encode_key(record), db=crc_db) if crc_db is not None else None
         except MemoryError:  # a damaged node can claim a value of gigabytes
             raise CorruptRecordError(
                 f"{self.path}: record {record}: LMDB returned a value larger than the memory available; "
@@ -364,7 +368,13 @@ class RecordFile(RecordSet):
             ) from None
         if value is None:
             raise CorruptRecordError(f"{self.path}: record {record} is missing")
+        if crc_db is not None:
+            check_crc(value, stored, f"{self.path}: record {record}")
         return bytes(value)
+
+    def _crc_to_check(self) -> Any:
+        """The checksum database when ``check`` asks for checksums (and the set has them), else None."""
+        return self.crc_db if _checked.checks_crc(self._check) else None
 
     def _sample(self, position: int) -> Any:
         if self._subset is not None:
@@ -390,7 +400,7 @@ class RecordFile(RecordSet):
         runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(records, breaks)]
         values: dict[int, bytes] = {}
         env, db = self.environment()
-        with Walk(env, db, self.path) as walk:
+        with Walk(env, db, self.path, crc_db=self._crc_to_check()) as walk:
             for first, piece in walk.pieces(runs):
                 values.update(zip(range(first, first + len(piece)), piece))
         if k == 1:
@@ -416,7 +426,7 @@ class RecordFile(RecordSet):
             yield from (s for lo in range(0, len(self), PIECE) for s in self[lo : lo + PIECE])
             return
         env, db = self.environment()
-        with Walk(env, db, self.path) as walk:
+        with Walk(env, db, self.path, crc_db=self._crc_to_check()) as walk:
             for first, values in walk.pieces([(0, self.num_records)]):
                 for record, value in enumerate(values, first):
                     yield from self.decode_record(value, record)

@@ -4,33 +4,34 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord._core.kinds import as_tensor, split_columns
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.structure import first_difference, flatten, unflatten
 from torchrecord._order.stream_plan import Cells, StreamPlan, plan_streams
 from torchrecord._read import resume as _resume
+from torchrecord._read.base import ReaderDataset, current_worker, in_worker
 from torchrecord._read.ipc import for_parent
+from torchrecord._read.items import add_note
 from torchrecord._read.reader import Share, ShareReader
 from torchrecord._read.record_block import RecordBlock
-from torchrecord._read.world import EpochAndWorld
 from torchrecord._shards.open import SetLike, open_set
+from torchrecord._store.checked import Check, checks_crc
 from torchrecord._store.fastread import FixedWindowReader
 from torchrecord._store.record_set import RecordSet
-from torchrecord.errors import ArgumentError, LoaderMismatchError, ResumeStateError, SchemaError
+from torchrecord.errors import ArgumentError, ResumeStateError, SchemaError
 
 __all__ = ["StreamDataset"]
 
 STATE_KIND = "torchrecord.StreamDataset"
-_PLAN_KEYS = ("seed", "shuffle", "tail", "streams", "batch_size", "steps")
+_PLAN_KEYS = ("seed", "shuffle", "drop_last", "streams", "batch_size", "steps")
 
 
-class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
+class StreamDataset(ReaderDataset):
     """Sequence streams from a grouped record set: position b of batch t+1 continues position b of batch t.
 
     For models that carry hidden state from one batch to the next (an RNN or a
@@ -66,55 +67,62 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         steps: consecutive frames per stream in one batch.
         shuffle: a new sequence order (and so new streams) every epoch.
         seed: the base seed of the order.
-        tail: ``"pad"`` runs until the longest stream ends (nothing lost, nothing
-            repeated; padding cells are zeros with mask False); ``"drop"`` until the
-            shortest ends (every cell valid; :attr:`dropped` frames are left out).
+        drop_last: ``False`` runs until the longest stream ends (nothing lost,
+            nothing repeated; padding cells are zeros with mask False); ``True``
+            until the shortest ends, cutting the streams to whole ``steps`` (every
+            cell valid; :attr:`dropped` frames are left out).
         transform: called on each frame's decoded sample before batching.
+        batch_transform: called on each batch (the dict above) once it is built,
+            in the worker.
         rank, world_size: override what ``torch.distributed`` reports.
-        verify: check each record's CRC-32 as it is read.
-        check: ``"structure"``: check the file's LMDB page structure when the
-            dataset is made (files of unknown provenance; see :class:`RecordFile`).
+        check: integrity on read: ``"checksums"`` checks each record's CRC-32 as
+            it is read, ``"structure"`` the file's LMDB page structure when the
+            dataset is made (files of unknown provenance; see :class:`RecordFile`),
+            ``"full"`` both.
 
     ``len()`` is the number of batches per rank per epoch, the same on every rank.
     """
 
+    STATE_KIND = STATE_KIND
+    RETIRED_STATE_KEYS: ClassVar[Mapping[str, str]] = {"tail": "drop_last"}
+
     def __init__(
         self,
         path: SetLike,
-        batch_size: int,
         *,
+        batch_size: int,
         steps: int = 1,
         shuffle: bool = True,
         seed: int = 0,
-        tail: str = "pad",
+        drop_last: bool = False,
         transform: Callable[[Any], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        verify: bool = False,
-        check: str | None = None,
+        check: Check | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise ArgumentError(f"batch_size must be >= 1, got {batch_size}")
-        if steps < 1:
-            raise ArgumentError(f"steps must be >= 1, got {steps}")
-        if tail not in ("pad", "drop"):
-            raise ArgumentError(f"tail must be 'pad' or 'drop', got {tail!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
-        if (rank is None) != (world_size is None):
-            raise ArgumentError("give both rank and world_size, or neither")
-        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
-        self.file: RecordSet = open_set(path, check=check)
+        self._init_reader(
+            rank,
+            world_size,
+            batch_required=True,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            transform=transform,
+            batch_transform=batch_transform,
+            check=check,
+        )
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise ArgumentError(f"steps must be an integer >= 1, got {steps!r}")
+        self.file: RecordSet = open_set(path, check=self.check)
         if self.file.groups is None:
             raise ArgumentError(
                 f"{self.file.path}: the set has no groups; write it with write_record(..., group_by=...) "
                 "so that each sequence is one group"
             )
         self.file.close()
-        self.batch_size, self.steps, self.shuffle, self.seed, self.tail = batch_size, steps, shuffle, seed, tail
-        self.transform, self.verify = transform, verify
-        self._init_epoch_and_world(rank, world_size)
+        self.steps = int(steps)
         self._plan_cache: tuple[tuple[int, int], StreamPlan] | None = None
         self._resume: dict[str, Any] | None = None
         self._next_step = 0
@@ -122,6 +130,14 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         self._template: Any = None  # a transformed frame, to shape batches that hold padding only
 
     # -- configuration ------------------------------------------------------
+    batch_size: int
+
+    def _set_id(self) -> str:
+        return self.file.set_id
+
+    def _where(self) -> str:
+        return self.file.path
+
     def _world(self) -> tuple[int, int]:
         """(rank, world size): given, or read from torch.distributed in the main process (see ``_world``)."""
         self._refresh_distributed()
@@ -140,41 +156,45 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
                 seed=self.seed,
                 epoch=self.epoch,
                 shuffle=self.shuffle,
-                tail=self.tail,
+                tail="drop" if self.drop_last else "pad",
             )
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
 
     @property
     def dropped(self) -> int:
-        """Frames of this epoch no batch holds (``tail="drop"``; 0 with ``"pad"``)."""
+        """Frames of this epoch no batch holds (``drop_last=True``; 0 without)."""
         return self.plan().dropped
 
     def __len__(self) -> int:
+        """Batches per rank per epoch, the same on every rank."""
         total = self.plan().steps_per_epoch
-        return -(-total // self.steps) if self.tail == "pad" else total // self.steps
+        return total // self.steps if self.drop_last else -(-total // self.steps)
+
+    def _per_rank(self) -> int:
+        return len(self) * self.batch_size * self.steps
 
     def __repr__(self) -> str:
         return (
             f"StreamDataset({self.file.path!r}, batch_size={self.batch_size}, steps={self.steps}, "
-            f"tail={self.tail!r}, epoch={self.epoch})"
+            f"drop_last={self.drop_last}, epoch={self.epoch})"
         )
 
-    @staticmethod
-    def check_loader(loader: torch.utils.data.DataLoader[Any]) -> None:
-        """Raise ValueError if ``loader`` would not deliver this dataset's batches whole and in order."""
-        if loader.batch_size is not None:
-            raise LoaderMismatchError(
-                f"StreamDataset builds whole batches: use DataLoader(ds, batch_size=None), not batch_size="
-                f"{loader.batch_size}"
+    def _loader_problem(self, loader: Any) -> str | None:
+        """Why ``loader`` would not deliver this dataset's batches whole and in order, or None."""
+        size = getattr(loader, "batch_size", None)
+        if size is not None:
+            return (
+                f"{self.file.path}: StreamDataset builds whole batches: use DataLoader(ds, batch_size=None), not "
+                f"batch_size={size}"
             )
         if getattr(loader, "in_order", True) is False:
-            raise LoaderMismatchError("StreamDataset needs in-order delivery: DataLoader(..., in_order=True)")
+            return f"{self.file.path}: StreamDataset needs in-order delivery: DataLoader(..., in_order=True)"
+        return None
 
     # -- iteration ------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    def __iter__(self) -> Iterator[Any]:
+        worker, workers = current_worker()
         resume, self._resume = self._resume, None
         if resume is None:
             return self.batches(worker, workers)
@@ -202,10 +222,10 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         return self._batches_from(first, num_workers)
 
     def _batches_from(self, first: int, num_workers: int) -> Iterator[dict[str, Any]]:
-        in_worker = get_worker_info() is not None
+        in_a_worker = in_worker()
         for t, batch in self._build_steps(range(first, len(self), num_workers)):
             self._next_step = t + num_workers
-            yield for_parent(batch) if in_worker else batch
+            yield for_parent(batch) if in_a_worker else batch
 
     def _build_steps(self, steps: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(t, batch t)`` for the batch indices ``steps``, in that order, read a group of batches at a time."""
@@ -226,7 +246,14 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
             else:
                 chunks = self._read_many([c[c >= 0] for c in cells.sample.reshape(len(group), -1)])
             for j, (t, chunk) in enumerate(zip(group, chunks)):
-                yield t, self._build(cells, j, chunk, layout)
+                batch = self._build(cells, j, chunk, layout)
+                if self.batch_transform is not None:
+                    try:
+                        batch = self.batch_transform(batch)
+                    except Exception as exc:
+                        add_note(exc, f"torchrecord: the batch_transform failed on batch {t} of {self.file.path}")
+                        raise
+                yield t, batch
 
     def _batches_per_read(self, layout: FixedLayout | None) -> int:
         """How many of a worker's batches one read serves: about 8 MiB of frames, at most 64 batches.
@@ -263,7 +290,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
                 frames = [self.transform(s) for s in frames]
             if frames:
                 self._template = frames[0]
-                data = _collate_cells(frames, np.flatnonzero(mask), b * steps, (b, steps), self._where(cells, j))
+                data = _collate_cells(frames, np.flatnonzero(mask), b * steps, (b, steps), self._frame_where(cells, j))
             else:  # every cell is padding: zeros shaped like a (transformed) frame
                 data = _padding_cells(self._frame_template(), b * steps, (b, steps))
         return {
@@ -273,7 +300,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
             "sequence": torch.from_numpy(cells.sequence[j]),
         }
 
-    def _where(self, cells: Cells, j: int) -> Callable[[int], str]:
+    def _frame_where(self, cells: Cells, j: int) -> Callable[[int], str]:
         """Names frame i of batch j's valid cells (row-major): its file, stored sample and sequence."""
         valid = cells.sample[j] >= 0
 
@@ -298,7 +325,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         with one, only the valid cells in row-major order (the frames to transform).
         """
         flat = sample.reshape(len(sample), -1)
-        block = RecordBlock(self.file, layout, flat[flat >= 0], verify=self.verify, reader=reader)
+        block = RecordBlock(self.file, layout, flat[flat >= 0], verify=checks_crc(self.check), reader=reader)
         try:
             if self.transform is None:
                 return block.columns_many(flat)
@@ -333,7 +360,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         bounds = np.concatenate(([0], breaks, [len(samples)]))
         runs = tuple((int(samples[a]), int(samples[e - 1]) + 1) for a, e in itertools.pairwise(bounds))
         share = Share(runs, self.seed, self.epoch, 0, 0, shuffle=False, window=len(samples))
-        reader = ShareReader(self.file, share, layout=None, verify=self.verify)
+        reader = ShareReader(self.file, share, layout=None, verify=checks_crc(self.check))
         chunk = next(reader.chunks(len(samples)))
         self.records_read += reader.records_read
         return list(chunk)
@@ -344,7 +371,7 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         return {
             "seed": self.seed,
             "shuffle": self.shuffle,
-            "tail": self.tail,
+            "drop_last": self.drop_last,
             "streams": world * self.batch_size,
             "batch_size": self.batch_size,
             "steps": self.steps,
@@ -352,11 +379,8 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
 
     def state_dict(self) -> dict[str, Any]:
         """The step this reader builds next: small, plain, JSON-serialisable."""
-        state: dict[str, Any] = {"kind": STATE_KIND, "version": _resume.STATE_VERSION}
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        state.update(set_id=self.file.set_id, epoch=self.epoch, rank=self._world()[0], next_step=self._next_step)
-        state.update(worker=worker, num_workers=workers)
+        state = self._state_header(self.reader(), self.epoch)
+        state["next_step"] = self._next_step
         state.update(self._plan_state())
         return state
 
@@ -371,21 +395,12 @@ class StreamDataset(EpochAndWorld, IterableDataset[dict[str, Any]]):
         found = list(_resume.find_states(state, (STATE_KIND,)))
         if not found:
             raise ResumeStateError(f"{self.file.path}: no StreamDataset state found in what was given")
-        accepted = [
-            _resume.accept(s, set_id=self.file.set_id, epoch=self.epoch, path=self.file.path, kinds=(STATE_KIND,))
-            for s in found
-        ]
         mine = self._plan_state()
-        for s in accepted:
-            if s is None:
-                continue
-            for key in _PLAN_KEYS:
-                if s.get(key) != mine[key]:
-                    raise ResumeStateError(
-                        f"{self.file.path}: the state was saved with {key}={s.get(key)!r}, this dataset has "
-                        f"{mine[key]!r}; the streams would differ and hidden state could not follow: resume with "
-                        "the same batch size, world size, steps, seed, shuffle and tail"
-                    )
+        advice = (
+            "the streams would differ and hidden state could not follow: resume with the same batch size, world "
+            "size, steps, seed, shuffle and drop_last"
+        )
+        accepted = [self._accept_state(s, plan=mine, plan_keys=_PLAN_KEYS, advice=advice) for s in found]
         kept = [s for s in accepted if s is not None]
         if not kept:
             self._resume = None

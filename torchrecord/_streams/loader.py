@@ -19,10 +19,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.structure import flatten, unflatten
+from torchrecord._read.base import current_worker
 from torchrecord._read.ipc import for_parent
 from torchrecord._streams.dataset import StreamDataset
 from torchrecord.errors import ArgumentError, ArgumentTypeError
@@ -124,8 +125,7 @@ class _Bundles(IterableDataset[list[dict[str, Any]]]):
         self.start = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        worker, workers = current_worker()
         start, size, total = int(self.start.item()), self.size, len(self.dataset)
         firsts = range(start + worker * size, total, workers * size)
         steps = [t for first in firsts for t in range(first, min(first + size, total))]
