@@ -21,7 +21,7 @@ from torchrecord import MixedDataset, RecordFile, loader_position, write_record
 from torchrecord._mix.mixer import window_target
 from torchrecord._mix.source import Chunk, FileSource
 from torchrecord._order.mix_plan import order_block, reader_units, source_seed, stream_runs
-from torchrecord.errors import SchemaError
+from torchrecord.errors import SchemaError, VariableShapeWarning
 
 SIZES = [37, 100, 64, 150]
 TOTAL = sum(SIZES)
@@ -486,10 +486,30 @@ def test_schema_mismatch_names_both_files_and_the_field(sets: list[str], tmp_pat
 def test_sizes_that_differ_become_variable(sets: list[str], tmp_path: Path) -> None:
     bigger = tmp_path / "bigger.tr"
     write_record([(torch.full((3, 8, 8), 9, dtype=torch.uint8), 90_000 + i) for i in range(6)], bigger, progress=False)
-    ds = MixedDataset([sets[0], str(bigger)], batch_size=5, draw_size=2)
+    with pytest.warns(VariableShapeWarning, match="shapes differ"):
+        ds = MixedDataset([sets[0], str(bigger)], batch_size=5, draw_size=2)
     batches = list(ds)
     images = [im for b in batches for im in b[0]]
     assert sorted(tuple(im.shape) for im in images) == [(3, 4, 4)] * 37 + [(3, 8, 8)] * 6
+
+
+def test_sources_whose_shapes_differ_are_named_in_a_warning(tmp_path: Path) -> None:
+    """issue 27 item 5: a field float32[4] in one source and float32[5] in another is not merged silently."""
+    paths = {}
+    for name, width in (("four", 4), ("also_four", 4), ("five", 5)):
+        paths[name] = str(tmp_path / f"{name}.tr")
+        samples = [{"x": np.full(width, i, np.float32), "y": i} for i in range(20)]
+        write_record(samples, paths[name], progress=False)
+    for mode in ({"batch_size": 8}, {}):
+        with pytest.warns(VariableShapeWarning) as caught:
+            MixedDataset(paths, **mode)  # type: ignore[arg-type]
+        assert len(caught) == 1  # one warning for the one field that differs ("y" agrees)
+        message = str(caught[0].message)
+        assert "field 'x'" in message and "four [4]" in message and "five [5]" in message
+        assert "also_four [4]" in message and "[None]" in message and "torch.stack" in message
+        assert caught[0].filename == __file__  # points at the user's line
+    # sources that agree: no warning (pytest turns warnings into errors here)
+    MixedDataset({k: paths[k] for k in ("four", "also_four")}, batch_size=8)
 
 
 def test_arguments_are_checked(sets: list[str]) -> None:

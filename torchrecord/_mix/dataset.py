@@ -194,7 +194,7 @@ class MixedDataset(ReaderDataset):
         with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
             self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
         self.names = names or [info.name for info in self.infos]
-        self.schema, self.fixed = shared_schema(self.infos)
+        self.schema, self.fixed = shared_schema(self.infos, self.names)
         sizes = [info.count for info in self.infos]
         fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
         self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
