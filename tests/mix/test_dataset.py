@@ -226,6 +226,40 @@ def test_until_all_and_first_exhausted(sets: list[str]) -> None:
     assert got == {0: 37, 1: 37, 2: 37, 3: 37}
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_all_once_with_uniform_weights_reads_every_sample_once(sets: list[str], workers: int) -> None:
+    """issue 27 item 6: stop="all_once" does what its name says for any weights (uniform gave equal counts)."""
+    seen: list[int] = []
+    for rank in range(2):
+        ds = MixedDataset(sets, weights="uniform", rank=rank, world_size=2, batch_size=8, draw_size=4)
+        assert ds.counts == SIZES
+        extra: dict[str, Any] = {"multiprocessing_context": "fork"} if workers else {}
+        seen += _epoch(DataLoader(ds, batch_size=None, num_workers=workers, **extra))
+    assert_exactly_once(_as_index(seen), TOTAL, pad=TOTAL % 2)
+    # the uniform rates: the smallest source (37) is used up within the first ~40% of the epoch
+    order = _epoch(MixedDataset(sets, weights="uniform", draw_size=4, shuffle=False))
+    first = [x // 10_000 for x in order[: 4 * 37 + 8]]
+    assert Counter(first)[0] >= 30
+
+
+def test_all_once_with_weights_resumes_elastically(sets: list[str]) -> None:
+    kw: dict[str, Any] = dict(weights=[3, 1, 1, 1], batch_size=8, draw_size=4, shuffle_buffer=32)
+    states, before = [], []
+    for rank in range(2):
+        ds = MixedDataset(sets, rank=rank, world_size=2, **kw)
+        it = iter(ds)
+        for _ in range(4):
+            before += _labels(next(it))
+        states.append(ds.state_dict())
+    position = json.loads(json.dumps(loader_position(states)))
+    assert position["rates"] == ["1/2", "1/6", "1/6", "1/6"]
+    ds = MixedDataset(sets, **kw)
+    ds.load_state_dict(position)
+    assert_exactly_once(_as_index(before + _epoch(ds)), TOTAL)
+    with pytest.raises(ValueError, match="rates"):
+        MixedDataset(sets, **{**kw, "weights": [1, 1, 1, 1]}).load_state_dict(position)
+
+
 # -- reproducibility --------------------------------------------------------------------------
 
 

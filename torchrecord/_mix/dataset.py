@@ -74,10 +74,15 @@ class MixedDataset(ReaderDataset):
             (tests and benchmarks use it to throttle or gate a set).
         weights: ``"size"`` (each source's sample count), ``"uniform"``, or one
             number >= 0 per source (a list, or a dict by name); 0 leaves a source out.
-        stop: the epoch's length when ``epoch_size`` is None: ``"all_once"`` (the
-            sum of the sizes: every sample once with size weights), ``"until_all"``
-            (until every source was read whole at least once) or
-            ``"first_exhausted"`` (until the first source is read whole).
+        stop: the epoch's length when ``epoch_size`` is None: ``"all_once"``
+            (every sample of every source with a weight > 0 exactly once, for any
+            weights: with weights other than ``"size"`` the weights set the rates
+            at which the sources are drawn while they last, so a small source with
+            a large weight is used up early in the epoch and the rest mixes the
+            others), ``"until_all"`` (until every source was read whole at least
+            once) or ``"first_exhausted"`` (until the first source is read whole).
+            With ``"until_all"``, ``"first_exhausted"`` and ``epoch_size`` the
+            weights are the exact shares of the epoch, spread evenly over it.
         epoch_size: the epoch's length in samples (overrides ``stop``).
         policy: ``"exact"`` or ``"ready"`` (see above).
         draw_size: samples per draw: consecutive samples of one source read together.
@@ -198,6 +203,9 @@ class MixedDataset(ReaderDataset):
         sizes = [info.count for info in self.infos]
         fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
         self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
+        # all_once with weights other than the sizes: the weights are the rates of the draws while sources last
+        all_once = stop == "all_once" and epoch_size is None
+        self._rates = _mix_plan.draw_rates(self.counts, fractions) if all_once else None
         self.weights = [float(w) for w in fractions]
         self.stop, self.epoch_size, self.policy, self.draw_size = stop, epoch_size, policy, int(draw_size)
         self.tag_source = tag_source
@@ -224,7 +232,9 @@ class MixedDataset(ReaderDataset):
         if self._plan_cache is None or self._plan_cache[0] != epoch:
             self._plan_cache = (
                 epoch,
-                _mix_plan.plan_epoch(self.counts, block=self.draw_size, seed=self.seed, epoch=epoch),
+                _mix_plan.plan_epoch(
+                    self.counts, block=self.draw_size, seed=self.seed, epoch=epoch, rates=self._rates
+                ),
             )
         return self._plan_cache[1]
 
@@ -253,6 +263,7 @@ class MixedDataset(ReaderDataset):
         return {
             "sizes": [info.count for info in self.infos],
             "counts": list(self.counts),
+            "rates": self._rates,
             "draw_size": self.draw_size,
             "seed": int(self.seed),
             "shuffle": bool(self.shuffle),
@@ -455,7 +466,7 @@ class MixedDataset(ReaderDataset):
             state,
             kinds=(MIX_STATE_KIND, MIX_POSITION_KIND),
             plan=self._settings(1),
-            plan_keys=("sizes", "counts", "draw_size", "seed", "shuffle"),
+            plan_keys=("sizes", "counts", "rates", "draw_size", "seed", "shuffle"),
             advice="resume with the same sources, weights, stop rule, draw_size, seed and shuffle",
         )
 
