@@ -260,6 +260,36 @@ def test_all_once_with_weights_resumes_elastically(sets: list[str]) -> None:
         MixedDataset(sets, **{**kw, "weights": [1, 1, 1, 1]}).load_state_dict(position)
 
 
+@pytest.mark.parametrize(
+    ("context", "batch_size", "persistent"), [("fork", 8, False), ("fork", None, False), ("spawn", 8, True)]
+)
+def test_stats_in_the_main_process_add_up_the_workers(
+    sets: list[str], context: str, batch_size: int | None, persistent: bool
+) -> None:
+    """issue 27 item 7: stats() after an epoch through DataLoader workers holds the workers' figures."""
+    ds = MixedDataset(sets, weights=[1, 0, 2, 1], epoch_size=200, draw_size=4, batch_size=batch_size)
+    assert ds.stats()["samples"] == {} and ds.stats()["workers"] == 0
+    loader = DataLoader(
+        ds,
+        batch_size=None if batch_size else 5,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=persistent,
+    )
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        assert sum(len(b[1]) for b in loader) == 200
+        stats = ds.stats()
+        assert stats["workers"] == 2
+        assert stats["samples"] == dict(zip(ds.names, [50, 0, 100, 50]))
+        assert stats["share"][ds.names[2]] == pytest.approx(0.5)
+        assert sum(stats["draws_read"].values()) >= 200 // 4 and stats["draws_read"][ds.names[1]] == 0
+        assert stats["first_batch_seconds"] is not None and stats["first_batch_seconds"] > 0
+    # the main process iterating the dataset itself afterwards: its own figures again
+    first = next(iter(ds))
+    assert first is not None and ds.stats()["workers"] == 0
+
+
 # -- reproducibility --------------------------------------------------------------------------
 
 
@@ -494,9 +524,12 @@ def test_state_is_small_plain_and_checked(sets: list[str], tmp_path: Path) -> No
         ds.load_state_dict({**state, "version": 99})
     with pytest.raises(ValueError, match=r"set_epoch\(4\)"):
         ds.load_state_dict({**state, "epoch": 4})
-    reweighted = MixedDataset(sets, weights="uniform", batch_size=8, draw_size=4)
-    with pytest.raises(ValueError, match="counts="):
+    reweighted = MixedDataset(sets, weights="uniform", batch_size=8, draw_size=4)  # all_once: same counts, rates
+    with pytest.raises(ValueError, match="rates="):
         reweighted.load_state_dict(state)
+    longer = MixedDataset(sets, weights="uniform", stop="until_all", batch_size=8, draw_size=4)
+    with pytest.raises(ValueError, match="counts="):
+        longer.load_state_dict(state)
     with pytest.raises(ValueError, match="rank 0, worker 1"):
         loader_position([{**state, "num_workers": 2}])
 
