@@ -773,6 +773,23 @@ def test_mixed_len_loader_is_exact_per_sample_with_workers(
     assert sum(len(b[1]) for b in batches) == 229
 
 
+@pytest.mark.parametrize(("workers", "loader_batch"), [(2, 6), (3, 10), (3, 4)])
+@pytest.mark.parametrize("loader_drop_last", [False, True])
+def test_mixed_len_loader_equals_the_batches_yielded_on_every_rank(
+    sets: list[str], workers: int, loader_batch: int, loader_drop_last: bool
+) -> None:
+    """issue 27 item 4: per-sample mode with workers, len(loader) was 57 and the loader yielded 58."""
+    for rank in range(2):
+        ds = MixedDataset(
+            sets, rank=rank, world_size=2, draw_size=4, shuffle_buffer=64, loader_batch_size=loader_batch, seed=rank
+        )
+        loader = DataLoader(ds, batch_size=loader_batch, num_workers=workers, drop_last=loader_drop_last)
+        batches = list(loader)
+        assert len(batches) == len(loader) == ds.check_loader(loader), (rank, len(batches), len(loader))
+        per_rank = -(-TOTAL // 2)
+        assert len(batches) == (per_rank // loader_batch if loader_drop_last else -(-per_rank // loader_batch))
+
+
 def test_mixed_check_loader_refuses_a_loader_that_miscounts(sets: list[str]) -> None:
     ds = MixedDataset(sets, epoch_size=229, draw_size=4, shuffle_buffer=32)
     loader = DataLoader(ds, batch_size=7, num_workers=2)  # 7 divides no power-of-two unit
