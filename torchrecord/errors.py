@@ -32,7 +32,7 @@ or ``except ValueError`` keeps working::
     └── FetchError               (also OSError)            a remote shard or manifest could not be fetched
 
     TorchRecordWarning           (a UserWarning)
-    ├── VariableShapeWarning                               a field's shape changed during a write
+    ├── VariableShapeWarning                               a field's shape changed during a write, or differs in a mix
     └── IgnoredOptionWarning                               an option has no effect on this source
 
 Messages name the file, the record (or sample) index and the field where they
@@ -230,12 +230,14 @@ class TorchRecordWarning(UserWarning):
 
 
 class VariableShapeWarning(TorchRecordWarning):
-    """A field's shape changed during a write that did not state it (``schema=``).
+    """A field's shape changed during a write that did not state it (``schema=``),
+    or differs between the sources of a ``MixedDataset``.
 
-    The set is written with that dimension variable (``None``): batch mode then
-    gives lists for the field instead of one stacked tensor, and the fast path
-    is off. State the shape with ``schema=`` to accept it silently, or fix the
-    source.
+    The set is written (or the mix read) with that dimension variable (``None``):
+    batch mode then gives lists for the field instead of one stacked tensor, and
+    the fast path is off. State the shape with ``schema=`` to accept it silently,
+    or fix the source. A mix's warning names the field and each source's shape;
+    a DataLoader batching single samples of such a mix fails in ``torch.stack``.
     """
 
 
