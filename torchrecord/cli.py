@@ -343,8 +343,8 @@ def _refuse_options(args: argparse.Namespace, fmt: str) -> None:
     for flag, (attr, unset, formats) in _FORMAT_FLAGS.items():
         if fmt not in formats and getattr(args, attr) != unset:
             raise ArgumentError(
-                f"{flag} does not apply to a {fmt} source ({args.source}): it is for {' and '.join(formats)} "
-                "sources; leave it out"
+                f"{flag} does not apply to a {fmt} source ({args.source}): it is for {_listed(formats)} sources; "
+                "leave it out"
             )
     if fmt != "robomimic":
         return
@@ -354,6 +354,11 @@ def _refuse_options(args: argparse.Namespace, fmt: str) -> None:
             raise ArgumentError(
                 f"{flag} does not apply to a robomimic source ({args.source}): {_NOT_ROBOMIMIC[name]}; leave it out"
             )
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _convert(args: argparse.Namespace) -> int:

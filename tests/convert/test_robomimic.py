@@ -237,7 +237,9 @@ def _file_steps(hdf5: Path) -> dict[str, np.ndarray]:
 def _assert_same_steps(got: dict[str, np.ndarray], want: dict[str, np.ndarray], reader: str) -> None:
     """The same steps, in any order: rows matched by (demo, step) ("pos" holds the step)."""
     assert sorted(got) == sorted(want), reader
-    assert len(got["demo"]) == len(want["demo"]), f"{reader}: {len(got['demo'])} steps, the file has {len(want['demo'])}"
+    assert len(got["demo"]) == len(want["demo"]), (
+        f"{reader}: {len(got['demo'])} steps, the file has {len(want['demo'])}"
+    )
     order = np.lexsort((got["obs.pos"][:, 1], got["demo"]))
     for name, column in want.items():
         np.testing.assert_array_equal(got[name][order], column, err_msg=f"{reader}: {name}")
@@ -275,3 +277,40 @@ def test_every_reader_gives_exactly_the_files_steps(tmp_path: Path, capsys: pyte
 
 def _map(node: Any, fn: Any) -> Any:
     return {k: _map(v, fn) for k, v in node.items()} if isinstance(node, dict) else fn(node)
+
+
+def test_convert_takes_dataset_keys_and_packing_and_refuses_options_of_other_formats(tmp_path: Path) -> None:
+    hdf5 = tmp_path / "demo.hdf5"
+    write_demo_file(hdf5, LENGTHS, ids=IDS)
+    rf = convert(hdf5, tmp_path / "out.tr", dataset_keys=["actions", "states"], samples_per_record=4, progress=False)
+    assert rf.schema.names[-2:] == ["actions", "states"] and rf.samples_per_record == 4
+    check_against_source(hdf5, tmp_path / "out.tr")
+    for option, value in (("keep_paths", False), ("check_images", False), ("extensions", [".png"])):
+        with pytest.raises(ValueError, match=f"{option}=.* does not apply to a robomimic source"):
+            convert(hdf5, tmp_path / "bad.tr", progress=False, **{option: value})
+    np.save(tmp_path / "a.npy", np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"dataset_keys=.* does not apply to a npy source.*robomimic"):
+        convert(tmp_path / "a.npy", tmp_path / "bad.tr", dataset_keys=["actions"])
+    assert not (tmp_path / "bad.tr").exists()
+
+
+def test_packed_and_unpacked_sets_give_the_same_windows(tmp_path: Path) -> None:
+    """Steps packed several per record (the default) read exactly as one per record."""
+    from torchrecord import SequenceDataset
+
+    hdf5 = tmp_path / "demo.hdf5"
+    write_demo_file(hdf5, LENGTHS, ids=IDS, next_obs="noshift")
+    packed = from_robomimic(hdf5, tmp_path / "packed.tr", progress=False)
+    one = from_robomimic(hdf5, tmp_path / "one.tr", progress=False, samples_per_record=1)
+    assert packed.samples_per_record > 1 and one.samples_per_record == 1
+    for cache in (None, "low_dim"):
+        kw: dict[str, Any] = dict(seq_length=3, goal_mode="last", frame_cache=cache)
+        a = SequenceDataset(packed, list(OBS), ["actions", "dones"], **kw)
+        b = SequenceDataset(one, list(OBS), ["actions", "dones"], **kw)
+        assert len(a) == len(b) == sum(LENGTHS)
+        for i in range(len(a)):
+            x, y = a[i], b[i]
+            for group in ("obs", "next_obs", "goal_obs"):
+                for k in OBS:
+                    np.testing.assert_array_equal(x[group][k], y[group][k])
+            np.testing.assert_array_equal(x["actions"], y["actions"])

@@ -167,22 +167,26 @@ def _no_warning() -> Any:
 
 
 @pytest.mark.parametrize("cache", CACHES)
-def test_a_dataset_key_the_source_lacks_reads_zeros_like_robomimic(demo_set: tuple[str, str], cache: str | None) -> None:
+def test_a_dataset_key_the_source_lacks_reads_zeros_like_robomimic(
+    demo_set: tuple[str, str], cache: str | None
+) -> None:
     """A key named only when reading, absent from the file: robomimic's zeros (with a warning), not "convert again"."""
     params = _params(2, 4, True, True, True, "last", True, cache, None)
     params["dataset_keys"] = ["never_there", "actions"]
-    with pytest.warns(MissingDatasetKeyWarning, match="source file has no dataset key 'never_there'") if cache else (
-        _no_warning()
+    with (
+        pytest.warns(MissingDatasetKeyWarning, match="source file has no dataset key 'never_there'")
+        if cache
+        else (_no_warning())
     ):
         check_against_oracle(demo_set, **params)
     if cache is None:
-        with pytest.raises(ValueError, match="source file has no dataset key 'never_there'.*frame_cache='low_dim'"):
+        with pytest.raises(ValueError, match=r"source file has no dataset key 'never_there'.*frame_cache='low_dim'"):
             SequenceDataset(demo_set[1], **params)
 
 
 def test_a_dataset_key_in_the_source_but_not_converted_says_convert_again(demo_set: tuple[str, str]) -> None:
-    """"states" is in every demo of the file but was not converted: robomimic would read it, so convert again."""
-    with pytest.raises(ValueError, match="'states' is in the source file but was not converted.*convert again"):
+    """ "states" is in every demo of the file but was not converted: robomimic would read it, so convert again."""
+    with pytest.raises(ValueError, match=r"'states' is in the source file but was not converted.*convert again"):
         SequenceDataset(demo_set[1], OBS_KEYS, ["actions", "states"])
 
 

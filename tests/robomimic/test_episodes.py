@@ -103,14 +103,18 @@ def test_a_version_1_set_reads_the_same_windows(converted: tuple[Path, Path], tm
     assert len(RecordFile(old)) == sum(LENGTHS) + len(LENGTHS)  # the tail group that generic readers return
     assert RoboSet.open(RecordFile(old)).finals is None
     params: dict[str, Any] = dict(seq_length=4, frame_stack=2, get_pad_mask=True, goal_mode="last", frame_cache=cache)
-    ours, theirs = SequenceDataset(old, OBS_KEYS, DATASET_KEYS, **params), SequenceDataset(
-        converted[1], OBS_KEYS, DATASET_KEYS, **params
+    ours, theirs = (
+        SequenceDataset(old, OBS_KEYS, DATASET_KEYS, **params),
+        SequenceDataset(converted[1], OBS_KEYS, DATASET_KEYS, **params),
     )
     assert len(ours) == len(theirs) == sum(LENGTHS)
     for i in range(len(theirs)):
         _same(ours[i], theirs[i], f"window {i}")
     stream = dict(seq_length=3, frame_cache=cache, shuffle=False, batch_size=8)
-    for a, b in zip(WindowDataset(old, OBS_KEYS, DATASET_KEYS, **stream), WindowDataset(converted[1], OBS_KEYS, DATASET_KEYS, **stream)):
+    for a, b in zip(
+        WindowDataset(old, OBS_KEYS, DATASET_KEYS, **stream),
+        WindowDataset(converted[1], OBS_KEYS, DATASET_KEYS, **stream),
+    ):
         _same(a, b, "WindowDataset batch")
 
 
@@ -121,7 +125,7 @@ def test_a_newer_description_is_refused(converted: tuple[Path, Path], tmp_path: 
     with RecordWriter(tmp_path / "newer.tr", shuffle=False, group_by="demo", metadata=meta) as w:
         for step in rf:
             w.append(step)
-    with pytest.raises(VersionError, match="robomimic description has version 3.*upgrade torchrecord"):
+    with pytest.raises(VersionError, match=r"robomimic description has version 3.*upgrade torchrecord"):
         SequenceDataset(tmp_path / "newer.tr", OBS_KEYS, DATASET_KEYS)
 
 
@@ -147,11 +151,14 @@ def _flip_last(value: bytearray) -> bytearray:
     return value
 
 
-@pytest.mark.parametrize(("edit", "error", "match"), [
-    (_flip_last, ChecksumError, "final next_obs frames of demo 2 fail their CRC-32"),
-    (lambda value: value[:-1], CorruptRecordError, "final next_obs frames of demo 2 hold"),
-    (lambda value: None, CorruptRecordError, "final next_obs frames of demo 2 are missing"),
-])
+@pytest.mark.parametrize(
+    ("edit", "error", "match"),
+    [
+        (_flip_last, ChecksumError, "final next_obs frames of demo 2 fail their CRC-32"),
+        (lambda value: value[:-1], CorruptRecordError, "final next_obs frames of demo 2 hold"),
+        (lambda value: None, CorruptRecordError, "final next_obs frames of demo 2 are missing"),
+    ],
+)
 def test_damaged_final_frames_are_named(
     converted: tuple[Path, Path], tmp_path: Path, edit: Any, error: type[Exception], match: str
 ) -> None:

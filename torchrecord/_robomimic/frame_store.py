@@ -149,10 +149,10 @@ class FrameStore:
         wanted = np.unique(np.concatenate(parts)) if parts and names else np.zeros(0, np.int64)
         if not len(wanted):
             return Block(wanted, {})
-        parts = list(self._read(record_runs_of(wanted), names, len(wanted)))
-        if len(parts) == 1:
-            return Block(wanted, parts[0])
-        return Block(wanted, {name: np.concatenate([p[name] for p in parts]) for name in names})
+        chunks = list(self._read(record_runs_of(wanted), names, len(wanted)))
+        if len(chunks) == 1:
+            return Block(wanted, chunks[0])
+        return Block(wanted, {name: np.concatenate([c[name] for c in chunks]) for name in names})
 
     def take(self, name: str, rec: np.ndarray, block: Block | None) -> np.ndarray:
         """Field ``name`` at records ``rec``: an array of shape ``rec.shape + frame shape``."""

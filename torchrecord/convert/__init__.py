@@ -184,12 +184,12 @@ def convert(
     fmt = detect_format(source) if format == "auto" else format
     if fmt not in CONVERTERS:
         raise ArgumentError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
-    given = {"check_images": check_images, "keep_paths": keep_paths, "dataset_keys": dataset_keys}
-    given["extensions"] = extensions if extensions is None else tuple(extensions)
+    chosen: dict[str, Any] = {"check_images": check_images, "keep_paths": keep_paths, "dataset_keys": dataset_keys}
+    chosen["extensions"] = extensions if extensions is None else tuple(extensions)
     for name, (formats, default) in _FORMAT_OPTIONS.items():
-        if fmt not in formats and given[name] != default:
+        if fmt not in formats and chosen[name] != default:
             raise ArgumentError(
-                f"{name}={given[name]!r} does not apply to a {fmt} source ({os.fspath(source)}): it is for "
+                f"{name}={chosen[name]!r} does not apply to a {fmt} source ({os.fspath(source)}): it is for "
                 f"{' and '.join(formats)} sources; leave it out"
             )
     written = {f.name: getattr(settings, f.name) for f in fields(WriteSettings)}
