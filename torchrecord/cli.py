@@ -29,6 +29,7 @@ _USER_ERRORS = (TorchRecordError, OSError, ValueError, ImportError)
 _EPILOG = """examples:
   torchrecord convert data/train train.tr --workers 4   # class-per-folder images
   torchrecord convert arrays.npz train.tr --keys x,y
+  torchrecord convert demo.hdf5 demo.tr --dataset-keys actions,rewards,dones   # robomimic demos
   torchrecord convert data/train shards/ --shards 8 --shard 3   # one writer of a sharded set
   torchrecord info train.tr
   torchrecord head train.tr -n 3
@@ -144,30 +145,37 @@ def _add_convert(commands: Any) -> None:
         commands,
         "convert",
         _convert,
-        "convert an image folder, list file, .npy/.npz or HDF5 file into a record set",
+        "convert an image folder, list file, .npy/.npz, HDF5 or robomimic file into a record set",
         "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n"
-        "  folder  root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
-        "          'path': file path relative to SOURCE}, class names in the user metadata\n"
-        "          ('classes'); only files with an image extension (see --extensions)\n"
-        "  list    text file of '<path> <label>' lines, paths relative to the list file\n"
-        "  npy     one array; a sample is a row (first axis), memory-mapped\n"
-        "  npz     {name: row} over its arrays (compressed archives are streamed)\n"
-        "  hdf5    {name: row} over its datasets, which share their first dimension\n\n"
+        "  folder     root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
+        "             'path': file path relative to SOURCE}, class names in the user metadata\n"
+        "             ('classes'); only files with an image extension (see --extensions)\n"
+        "  list       text file of '<path> <label>' lines, paths relative to the list file\n"
+        "  npy        one array; a sample is a row (first axis), memory-mapped\n"
+        "  npz        {name: row} over its arrays (compressed archives are streamed)\n"
+        "  hdf5       {name: row} over its datasets, which share their first dimension\n"
+        "  robomimic  robomimic demos (HDF5 with data/demo_N groups, detected by layout):\n"
+        "             one sample per time step, grouped by demo in robomimic's order (not\n"
+        "             shuffled), for torchrecord.SequenceDataset and WindowDataset; --keys\n"
+        "             chooses the obs keys, --dataset-keys the per-step arrays\n\n"
+        "An option that does not apply to the source's format is refused, naming it.\n"
         "Images stay encoded; decode them when reading with\n"
         "RecordDataset(path, transform=torchrecord.transforms.decode_image).",
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("source", metavar="SOURCE", help="image folder, list file, .npy, .npz or HDF5 file")
+    p.add_argument("source", metavar="SOURCE", help="image folder, list file, .npy, .npz, HDF5 or robomimic file")
     p.add_argument("path", metavar="PATH", help="the record set to create (a single file; a folder with --shards)")
     p.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source format (default: auto)")
     p.add_argument(
-        "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="pre-shuffle the samples (default: on)"
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pre-shuffle the samples (default: on; robomimic: keeps the demo order)",
     )
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="shuffle seed, stored in the metadata (default: 0)")
+    p.add_argument("--seed", type=int, metavar="S", help="shuffle seed, stored in the metadata (default: 0)")
     p.add_argument(
         "--workers",
         type=_non_negative,
-        default=0,
         metavar="N",
         help="worker processes reading the source (default: 0: none)",
     )
@@ -177,7 +185,13 @@ def _add_convert(commands: Any) -> None:
         "--keys",
         type=lambda s: [k for k in s.split(",") if k],
         metavar="NAMES",
-        help="npz/hdf5: comma-separated arrays to convert",
+        help="npz/hdf5: comma-separated arrays to convert; robomimic: obs keys (default: every key)",
+    )
+    p.add_argument(
+        "--dataset-keys",
+        type=lambda s: [k for k in s.split(",") if k],
+        metavar="NAMES",
+        help="robomimic: comma-separated per-step arrays to convert (default: actions,rewards,dones)",
     )
     p.add_argument(
         "--no-check-images",
@@ -297,10 +311,62 @@ def _extensions(text: str) -> list[str] | str:
     return names
 
 
+#: Options of ``convert`` that apply to some source formats only: flag -> (attribute, its value when not given,
+#: the formats it applies to).
+_FORMAT_FLAGS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
+    "--keys": ("keys", None, ("npz", "hdf5", "robomimic")),
+    "--dataset-keys": ("dataset_keys", None, ("robomimic",)),
+    "--no-check-images": ("check_images", True, ("folder", "list")),
+    "--no-paths": ("keep_paths", True, ("folder", "list")),
+    "--extensions": ("extensions", None, ("folder",)),
+}
+#: Options of ``convert`` that do not apply to a robomimic source: flag -> (attribute, its value when not
+#: given, the name of the option in ``torchrecord.convert``, whose reason is given).
+_NOT_ROBOMIMIC_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "--shuffle": ("shuffle", None, "seed"),
+    "--seed": ("seed", None, "seed"),
+    "--workers": ("workers", None, "num_workers"),
+    "--skip-bad": ("skip_bad", False, "on_error"),
+    "--max-skipped": ("max_skipped", None, "max_skipped"),
+    "--shards": ("shards", None, "num_shards"),
+    "--shard": ("shard", None, "shard"),
+    "--group-by": ("group_by", None, "group_by"),
+    "--schema": ("schema", None, "schema"),
+    "--multiprocessing-context": ("multiprocessing_context", None, "multiprocessing_context"),
+}
+
+
+def _refuse_options(args: argparse.Namespace, fmt: str) -> None:
+    """A one-line ArgumentError for the first option given that does not apply to a ``fmt`` source."""
+    from torchrecord.convert import _NOT_ROBOMIMIC
+
+    for flag, (attr, unset, formats) in _FORMAT_FLAGS.items():
+        if fmt not in formats and getattr(args, attr) != unset:
+            raise ArgumentError(
+                f"{flag} does not apply to a {fmt} source ({args.source}): it is for {_listed(formats)} sources; "
+                "leave it out"
+            )
+    if fmt != "robomimic":
+        return
+    for flag, (attr, unset, name) in _NOT_ROBOMIMIC_FLAGS.items():
+        value = getattr(args, attr)
+        if value != unset and not (flag == "--shuffle" and value is False):  # --no-shuffle is what it does
+            raise ArgumentError(
+                f"{flag} does not apply to a robomimic source ({args.source}): {_NOT_ROBOMIMIC[name]}; leave it out"
+            )
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def _convert(args: argparse.Namespace) -> int:
-    from torchrecord.convert import convert
+    from torchrecord.convert import convert, detect_format
     from torchrecord.convert.images import IMG_EXTENSIONS
 
+    fmt = detect_format(args.source) if args.format == "auto" else args.format
+    _refuse_options(args, fmt)
     if (args.shards is None) != (args.shard is None):
         raise ArgumentError("give both --shards N and --shard I, or neither")
     if args.shards is not None and args.shard >= args.shards:
@@ -314,14 +380,15 @@ def _convert(args: argparse.Namespace) -> int:
         rf = convert(
             args.source,
             args.path,
-            format=args.format,
+            format=fmt,
             keys=args.keys,
+            dataset_keys=args.dataset_keys,
             check_images=args.check_images,
             extensions=extensions,
             keep_paths=args.keep_paths,
-            shuffle=args.shuffle,
-            seed=args.seed,
-            num_workers=args.workers,
+            shuffle=args.shuffle is not False,
+            seed=args.seed if args.seed is not None else 0,
+            num_workers=args.workers or 0,
             on_error="skip" if args.skip_bad else "raise",
             max_skipped=args.max_skipped,
             overwrite=args.overwrite,
@@ -341,12 +408,20 @@ def _convert(args: argparse.Namespace) -> int:
             raise
         raise RecordExistsError(f"{args.path}: exists already; pass --overwrite to replace it") from exc
     meta = rf.metadata
-    order = f"shuffled with seed {meta['seed']}" if meta.get("shuffled") else "in source order"
-    print(
-        f"wrote {rf.path}: {len(rf)} samples from {args.source} ({rf.user_metadata.get('source_format')}), "
-        f"{order}, {meta.get('skipped', 0)} skipped, {_size(os.path.getsize(rf.path))}, "
-        f"{time.perf_counter() - started:.1f} s"
-    )
+    took = f"{_size(os.path.getsize(rf.path))}, {time.perf_counter() - started:.1f} s"
+    robomimic = rf.user_metadata.get("robomimic") if fmt == "robomimic" else None
+    if isinstance(robomimic, dict):
+        demos = len(robomimic.get("demos") or ())
+        print(
+            f"wrote {rf.path}: {len(rf)} steps from {demos} demos of {args.source} (robomimic), in robomimic's "
+            f"demo order, {took}"
+        )
+    else:
+        order = f"shuffled with seed {meta['seed']}" if meta.get("shuffled") else "in source order"
+        print(
+            f"wrote {rf.path}: {len(rf)} samples from {args.source} ({rf.user_metadata.get('source_format')}), "
+            f"{order}, {meta.get('skipped', 0)} skipped, {took}"
+        )
     compressed = {name: c["codec"] for name, c in (meta.get("compression") or {}).items() if c.get("applied")}
     if compressed:
         print("compressed: " + ", ".join(f"{name} ({codec})" for name, codec in compressed.items()))

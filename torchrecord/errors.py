@@ -33,7 +33,8 @@ or ``except ValueError`` keeps working::
 
     TorchRecordWarning           (a UserWarning)
     ├── VariableShapeWarning                               a field's shape changed during a write, or differs in a mix
-    └── IgnoredOptionWarning                               an option has no effect on this source
+    ├── IgnoredOptionWarning                               an option has no effect on this source
+    └── MissingDatasetKeyWarning                           a robomimic dataset key the source lacks reads as zeros
 
 Messages name the file, the record (or sample) index and the field where they
 are known, and say what to do about it.
@@ -58,6 +59,7 @@ __all__ = [
     "IndexOutOfRangeError",
     "InternalError",
     "LoaderMismatchError",
+    "MissingDatasetKeyWarning",
     "MissingDependencyError",
     "NotARecordSetError",
     "RecordExistsError",
@@ -243,3 +245,12 @@ class VariableShapeWarning(TorchRecordWarning):
 
 class IgnoredOptionWarning(TorchRecordWarning):
     """An option was given that has no effect on this source (e.g. ``num_workers`` with an iterator)."""
+
+
+class MissingDatasetKeyWarning(TorchRecordWarning):
+    """A dataset key asked of a converted robomimic set is absent from its source file.
+
+    ``SequenceDataset`` and ``WindowDataset`` then give float32 zeros ``[T, 1]``
+    for it under a frame cache mode, as robomimic 0.3.0 does; leave the key out
+    of ``dataset_keys`` to silence it.
+    """

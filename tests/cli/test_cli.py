@@ -295,10 +295,14 @@ def test_convert_takes_the_write_options(run: Run, tmp_path: Path) -> None:
         (None, ["missing_dir", "o.tr"], ["missing_dir: no such file or directory"]),
         ("empty_dir", ["empty_dir", "o.tr"], ["empty_dir: no class folders"]),
         ("empty_dir", ["empty_dir", "o.tr", "--format", "npy"], ["empty_dir: is a directory"]),
-        ("npy", ["x.npy", "o.tr", "--keys", "a"], ["keys (--keys) choose arrays of npz and hdf5 sources"]),
+        (
+            "npy",
+            ["x.npy", "o.tr", "--keys", "a"],
+            ["--keys does not apply to a npy source", "npz, hdf5 and robomimic sources"],
+        ),
         ("npy", ["x.npy", "o.tr", "--format", "folder"], ["x.npy: not a directory"]),
         ("npy", ["x.npy", "no_such_dir/o.tr"], ["parent directory", "does not exist"]),
-        ("empty_dir", ["empty_dir", "o.tr", "--keys", "a"], ["keys (--keys) choose arrays of npz and hdf5"]),
+        ("empty_dir", ["empty_dir", "o.tr", "--keys", "a"], ["--keys does not apply to a folder source"]),
     ],
 )
 def test_convert_errors(

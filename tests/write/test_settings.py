@@ -163,7 +163,6 @@ ENTRY_POINTS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "multiprocessing_context": "no reader workers",
             "on_error": "a bad demo stops the conversion",
             "max_skipped": "nothing is skipped",
-            "samples_per_record": "one time step per record (the window datasets read frames by record)",
             "group_by": "grouped by demo, always",
             "schema": "the schema is built from the file",
         },
@@ -234,7 +233,7 @@ def test_settings_of_takes_the_named_options_and_checks_them() -> None:
 
 
 def test_robomimic_refuses_the_options_that_do_not_apply(tmp_path: Path) -> None:
-    for options in ({"seed": 1}, {"on_error": "skip"}, {"samples_per_record": 4}, {"num_shards": 2, "shard": 0}):
+    for options in ({"seed": 1}, {"on_error": "skip"}, {"group_by": "demo"}, {"num_shards": 2, "shard": 0}):
         name = next(iter(options))
         with pytest.raises(ValueError, match=rf"{name}=.* does not apply to a robomimic source"):
             convert_module.convert(tmp_path / "demo.hdf5", tmp_path / "o.tr", format="robomimic", **options)

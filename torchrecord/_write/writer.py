@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, NoReturn
 
@@ -28,7 +28,7 @@ from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import Preparer, is_map_style, iterate_source, read_in_order
 from torchrecord.errors import IgnoredOptionWarning, WriterClosedError
 
-__all__ = ["RecordWriter", "write_record", "write_source"]
+__all__ = ["RecordWriter", "put_entries", "write_record", "write_source"]
 
 #: cli.py and verify.py take their progress bar from here
 _progress_bar = progress_bar
@@ -350,6 +350,20 @@ class RecordWriter:
     def _fail(self, exc: BaseException) -> NoReturn:
         self.abort()
         _reraise(exc, self.path)
+
+
+def put_entries(writer: RecordWriter, entries: Iterable[tuple[bytes, bytes]]) -> None:
+    """Store (key, value) entries in the ``meta`` database of ``writer``'s set, beside its records.
+
+    Internal (the robomimic converter keeps each demo's final frames there, out
+    of every reader's sample index); an error aborts the write, as in
+    :meth:`RecordWriter.append`.
+    """
+    session = writer._open_session()
+    try:
+        session.put_entries(entries)
+    except BaseException as exc:
+        writer._fail(exc)
 
 
 def _abort_in(session: WriteSession, pid: int) -> None:
