@@ -11,8 +11,8 @@ from typing import Any, ClassVar, Literal, get_args
 import numpy as np
 import torch
 
-from torchrecord._mix.mixer import Mixer, Picked, Placement
 from torchrecord._mix import resume as _mix_resume
+from torchrecord._mix.mixer import Mixer, Picked, Placement
 from torchrecord._mix.resume import MIX_POSITION_KIND, MIX_STATE_KIND, placement_problem, reader_units_of
 from torchrecord._mix.source import FileSource, Source, SourceInfo, shared_schema
 from torchrecord._order import mix_plan as _mix_plan
@@ -496,48 +496,94 @@ class MixedDataset(ReaderDataset):
         )
         position = state.get("kind") == MIX_POSITION_KIND
         if position:
-            rules["readers"] = r.rows(
-                r.integer(0), r.integer(0), r.anything, names=("rank", "worker", "placement")
-            )
+            rules["readers"] = r.rows(r.integer(0), r.integer(0), r.anything, names=("rank", "worker", "placement"))
         else:
             rules.update(rank=r.integer(0), worker=r.integer(0), yielded=r.integer(0), placement=r.anything)
         r.check_state(state, rules, where=where, what=kind)
         if depth:  # a base: the same set and epoch as the state resting on it
-            r.check_state(state, {"set_id": r.equal(self.set_id, "its set_id"), "epoch": r.equal(self.epoch,
-                          "its epoch")}, where=where, what=kind, every_key=False, prefix="base.")
+            r.check_state(
+                state,
+                {"set_id": r.equal(self.set_id, "its set_id"), "epoch": r.equal(self.epoch, "its epoch")},
+                where=where,
+                what=kind,
+                every_key=False,
+                prefix="base.",
+            )
         world, workers = int(state["world_size"]), int(state["num_workers"])
         if world * workers > r.MAX_READERS:
             r.refuse(where, kind, "num_workers", workers, f"{world} ranks x {workers} workers are too many readers")
         per_rank = _partition.samples_per_rank(self.epoch_length, world, self.drop_last)
         unit = _partition.worker_unit(per_rank, workers, self.batch_size, self.loader_batch_size)
         if state["worker_unit"] != unit:
-            r.refuse(where, kind, "worker_unit", state["worker_unit"], f"a run of this dataset on {world} ranks x "
-                     f"{workers} workers cuts worker shares on {unit} samples")
+            r.refuse(
+                where,
+                kind,
+                "worker_unit",
+                state["worker_unit"],
+                f"a run of this dataset on {world} ranks x {workers} workers cuts worker shares on {unit} samples",
+            )
         base = state["base"]
         if base is not None:
             self._check_resume(base, plan, depth + 1)
         if position:
             same = world == self._distributed[1] and base is None
-            r.check_readers(state["readers"], world_size=world, num_workers=workers, where=where, what=kind,
-                            field="readers", rank=self._distributed[0] if same else None)
+            r.check_readers(
+                state["readers"],
+                world_size=world,
+                num_workers=workers,
+                where=where,
+                what=kind,
+                field="readers",
+                rank=self._distributed[0] if same else None,
+            )
             readers = [(int(a), int(b), p) for a, b, p in state["readers"]]
         else:
-            r.check_state(state, {"rank": r.integer(0, world - 1, what="the last rank of its world_size"),
-                                  "worker": r.integer(0, workers - 1, what="the last worker of its num_workers")},
-                          where=where, what=kind, every_key=False)
+            r.check_state(
+                state,
+                {
+                    "rank": r.integer(0, world - 1, what="the last rank of its world_size"),
+                    "worker": r.integer(0, workers - 1, what="the last worker of its num_workers"),
+                },
+                where=where,
+                what=kind,
+                every_key=False,
+            )
             readers = [(int(state["rank"]), int(state["worker"]), state["placement"])]
         for rank, worker, placement in readers:
-            units = _mix_resume.reader_units_of(plan, base, rank=rank, world_size=world, worker=worker, num_workers=workers,
-                                    drop_last=self.drop_last, unit=unit)
-            problem = placement_problem(placement, units.length, window=self._window(),
-                                        step=self.batch_size or _SAMPLE_MODE_BATCH, exact=self._horizon() == 1)
+            units = _mix_resume.reader_units_of(
+                plan,
+                base,
+                rank=rank,
+                world_size=world,
+                worker=worker,
+                num_workers=workers,
+                drop_last=self.drop_last,
+                unit=unit,
+            )
+            problem = placement_problem(
+                placement,
+                units.length,
+                window=self._window(),
+                step=self.batch_size or _SAMPLE_MODE_BATCH,
+                exact=self._horizon() == 1,
+            )
             if problem:
                 field, value, reason = problem
-                r.refuse(where, kind, field if not position else f"readers (rank {rank}, worker {worker}) {field}",
-                         value, reason)
+                r.refuse(
+                    where,
+                    kind,
+                    field if not position else f"readers (rank {rank}, worker {worker}) {field}",
+                    value,
+                    reason,
+                )
             if not position and state["yielded"] > int(units.length.sum()):
-                r.refuse(where, kind, "yielded", state["yielded"], f"the reader's units hold {int(units.length.sum())} "
-                         "samples")
+                r.refuse(
+                    where,
+                    kind,
+                    "yielded",
+                    state["yielded"],
+                    f"the reader's units hold {int(units.length.sum())} samples",
+                )
 
     def _where(self) -> str:
         return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"

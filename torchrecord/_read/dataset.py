@@ -329,19 +329,38 @@ class RecordDataset(ReaderDataset):
         per_rank = _partition.samples_per_rank(plan["count"], world, self.drop_last)
         unit = _partition.worker_unit(per_rank, workers, self.batch_size, self.loader_batch_size)
         if "worker_unit" in state and state["worker_unit"] != unit:
-            r.refuse(where, kind, "worker_unit", state["worker_unit"], f"a run of this dataset on {world} ranks x "
-                     f"{workers} workers cuts worker shares on {unit} samples")
+            r.refuse(
+                where,
+                kind,
+                "worker_unit",
+                state["worker_unit"],
+                f"a run of this dataset on {world} ranks x {workers} workers cuts worker shares on {unit} samples",
+            )
         if not position:
-            r.check_state(state, {"rank": r.integer(0, world - 1, what="the last rank of its world_size"),
-                                  "worker": r.integer(0, workers - 1, what="the last worker of its num_workers")},
-                          where=where, what=kind, every_key=False)
+            r.check_state(
+                state,
+                {
+                    "rank": r.integer(0, world - 1, what="the last rank of its world_size"),
+                    "worker": r.integer(0, workers - 1, what="the last worker of its num_workers"),
+                },
+                where=where,
+                what=kind,
+                every_key=False,
+            )
             readers = [(int(state["rank"]), int(state["worker"]), int(state["yielded"]))]
         else:
             if "rotate" in state and state["rotate"] >= workers:
                 r.refuse(where, kind, "rotate", state["rotate"], f"must be below its num_workers, {workers}")
             same_plan = world == self._distributed[1]
-            r.check_readers(state["yielded"], world_size=world, num_workers=workers, where=where, what=kind,
-                            field="yielded", rank=self._distributed[0] if same_plan else None)
+            r.check_readers(
+                state["yielded"],
+                world_size=world,
+                num_workers=workers,
+                where=where,
+                what=kind,
+                field="yielded",
+                rank=self._distributed[0] if same_plan else None,
+            )
             readers = [(int(a), int(b), int(c)) for a, b, c in state["yielded"]]
         bounds = self._bounds()
         for rank, worker, items in readers:
@@ -349,8 +368,13 @@ class RecordDataset(ReaderDataset):
             most = r.reader_items(share, self.batch_size, self.drop_last)
             if items > most:
                 field = "yielded" if not position else f"yielded (rank {rank}, worker {worker})"
-                r.refuse(where, kind, field, items, f"the reader's share of the epoch holds {most} "
-                         f"{'batches' if self.batch_size else 'samples'}")
+                r.refuse(
+                    where,
+                    kind,
+                    field,
+                    items,
+                    f"the reader's share of the epoch holds {most} {'batches' if self.batch_size else 'samples'}",
+                )
 
     def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
         """The position of this rank after a plain DataLoader handed out ``batches`` batches this epoch.
@@ -382,8 +406,10 @@ class RecordDataset(ReaderDataset):
         position.update(set_id=self.file.set_id, epoch=self.epoch, **plan)
         rank = self._distributed[0]
         if self.batch_size is None and loader_batch_size:  # samples, not past a worker's share
-            taken = [min(t * loader_batch_size, sum(b - a for a, b in self.reader_runs(w, readers)))
-                     for w, t in enumerate(taken)]
+            taken = [
+                min(t * loader_batch_size, sum(b - a for a, b in self.reader_runs(w, readers)))
+                for w, t in enumerate(taken)
+            ]
         position["yielded"] = [[rank, w, t] for w, t in enumerate(taken)]
         # a new DataLoader starts its rotation at worker 0: worker j takes the role of worker
         # (next + j) mod n, so the rotation goes on where it stopped and the order is unchanged

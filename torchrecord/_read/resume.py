@@ -20,7 +20,7 @@ import itertools
 import reprlib
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeGuard
 
 import numpy as np
 
@@ -329,7 +329,7 @@ MAX_DEPTH = 64
 MAX_SEED = (1 << 64) - 1
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An integer that is not a bool (a float, even 3.0, is not one: states are never rounded)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -398,7 +398,7 @@ def equal(expected: Any, what: str) -> Rule:
     """Exactly ``expected`` (types count), which is ``what`` of the dataset loading the state."""
 
     def rule(value: Any) -> str | None:
-        return None if same(value, expected) else f"this dataset has {show(expected)} ({what})"
+        return None if same(value, expected) else f"this one has {show(expected)} ({what})"
 
     return rule
 
@@ -454,8 +454,8 @@ def rows(*columns: Rule, names: Sequence[str], limit: int = MAX_READERS) -> Rule
 def refuse(where: str, what: str, field: str, value: Any, reason: str) -> NoReturn:
     """Raise the ResumeStateError of one field that does not fit."""
     raise ResumeStateError(
-        f"{where}: the {what} state's {field!r} is {show(value)}: {reason}; pass a state this dataset saved "
-        "(or a position from torchrecord.loader_position), unchanged"
+        f"{where}: the {what} state has {field}={show(value)}: {reason}; resume from a state as it was saved "
+        "(or a position from torchrecord.loader_position)"
     )
 
 
@@ -476,8 +476,13 @@ def check_state(
     """
     for key in state if every_key else ():
         if key not in rules:
-            refuse(where, what, f"{prefix}{key}", state[key], f"{what} states have no such key (known: "
-                   f"{', '.join(sorted(rules))})")
+            refuse(
+                where,
+                what,
+                f"{prefix}{key}",
+                state[key],
+                f"{what} states have no such key (known: {', '.join(sorted(rules))})",
+            )
     for key, rule in rules.items():
         if key not in state:
             if key in optional:
@@ -492,7 +497,8 @@ def reader_items(samples: int, batch_size: Any, drop_last: bool) -> int:
     """Items a reader of ``samples`` samples yields: samples, or batches (the short one unless ``drop_last``)."""
     if not batch_size:
         return samples
-    return samples // batch_size if drop_last else -(-samples // batch_size)
+    size = int(batch_size)
+    return samples // size if drop_last else -(-samples // size)
 
 
 def check_readers(
@@ -514,8 +520,13 @@ def check_readers(
     for row in entries:
         r, w = int(row[0]), int(row[1])
         if not (r < world_size and w < num_workers):
-            refuse(where, what, field, row, f"reader (rank {r}, worker {w}) is not one of the run's "
-                   f"{world_size} ranks x {num_workers} workers")
+            refuse(
+                where,
+                what,
+                field,
+                row,
+                f"reader (rank {r}, worker {w}) is not one of the run's {world_size} ranks x {num_workers} workers",
+            )
         if (r, w) in seen:
             refuse(where, what, field, row, f"reader (rank {r}, worker {w}) is listed twice")
         seen.add((r, w))
@@ -523,6 +534,12 @@ def check_readers(
     for r in ranks:
         for w in range(num_workers):
             if (r, w) not in seen:
-                refuse(where, what, field, f"{len(entries)} rows", f"reader (rank {r}, worker {w}) of the run's "
-                       f"{world_size} ranks x {num_workers} workers is missing: merge the states of every reader "
-                       "with torchrecord.loader_position(...)")
+                refuse(
+                    where,
+                    what,
+                    field,
+                    f"{len(entries)} rows",
+                    f"reader (rank {r}, worker {w}) of the run's "
+                    f"{world_size} ranks x {num_workers} workers is missing: merge the states of every reader "
+                    "with torchrecord.loader_position(...)",
+                )
