@@ -252,7 +252,13 @@ def placement_problem(
     if held - int(lengths[p.members].max()) >= target:
         return "placement.members", placement["members"], f"window {p.window} ends once it holds {target} samples"
     prior = int(lengths[before].sum()) if before else 0
-    lo = sum(window_target(j, window, step) for j in range(p.window))
-    if not lo <= prior <= lo + p.window * (longest - 1) or len(before) < p.window:
+    targets = [window_target(j, window, step) for j in range(p.window)]
+    lo = sum(targets)
+    # a window ends past its target only by part of its last unit: when a unit shorter than the
+    # longest is in it, or its target is not a multiple of the longest (else it ends on the target)
+    short = int((lengths[before] < longest).sum()) if before else 0
+    misaligned = sum(1 for t in targets if t % longest)
+    slack = min(p.window, short + misaligned) * (longest - 1)
+    if not lo <= prior <= lo + slack or len(before) < p.window:
         return "placement.window", p.window, f"the {prior} samples placed before it do not make {p.window} windows"
     return None
