@@ -11,7 +11,7 @@ What the cache trusts and deletes:
   manifest's size (more is a :class:`~torchrecord.errors.FetchError`), checked against the
   manifest's SHA-256 and size (a mismatch is fetched again, up to ``ATTEMPTS`` times), renamed
   into place, and then *stamped*: ``.NAME.verified`` records the digest and the file's identity
-  (device, inode, size, mtime in ns). A shard file is used only while its stamp matches it; any
+  (device, inode, size, mtime and ctime in ns). A shard file is used only while its stamp matches it; any
   other file at a shard's name (planted, truncated, padded, a symlink) is hashed again or fetched
   again, never trusted by its size.
 * Eviction deletes only stamped shards (files the cache downloaded, still the same file) in folders
@@ -631,7 +631,8 @@ def _lock_path(local: str) -> str:
 
 
 def _identity(st: os.stat_result) -> list[int]:
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+    """The file's identity: device, inode, size, mtime and ctime in ns (a write or a utime changes the ctime)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _write_stamp(local: str, digest: str, st: os.stat_result) -> None:
