@@ -572,8 +572,12 @@ def _make_root(root: str) -> bool:
 
 def _make_set_folder(folder: str) -> None:
     """Create a set's folder owner-only and mark it as the cache's; refuse one that is not safe to trust."""
-    with contextlib.suppress(FileExistsError):
+    try:
         os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise CacheError(f"{folder}: cannot create the shard cache's folder for this set ({exc})") from exc
     st = os.lstat(folder)
     if stat.S_ISLNK(st.st_mode):
         raise CacheError(f"{folder}: is a symlink; the shard cache never follows one out of its folder (remove it)")
