@@ -113,7 +113,10 @@ _PATH_HELP = "a record set, or a sharded set: its folder, manifest.json, or the 
 
 def _add_cache(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--cache-dir", metavar="DIR", help="where a remote sharded set's shards are fetched to (default: a temp dir)"
+        "--cache-dir",
+        metavar="DIR",
+        help="where a remote sharded set's shards are fetched to "
+        "(default: $TORCHRECORD_CACHE, else $XDG_CACHE_HOME/torchrecord, else ~/.cache/torchrecord)",
     )
 
 

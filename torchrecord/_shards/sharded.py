@@ -53,10 +53,13 @@ class ShardedSet(RecordSet):
         path: a directory holding ``manifest.json``, the manifest's path, or its
             URL (``http(s)://``, ``s3://``, ``gs://``, ``file://``: fsspec, extra
             ``remote``), or a URL prefix that holds ``manifest.json``.
-        cache_dir: where shards of a remote set are fetched to (default: the
-            ``torchrecord-cache`` folder in the temporary directory).
-        cache_limit: bytes of fetched shards the cache keeps; shards a reader has
-            finished with are evicted beyond it (None: no limit).
+        cache_dir: where shards of a remote set are fetched to (None:
+            ``$TORCHRECORD_CACHE``, else ``$XDG_CACHE_HOME/torchrecord``, else
+            ``~/.cache/torchrecord``); a folder of the user's own (another
+            user's is refused), where the cache touches only what it downloaded.
+        cache_limit: bytes of fetched shards (and downloads in flight) the cache
+            keeps; shards a reader has finished with are evicted beyond it (None:
+            ``$TORCHRECORD_CACHE_LIMIT``, else 20 GiB).
         subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
             reads a subset of a sharded set.
         check: integrity on read, for each shard: ``"checksums"`` (each record's
