@@ -397,12 +397,13 @@ def _check_shard(rf: RecordFile, s: int, manifest: dict[str, Any]) -> None:
     meta = rf.metadata
     place = meta.get("shard") if isinstance(meta.get("shard"), dict) else {}
     size = os.path.getsize(rf.path)
+    said_per_record = manifest.get("samples_per_record", 1)  # an empty shard packs nothing: any packing fits
     found = {
         "set_id": rf.set_id,
         "count": len(rf),
         "records": rf.num_records,
         "bytes": size,
-        "samples_per_record": rf.samples_per_record,
+        "samples_per_record": rf.samples_per_record if len(rf) else said_per_record,
         "shard": [place.get("index", s), place.get("of", n)],
     }
     said = {
@@ -410,7 +411,7 @@ def _check_shard(rf: RecordFile, s: int, manifest: dict[str, Any]) -> None:
         "count": entry["count"],
         "records": entry["records"],
         "bytes": entry["bytes"],
-        "samples_per_record": manifest.get("samples_per_record", 1),
+        "samples_per_record": said_per_record,
         "shard": [s, n],
     }
     differ = [k for k in said if found[k] != said[k]]
