@@ -113,6 +113,6 @@ def _out_of_memory() -> None:
 
 def test_running_out_of_memory_without_a_limit_names_no_limit() -> None:
     """verify reported "needed more than the None bytes allowed" (issue 30, finding 8)."""
-    with pytest.raises(StructureError, match="set.tr: reading it needed more memory than there is") as caught:
+    with pytest.raises(StructureError, match=r"set.tr: reading it needed more memory than there is") as caught:
         run_isolated(_out_of_memory, timeout=30, name="set.tr")
     assert "None" not in str(caught.value)

@@ -74,7 +74,7 @@ def test_a_fifo_manifest_is_refused_without_blocking(folder: str) -> None:
             lambda: verify(folder, progress=False),
             lambda: RecordDataset(folder),
         ):
-            with pytest.raises(NotARecordSetError, match="manifest.json: not a regular file"):
+            with pytest.raises(NotARecordSetError, match=r"manifest.json: not a regular file"):
                 attempt()
         assert main(["info", folder]) == 1 and main(["head", folder]) == 1
 
@@ -106,9 +106,9 @@ def test_a_shard_listed_twice_is_refused_by_readers_and_verify(folder: str) -> N
     m = _manifest(folder)
     m["shards"][1] = m["shards"][0]  # 200 samples, 150 distinct, before the fix
     _write(folder, _total(m))
-    with pytest.raises(FormatError, match="the name 'shard-00000-of-00004.tr' is not 'shard-00001-of-00004.tr'"):
+    with pytest.raises(FormatError, match=r"the name 'shard-00000-of-00004.tr' is not 'shard-00001-of-00004.tr'"):
         _labels(folder)
-    with pytest.raises(FormatError, match="is not 'shard-00001-of-00004.tr'"):
+    with pytest.raises(FormatError, match=r"is not 'shard-00001-of-00004.tr'"):
         verify(folder, progress=False)
     m["shards"][1] = dict(m["shards"][0], name="shard-00001-of-00004.tr")
     _write(folder, _total(m))
@@ -123,11 +123,11 @@ def test_a_shard_file_copied_over_another_is_refused(folder: str) -> None:
     m = _manifest(folder)  # the manifest rewritten to name the copy's set_id: the recomputed set_id differs
     m["shards"][1]["set_id"] = m["shards"][0]["set_id"][::-1]
     _write(folder, m)
-    with pytest.raises(FormatError, match="set_id .* is not the one its shards' set_ids give"):
+    with pytest.raises(FormatError, match=r"set_id .* is not the one its shards' set_ids give"):
         _labels(folder)
     m["set_id"] = manifest_set_id([s["set_id"] for s in m["shards"]])
     _write(folder, m)
-    with pytest.raises(FormatError, match="shard 1 is not the file the manifest lists .*set_id: the file has"):
+    with pytest.raises(FormatError, match=r"shard 1 is not the file the manifest lists .*set_id: the file has"):
         _labels(folder)
 
 
@@ -199,7 +199,7 @@ def test_a_manifest_symlink_loop_is_named(folder: str) -> None:
     manifest = os.path.join(folder, "manifest.json")
     os.remove(manifest)
     os.symlink(manifest, manifest)
-    with pytest.raises(NotARecordSetError, match="manifest.json: a symbolic link that loops"):
+    with pytest.raises(NotARecordSetError, match=r"manifest.json: a symbolic link that loops"):
         open_set(folder)
 
 

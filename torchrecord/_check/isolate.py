@@ -176,7 +176,11 @@ def _raise_for(outcome: ChildOutcome, name: str, timeout: float, memory_limit: i
         if isinstance(cls, type) and issubclass(cls, TorchRecordError):
             raise cls(outcome.message)
         if outcome.error_type == "MemoryError":
-            allowed = f"more than the {memory_limit} bytes allowed" if memory_limit is not None else "more memory than there is"
+            allowed = (
+                f"more than the {memory_limit} bytes allowed"
+                if memory_limit is not None
+                else "more memory than there is"
+            )
             raise StructureError(
                 f"{name}: reading it needed {allowed}; a damaged file can claim huge sizes; {StructureError.HINT}"
             )

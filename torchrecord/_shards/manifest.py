@@ -16,7 +16,7 @@ import json
 import os
 import re
 import stat
-from typing import Any
+from typing import Any, TypeGuard
 
 from torchrecord._core.schema import Field, Schema
 from torchrecord._store.claims import fixed_sample_bytes
@@ -222,7 +222,7 @@ def merge_schemas(schemas: list[tuple[str, dict[str, Any] | None]]) -> dict[str,
 _SHARD_KEYS = {"name": str, "count": int, "records": int, "bytes": int, "sha256": str, "set_id": str}
 
 
-def _is_int(x: object) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -283,6 +283,10 @@ def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
             f"({manifest_set_id(list(ids))}): the shard list was changed after finalizing; "
             "run torchrecord.finalize_shards again"
         )
+    if not isinstance(manifest.get("user", {}), dict):
+        raise FormatError(f"{where}: the manifest's user {str(manifest.get('user'))[:40]!r} is not a map")
+    if manifest.get("checksum") not in (None, "crc32"):
+        raise FormatError(f"{where}: the manifest's checksum {str(manifest.get('checksum'))[:40]!r} is not 'crc32'")
     if manifest.get("schema") is None and total:
         raise FormatError(f"{where}: the manifest has {total} samples but no schema")
     return manifest
@@ -297,7 +301,7 @@ def _check_entry(entry: Any, i: int, n: int, per_record: int, per_sample: int, w
         value = entry.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise FormatError(f"{at}: {key} {str(value)[:40]!r} is not a {kind.__name__}")
-        if kind is int and value < 0:
+        if isinstance(value, int) and value < 0:
             raise FormatError(f"{at}: {key} {value} is negative")
     name = entry["name"]
     if name != shard_name(i, n):
@@ -311,9 +315,7 @@ def _check_entry(entry: Any, i: int, n: int, per_record: int, per_sample: int, w
         raise FormatError(f"{at}: sha256 {entry['sha256'][:80]!r} is not 64 hex digits")
     count, records, size = entry["count"], entry["records"], entry["bytes"]
     if records != -(-count // per_record):
-        raise FormatError(
-            f"{at}: records {records} do not hold count {count} at {per_record} samples per record"
-        )
+        raise FormatError(f"{at}: records {records} do not hold count {count} at {per_record} samples per record")
     if records * MIN_RECORD_BYTES > size or count * per_sample > size:
         raise FormatError(
             f"{at}: count {count} ({records} records, at least {per_sample} bytes a sample) does not fit in "

@@ -124,13 +124,24 @@ class ShardedSet(RecordSet):
         per_sample = fixed_sample_bytes((manifest.get("schema") or {}).get("fields", []))
         for s, entry in enumerate(manifest["shards"]):
             _manifest.check_shard_file(entry, s, os.path.join(base, entry["name"]), per_sample)
-        for s, entry in enumerate(manifest["shards"]):
-            if entry["count"] == 0:
-                rf = RecordFile(os.path.join(base, entry["name"]), check=self._check)
-                try:
-                    _check_shard(rf, s, manifest)
-                finally:
-                    rf._let_go(hard=True)
+        self._check_headers(manifest, [s for s, entry in enumerate(manifest["shards"]) if entry["count"] == 0])
+
+    def _check_headers(self, manifest: dict[str, Any] | None = None, shards: list[int] | None = None) -> None:
+        """Open the metadata of local shards (all by default) and check each against its manifest entry.
+
+        ``info`` describes a set by its manifest: this makes what it says true of the
+        files. A remote set's shards are checked when they are fetched instead.
+        """
+        if is_url(self.path):
+            return
+        manifest = self.manifest if manifest is None else manifest
+        base = self._base()
+        for s in range(len(manifest["shards"])) if shards is None else shards:
+            rf = RecordFile(os.path.join(base, manifest["shards"][s]["name"]), check=self._check)
+            try:
+                _check_shard(rf, s, manifest)
+            finally:
+                rf._let_go(hard=True)
 
     def _base(self) -> str:
         """The folder or URL prefix the shard names are relative to."""
@@ -395,7 +406,7 @@ def _check_shard(rf: RecordFile, s: int, manifest: dict[str, Any]) -> None:
     entry = manifest["shards"][s]
     n = len(manifest["shards"])
     meta = rf.metadata
-    place = meta.get("shard") if isinstance(meta.get("shard"), dict) else {}
+    place: dict[str, Any] = meta["shard"] if isinstance(meta.get("shard"), dict) else {}
     size = os.path.getsize(rf.path)
     said_per_record = manifest.get("samples_per_record", 1)  # an empty shard packs nothing: any packing fits
     found = {
