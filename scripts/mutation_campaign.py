@@ -4,6 +4,7 @@ child (address-space limit, timeout); print a table per read path, mutation kind
 
     python scripts/mutation_campaign.py --files 2000            # about 3 minutes on 2 cores (162 s for 2,025)
     python scripts/mutation_campaign.py --files 100 --json out.json
+    python scripts/mutation_campaign.py --files 0 --manifests 1000   # crafted manifests only
 
     python scripts/mutation_campaign.py --states                 # resume states: every kind, every field
 
@@ -64,11 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no per-file progress")
     parser.add_argument("--states", action="store_true", help="run the resume-state campaign instead")
     parser.add_argument("--points", type=int, default=4, help="--states: real states per kind (default 4)")
+    parser.add_argument("--manifests", type=int, default=0, help="crafted sharded-set manifests (default 0)")
     args = parser.parse_args(argv)
     if args.states:
         if "--memory-limit" not in (argv if argv is not None else sys.argv):
             args.memory_limit = 1 << 30
         return states_part(args)
+    failed = run_manifests(args) if args.manifests else False
+    if not args.files:
+        return 1 if failed else 0
     paths = tuple(p for p in args.paths.split(",") if p)
     unknown = set(paths) - set(PATHS)
     if unknown:
@@ -96,7 +101,19 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(
                 {"seconds": campaign.seconds, "files": [dataclasses.asdict(r) for r in campaign.files]}, f, indent=1
             )
-    return 1 if any(campaign.failures().values()) else 0
+    return 1 if failed or any(campaign.failures().values()) else 0
+
+
+def run_manifests(args: argparse.Namespace) -> bool:
+    """The manifest part: ``args.manifests`` crafted manifests, each opened by every path; True if any failed."""
+    from tests.manifest_mutations import run_campaign as run_manifest_campaign
+
+    directory = tempfile.mkdtemp(prefix="torchrecord-manifests-")
+    campaign = run_manifest_campaign(
+        args.manifests, directory, seed=args.seed, timeout=args.timeout, memory_limit=min(args.memory_limit, 1 << 30)
+    )
+    print(campaign.render())
+    return any(campaign.failures().values())
 
 
 if __name__ == "__main__":

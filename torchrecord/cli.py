@@ -388,8 +388,11 @@ def _add_info(commands: Any) -> None:
 def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = None) -> dict[str, Any]:
     from torchrecord._check.size import SCAN_LIMIT, payload_bytes
     from torchrecord._shards.open import open_set
+    from torchrecord._shards.sharded import ShardedSet
 
     rf = open_set(path, cache_dir=cache_dir)
+    if isinstance(rf, ShardedSet):
+        rf._check_headers()  # what info says of a local set is what its shards hold, not only what its manifest says
     meta = rf.metadata
     size = rf.size_bytes
     if scan is None:  # a sharded (perhaps remote) set is never scanned unless asked
