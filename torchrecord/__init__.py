@@ -29,6 +29,7 @@ from torchrecord._write.writer import RecordWriter, write_record
 from torchrecord.errors import (
     ArgumentError,
     ArgumentTypeError,
+    CacheError,
     ChecksumError,
     CorruptRecordError,
     FetchError,
@@ -63,6 +64,7 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "BatchIter",
+    "CacheError",
     "ChecksumError",
     "CorruptRecordError",
     "FetchError",

@@ -114,7 +114,10 @@ _PATH_HELP = "a record set, or a sharded set: its folder, manifest.json, or the 
 
 def _add_cache(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--cache-dir", metavar="DIR", help="where a remote sharded set's shards are fetched to (default: a temp dir)"
+        "--cache-dir",
+        metavar="DIR",
+        help="where a remote sharded set's shards are fetched to "
+        "(default: $TORCHRECORD_CACHE, else $XDG_CACHE_HOME/torchrecord, else ~/.cache/torchrecord)",
     )
 
 
@@ -460,8 +463,11 @@ def _add_info(commands: Any) -> None:
 def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = None) -> dict[str, Any]:
     from torchrecord._check.size import SCAN_LIMIT, payload_bytes
     from torchrecord._shards.open import open_set
+    from torchrecord._shards.sharded import ShardedSet
 
     rf = open_set(path, cache_dir=cache_dir)
+    if isinstance(rf, ShardedSet):
+        rf._check_headers()  # what info says of a local set is what its shards hold, not only what its manifest says
     meta = rf.metadata
     size = rf.size_bytes
     if scan is None:  # a sharded (perhaps remote) set is never scanned unless asked

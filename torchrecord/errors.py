@@ -29,7 +29,9 @@ or ``except ValueError`` keeps working::
     ├── SourceError                                        the source failed at sample i, or is unusable
     ├── WriteError               (also OSError)            the write failed (disk full, ...)
     ├── TooManyOpenFilesError    (also OSError)            the process ran out of file descriptors
-    └── FetchError               (also OSError)            a remote shard or manifest could not be fetched
+    ├── FetchError               (also OSError)            a remote shard or manifest could not be fetched
+    └── CacheError               (also OSError)            the shard cache's folder is not safe to use (another
+                                                            user's, writable by others, a symlink)
 
     TorchRecordWarning           (a UserWarning)
     ├── VariableShapeWarning                               a field's shape changed during a write, or differs in a mix
@@ -50,6 +52,7 @@ from __future__ import annotations
 __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
+    "CacheError",
     "ChecksumError",
     "CorruptRecordError",
     "FetchError",
@@ -217,7 +220,13 @@ class TooManyOpenFilesError(TorchRecordError, OSError):
 
 
 class FetchError(TorchRecordError, OSError):
-    """A remote sharded set's manifest or shard could not be fetched (server down, timeout, missing)."""
+    """A remote sharded set's manifest or shard could not be fetched (server down, timeout, missing,
+    past its transfer deadline, or larger than the manifest says)."""
+
+
+class CacheError(TorchRecordError, OSError):
+    """The remote shard cache's folder is not safe to use: owned by another user, writable by
+    others, a symlink or not a directory. The cache keeps shards only in a folder of the user's own."""
 
 
 class StructureError(CorruptRecordError):

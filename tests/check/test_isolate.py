@@ -105,3 +105,14 @@ def test_arguments_are_checked() -> None:
         run_in_child(_value, 1, timeout=0)
     with pytest.raises(ValueError, match="memory_limit"):
         run_in_child(_value, 1, timeout=1, memory_limit=0)
+
+
+def _out_of_memory() -> None:
+    raise MemoryError()
+
+
+def test_running_out_of_memory_without_a_limit_names_no_limit() -> None:
+    """verify reported "needed more than the None bytes allowed" (issue 30, finding 8)."""
+    with pytest.raises(StructureError, match=r"set.tr: reading it needed more memory than there is") as caught:
+        run_isolated(_out_of_memory, timeout=30, name="set.tr")
+    assert "None" not in str(caught.value)

@@ -281,3 +281,109 @@ def test_a_record_cut_short_on_the_fast_path_is_corrupt(tmp_path: Path) -> None:
         env.close()
     with pytest.raises(CorruptRecordError, match=r"cut.tr: record 6"):
         list(RecordDataset(path, batch_size=8, shuffle=False))
+
+
+# -- crafted sizes (issue 30, finding 8): refused before anything is allocated ------------------------------
+
+
+def _variable_set(path: str, codec: str) -> None:
+    """A set whose one field is compressed and of variable length (its schema does not bound it)."""
+    samples = [np.zeros(1000 + 10 * i, np.uint8) for i in range(8)]
+    write_record(
+        samples, path, shuffle=False, compression=codec, checksums=False, samples_per_record=1, schema={"value": [None]}
+    )
+
+
+def _put_record(path: str, record: int, dims: list[int], codec: str) -> None:
+    """Replace ``record`` with a 30-odd-byte one: uint8 of ``dims`` as a tiny compressed payload."""
+    import cramjam
+
+    payload = (
+        bytes(cramjam.zstd.compress(b"\0" * 16))
+        if codec == "zstd"
+        else bytes(cramjam.lz4.compress_block(b"\0" * 16, store_size=False))
+    )
+    msg = pb.TensorProtos()
+    proto = msg.protos.add()
+    proto.dims.extend(dims)
+    proto.data_type = pb.TensorProto.DataType.UINT8
+    proto.storage_type = {"zstd": 100, "lz4": 101}[codec]  # type: ignore[assignment]
+    proto.raw_data = payload
+    env = lmdb.open(path, subdir=False, max_dbs=4, lock=False)
+    try:
+        db = env.open_db(b"records")
+        with env.begin(write=True, db=db) as txn:
+            txn.put(encode_key(record), msg.SerializeToString())
+    finally:
+        env.close()
+
+
+def _read_every_way(path: str) -> list[str]:
+    """What each reader raised (class: message); run in a child with a small memory limit."""
+    out = []
+    for read in (
+        lambda: RecordFile(path)[0],
+        lambda: list(RecordDataset(path, shuffle=False)),
+        lambda: list(RecordDataset(path, shuffle=False, batch_size=4)),
+        lambda: torchrecord.load(path),
+    ):
+        try:
+            read()
+            out.append("read")
+        except torchrecord.errors.TorchRecordError as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+    report = torchrecord.verify(path, progress=False)
+    out.append("ok" if report.ok else f"verify: {report.first_error}")
+    return out
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("power", [30, 31, 32, 33])
+def test_a_tiny_record_claiming_gigabytes_is_refused_before_allocating(tmp_path: Path, codec: str, power: int) -> None:
+    from torchrecord._check.isolate import run_in_child
+
+    path = str(tmp_path / "v.tr")
+    _variable_set(path, codec)
+    _put_record(path, 0, [2**power], codec)
+    outcome = run_in_child(_read_every_way, path, timeout=120, memory_limit=256 << 20)
+    assert outcome.status == "returned", (outcome.status, outcome.error_type, outcome.message)
+    *readers, verified = outcome.value
+    for said in readers:
+        assert said.startswith("CorruptRecordError: ") and "v.tr: record 0, field 'value'" in said, said
+    want = "its zstd frame holds 16 bytes" if codec == "zstd" else "more than 1"
+    assert want in readers[0]
+    assert verified.startswith("verify: ") and "record 0, field 'value'" in verified
+
+
+def test_a_compressed_field_of_a_huge_fixed_shape_fails_the_claims_check(tmp_path: Path) -> None:
+    import msgpack
+
+    from tests.untrusted import put_meta_bytes, raw_meta
+
+    path = str(tmp_path / "c.tr")
+    write_record([np.zeros((64, 64), np.float32)] * 4, path, compression="zstd", progress=False)
+    meta = raw_meta(path)
+    field = meta["schema"]["fields"][0]
+    assert field["compression"] == "zstd"
+    field["shape"] = [65536, 65536]  # 16 GiB a sample: at least 512 KiB of zstd data each, in a 40 KB file
+    put_meta_bytes(path, msgpack.packb(meta))
+    with pytest.raises(FormatError, match=r"c.tr: the metadata claims 4 samples of at least 524288 bytes each"):
+        len(RecordFile(path))
+    with pytest.raises(FormatError, match="at least 524288 bytes each"):
+        torchrecord.verify(path, progress=False)
+
+
+def test_check_expansion_bounds() -> None:
+    import cramjam
+
+    from torchrecord._core.compress import MAX_RATIO, check_expansion, zstd_content_size
+
+    for n in (0, 1, 255, 256, 65791, 65792, 1 << 20):
+        assert zstd_content_size(bytes(cramjam.zstd.compress(b"\1" * n))) == n
+    zeros = bytes(cramjam.zstd.compress(b"\0" * (8 << 20), level=19))
+    check_expansion("zstd", zeros, 8 << 20, "x")  # what the codec really made passes
+    lz4 = bytes(cramjam.lz4.compress_block(b"\0" * (1 << 20), store_size=False))
+    check_expansion("lz4", lz4, 1 << 20, "x")
+    assert (1 << 20) / len(lz4) < MAX_RATIO["lz4"] and (8 << 20) / len(zeros) < MAX_RATIO["zstd"]
+    with pytest.raises(CorruptRecordError, match="x: its shape needs 257 bytes, more than 1 bytes of lz4"):
+        check_expansion("lz4", b"\0", 257, "x")

@@ -21,6 +21,7 @@ from torchrecord import BatchIter, GroupBatchIter, RecordFile, SampleList, load
 from torchrecord._memory import batches as memory_module
 from torchrecord._memory import load as load_module
 from torchrecord._order.group_batches import batch_bounds_by_samples
+from torchrecord.errors import ResumeStateError
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -741,3 +742,26 @@ def test_group_batch_iter_state_mid_epoch_gives_exactly_the_rest() -> None:
     assert [(b[0].tolist(), o.tolist()) for b, o in head] + rest == whole
     with pytest.raises(ValueError, match="groups_per_batch"):
         GroupBatchIter((rows,), groups, groups_per_batch=2, seed=3).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("version", True),
+        ("version", 0),
+        ("epoch", 0.0),
+        ("epoch", True),
+        ("yielded", 2.0),
+        ("rows", 50.0),
+        ("surprise", 1),
+    ],
+)
+def test_iterators_refuse_crafted_states_naming_the_field(field: str, value: Any) -> None:
+    rows = torch.arange(50)
+    for make in (
+        lambda: BatchIter(rows, batch_size=10, seed=1),
+        lambda: GroupBatchIter((rows,), torch.tensor([0, 10, 20, 50]), groups_per_batch=1, seed=1),
+    ):
+        state = make().state_dict()
+        with pytest.raises(ResumeStateError, match=f"{field}="):
+            make().load_state_dict({**state, field: value})

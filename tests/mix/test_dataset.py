@@ -845,3 +845,42 @@ def test_old_state_with_block_is_refused_clearly(sets: list[str]) -> None:
     old["block"] = 4
     with pytest.raises(ValueError, match=r"older torchrecord.*'block', now 'draw_size'"):
         ds.load_state_dict(old)
+
+
+# -- crafted states (issue 30: resume states are untrusted input) ---------------------------------------------
+
+
+def _crafted_mix(paths: list[str], placement: dict[str, Any]) -> list[Any]:
+    """[outcome, detail] of resuming a real state after 105 samples with ``placement`` changed (in a child)."""
+    from torchrecord._check.isolate import run_in_child
+    from torchrecord.errors import ResumeStateError
+
+    def run() -> list[Any]:
+        ds = MixedDataset(paths, draw_size=4, shuffle_buffer=32)
+        it = iter(ds)
+        first = [int(next(it)[1]) for _ in range(105)]
+        state = json.loads(json.dumps(ds.state_dict()))
+        state["placement"].update(placement)
+        resumed = MixedDataset(paths, draw_size=4, shuffle_buffer=32)
+        try:
+            resumed.load_state_dict(state)
+            rest = [int(s[1]) for s in resumed]
+        except ResumeStateError as exc:
+            return ["refused", str(exc)]
+        return ["resumed", len(rest), sorted(first + rest) == sorted(LABELS)]
+
+    outcome = run_in_child(run, timeout=120, memory_limit=2 << 30)
+    return [outcome.status, outcome.error_type, *(outcome.value or [])]
+
+
+def test_a_crafted_placement_of_a_billion_units_is_refused_before_allocating(sets: list[str]) -> None:
+    status, error, *value = _crafted_mix(sets, {"members": [[0, 10**9]]})
+    assert status == "returned", (status, error)  # it allocated until the memory limit
+    assert value[0] == "refused" and "placement.members=[[0, 1000000000]]" in value[1], value
+    assert "not within the" in value[1] and "units of the reader" in value[1]
+
+
+def test_a_crafted_placement_of_another_window_is_refused(sets: list[str]) -> None:
+    assert _crafted_mix(sets, {})[2:] == ["resumed", len(LABELS) - 105, True]
+    status, _, *value = _crafted_mix(sets, {"members": [[7, 16]]})  # resumed wrong, without an error
+    assert status == "returned" and value[0] == "refused" and "placement.members=[[7, 16]]" in value[1], value

@@ -13,7 +13,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from tests.helpers import assert_exactly_once
 from torchrecord import RecordDataset, loader_position, write_record
 from torchrecord._read.reader import ShareReader
-from torchrecord.errors import ArgumentError
+from torchrecord.errors import ArgumentError, ResumeStateError
 
 COUNT = 301
 
@@ -299,3 +299,102 @@ def test_loader_position_names_a_missing_reader(sets: dict[int, str]) -> None:
     states = [RecordDataset(sets[1], rank=0, world_size=2).state_dict()]
     with pytest.raises(ValueError, match="rank 1, worker 0"):
         loader_position(states)
+
+
+# -- crafted states (issue 30: resume states are untrusted input) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("untrusted") / "plain.tr"
+    write_record([{"x": torch.tensor(i)} for i in range(200)], path, progress=False)
+    return str(path)
+
+
+def _after_37(path: str) -> tuple[dict[str, Any], set[int]]:
+    ds = RecordDataset(path, shuffle_buffer=64)
+    it = iter(ds)
+    first = {int(next(it)["x"]) for _ in range(37)}
+    return json.loads(json.dumps(ds.state_dict())), first
+
+
+def _resume(path: str, state: Any) -> list[int]:
+    ds = RecordDataset(path, shuffle_buffer=64)
+    ds.load_state_dict(state)
+    return [int(s["x"]) for s in ds]
+
+
+def test_a_real_state_and_its_position_resume_exactly(plain: str) -> None:
+    state, first = _after_37(plain)
+    for resume_from in (state, loader_position([state])):
+        rest = _resume(plain, resume_from)
+        assert len(rest) == 163 and not first & set(rest) and first | set(rest) == set(range(200))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("yielded", 500, "share of the epoch holds 200 samples"),  # yielded nothing
+        ("count", 10, "this one has 200"),  # yielded nothing
+        ("yielded", 37.9, "must be an integer, not float"),  # was rounded
+        ("yielded", True, "not a bool"),
+        ("epoch", 0.9, "integer >= 0"),
+        ("epoch", "0", "integer >= 0"),
+        ("version", 0, "from 1 to 1"),
+        ("version", -3, "from 1 to 1"),
+        ("version", True, "from 1 to 1"),
+        ("num_workers", 0, "must be >= 1"),
+        ("block_size", 0, "this one has"),
+        ("rank", 3, "the last rank of its world_size"),
+        ("seed", -1, "this one has 0"),
+        ("shuffle", 1, "this one has True"),
+    ],
+)
+def test_a_crafted_state_is_refused_naming_the_path_and_field(plain: str, field: str, value: Any, reason: str) -> None:
+    state, _ = _after_37(plain)
+    with pytest.raises(ResumeStateError) as info:
+        _resume(plain, {**state, field: value})
+    message = str(info.value)
+    assert plain in message and f"{field}=" in message and reason in message, message
+
+
+@pytest.mark.parametrize(
+    ("yielded", "reason"),
+    [
+        ([[3, 0, 37]], "not one of the run's 1 ranks x 1 workers"),  # replayed the 37
+        ([[0, 0, 37], [0, 0, 1]], "listed twice"),
+        ([[0, 0, 201]], "holds 200 samples"),
+        (5, "must be a list of [rank, worker, items] rows"),  # 'int' object is not iterable
+        ([[0, 0]], "is not a list [rank, worker, items]"),
+        ([[0, 0, "37"]], "items '37' must be an integer"),
+    ],
+)
+def test_a_crafted_position_is_refused_naming_the_path_and_field(plain: str, yielded: Any, reason: str) -> None:
+    state, _ = _after_37(plain)
+    position = {**loader_position([state]), "yielded": yielded}
+    with pytest.raises(ResumeStateError) as info:
+        _resume(plain, position)
+    message = str(info.value)
+    assert plain in message and "yielded" in message and reason in message, message
+
+
+def test_an_elastic_position_must_name_every_reader(plain: str) -> None:
+    states = []
+    for worker in range(2):  # the two workers of one rank, as a StatefulDataLoader saves them
+        ds = RecordDataset(plain, shuffle_buffer=64)
+        ds._iter_epoch = 0
+        state = ds.state_dict()
+        states.append({**state, "worker": worker, "num_workers": 2, "worker_unit": ds._unit(2)})
+    position = loader_position(states)
+    assert len(_resume(plain, position)) == 200  # nothing yielded yet: the whole epoch on one reader
+    with pytest.raises(ResumeStateError, match=r"reader \(rank 0, worker 1\) .* is missing"):
+        _resume(plain, {**position, "yielded": position["yielded"][:1]})
+
+
+def test_unknown_and_missing_keys_are_refused(plain: str) -> None:
+    state, _ = _after_37(plain)
+    with pytest.raises(ResumeStateError, match=r"surprise=1: .* no such key"):
+        _resume(plain, {**state, "surprise": 1})
+    del state["window"]
+    with pytest.raises(ResumeStateError, match=r"window=None: the key is missing"):
+        _resume(plain, state)

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from tests.helpers import assert_exactly_once
 from torchrecord import StreamDataset, StreamLoader, write_record
 from torchrecord._order.stream_plan import plan_streams
+from torchrecord.errors import ResumeStateError
 
 B = 4
 
@@ -455,3 +456,39 @@ def test_streams_refuse_positional_batch_size_and_old_tail_states(stream_set: st
     old["tail"] = "drop"
     with pytest.raises(ValueError, match=r"older torchrecord.*'tail', now 'drop_last'"):
         ds.load_state_dict(old)
+
+
+# -- crafted states (issue 30: resume states are untrusted input) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("next_step", -1, "must be >= 0"),  # yielded 11 batches of a 10-batch epoch
+        ("next_step", 10**12, "the epoch has"),  # yielded none (an IndexError in another run)
+        ("next_step", 2.0, "not float"),
+        ("next_step", True, "not a bool"),
+        ("worker", 5, "must be a worker of num_workers=1"),
+        ("num_workers", 0, "must be >= 1"),
+        ("steps", True, "steps=True, this dataset has 4"),
+        ("epoch", 0.5, "integer >= 0"),
+    ],
+)
+def test_a_crafted_stream_state_is_refused_naming_the_path_and_field(
+    stream_set: str, field: str, value: Any, reason: str
+) -> None:
+    ds = StreamDataset(stream_set, batch_size=3, steps=4)
+    it = iter(ds)
+    next(it)
+    state = json.loads(json.dumps(ds.state_dict()))
+    whole = len(ds)
+    fresh = StreamDataset(stream_set, batch_size=3, steps=4)
+    fresh.load_state_dict(state)
+    assert len(list(fresh)) == whole - 1
+    with pytest.raises(ResumeStateError) as info:
+        fresh.load_state_dict({**state, field: value})
+    message = str(info.value)
+    assert stream_set in message and f"{field}=" in message and reason in message, message
+    loader = StreamLoader(StreamDataset(stream_set, batch_size=3, steps=4))
+    with pytest.raises(ResumeStateError, match=f"{field}="):
+        loader.load_state_dict({**loader.state_dict(), field: value})

@@ -176,9 +176,13 @@ def _raise_for(outcome: ChildOutcome, name: str, timeout: float, memory_limit: i
         if isinstance(cls, type) and issubclass(cls, TorchRecordError):
             raise cls(outcome.message)
         if outcome.error_type == "MemoryError":
+            allowed = (
+                f"more than the {memory_limit} bytes allowed"
+                if memory_limit is not None
+                else "more memory than there is"
+            )
             raise StructureError(
-                f"{name}: reading it needed more than the {memory_limit} bytes allowed; a damaged "
-                f"file can claim huge sizes; {StructureError.HINT}"
+                f"{name}: reading it needed {allowed}; a damaged file can claim huge sizes; {StructureError.HINT}"
             )
         raise TorchRecordError(f"{name}: the checking process failed with {outcome.error_type}: {outcome.message}")
     raise TorchRecordError(

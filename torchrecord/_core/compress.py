@@ -28,9 +28,11 @@ __all__ = [
     "EXTRA_HINT",
     "Expander",
     "FieldCompressor",
+    "MAX_RATIO",
     "PROBE_BYTES",
     "PROBE_RECORDS",
     "RATIO_LIMIT",
+    "check_expansion",
     "codec_of_storage",
     "decompress",
     "decompress_into",
@@ -54,6 +56,11 @@ PROBE_RECORDS = 16
 _MIN_CRAMJAM = (2, 11)
 #: zstd level when none is given (cramjam's own default, 11, is much slower to write).
 ZSTD_DEFAULT_LEVEL = 3
+#: The most raw bytes one stored byte can expand to, per codec: an LZ4 block's match lengths grow by
+#: 255 per extension byte; a zstd block of 3 header bytes and 1 RLE byte holds up to 128 KiB. A payload
+#: that claims more (its dims against its stored size) is refused before anything is allocated.
+MAX_RATIO: dict[str, int] = {"lz4": 256, "zstd": 32768}
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def require(what: str) -> Any:
@@ -129,9 +136,48 @@ def decompress_into(cramjam: Any, codec: str, data: Any, out: Any) -> int:
     return int(cramjam.lz4.decompress_block_into(data, out))
 
 
+def zstd_content_size(data: Any) -> int | None:
+    """The decompressed size a zstd frame's header states, None when it states none (or is not a frame)."""
+    head = bytes(data[:18])
+    if len(head) < 6 or head[:4] != _ZSTD_MAGIC:
+        return None
+    descriptor = head[4]
+    single_segment = descriptor >> 5 & 1
+    fcs_bytes = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+    dict_bytes = (0, 1, 2, 4)[descriptor & 3]
+    at = 5 + (0 if single_segment else 1) + dict_bytes
+    if fcs_bytes == 0 or len(head) < at + fcs_bytes:
+        return None
+    value = int.from_bytes(head[at : at + fcs_bytes], "little")
+    return value + 256 if fcs_bytes == 2 else value
+
+
+def check_expansion(codec: str, data: Any, size: int, where: str) -> None:
+    """CorruptRecordError unless ``data`` (``codec``) can expand to ``size`` bytes: called before allocating.
+
+    A zstd frame that states its content size must state ``size``; any payload
+    claiming more than :data:`MAX_RATIO` times its stored bytes is damaged or crafted.
+    """
+    if codec == "zstd":
+        stated = zstd_content_size(data)
+        if stated is not None and stated != size:
+            raise CorruptRecordError(
+                f"{where}: its zstd frame holds {stated} bytes, its shape needs {size}; run torchrecord.verify"
+            )
+    if size > len(data) * MAX_RATIO[codec]:
+        raise CorruptRecordError(
+            f"{where}: its shape needs {size} bytes, more than {len(data)} bytes of {codec} data can expand to "
+            f"(at most {MAX_RATIO[codec]} times); run torchrecord.verify"
+        )
+
+
 def decompress(storage_type: int, data: bytes, size: int, where: str) -> bytes:
-    """The ``size`` raw bytes of a compressed payload; CorruptRecordError (``where`` names the field) if damaged."""
+    """The ``size`` raw bytes of a compressed payload; CorruptRecordError (``where`` names the field) if damaged.
+
+    The size is checked against what the payload can expand to before anything is allocated.
+    """
     codec = _BY_STORAGE[storage_type]
+    check_expansion(codec, data, size, where)
     cramjam = require(f"{where.split(':')[0]}: reading its compressed field")
     out = bytearray(size)
     try:

@@ -21,6 +21,7 @@ import torch
 from torchrecord._memory.columns import Columns, SampleList, epoch_rng
 from torchrecord._memory.load import Subset, load_columns
 from torchrecord._order.group_batches import GroupPlan, check_offsets, offsets_from_ids, plan_epoch
+from torchrecord._read import resume as _resume
 from torchrecord._shards.open import SetLike
 from torchrecord.errors import ArgumentError, ResumeStateError
 
@@ -96,20 +97,22 @@ def _accept(state: Any, kind: str, mine: Mapping[str, Any]) -> tuple[int, int]:
             f"not a {kind} state (expected kind {kind!r}); pass what {kind.rsplit('.', 1)[-1]}.state_dict() returned"
         )
     version = state.get("version")
-    if not isinstance(version, int) or version > STATE_VERSION:
+    if _resume.is_int(version) and version > STATE_VERSION:
         raise ResumeStateError(
             f"the {kind} state has version {version!r}, this torchrecord reads states up to version "
             f"{STATE_VERSION}: upgrade torchrecord to resume from it"
         )
-    for key, value in mine.items():
-        if state.get(key) != value:
-            raise ResumeStateError(
-                f"the {kind} state was saved with {key}={state.get(key)!r}, this iterator has {value!r}: resume "
-                "with the same data and settings"
-            )
-    epoch, yielded = state.get("epoch"), state.get("yielded")
-    if not isinstance(epoch, int) or epoch < 0 or not isinstance(yielded, int) or yielded < 0:
-        raise ResumeStateError(f"the {kind} state has no valid epoch and position: {epoch!r}, {yielded!r}")
+    name = kind.rsplit(".", 1)[-1]
+    rules: dict[str, _resume.Rule] = {
+        "kind": _resume.anything,
+        "version": _resume.integer(1, STATE_VERSION),
+        "epoch": _resume.integer(0),
+        "yielded": _resume.integer(0),
+    }
+    # the data and settings must be this iterator's (saved with other ones, the order would differ)
+    rules.update({key: _resume.equal(value, f"its {key}") for key, value in mine.items()})
+    _resume.check_state(state, rules, where=f"{name}.load_state_dict", what=kind)
+    epoch, yielded = int(state["epoch"]), int(state["yielded"])
     return epoch, yielded
 
 

@@ -14,12 +14,14 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from torchrecord._mix import resume as _mix_resume
 from torchrecord._mix.mixer import Mixer, Picked, Placement
-from torchrecord._mix.resume import MIX_POSITION_KIND, MIX_STATE_KIND, reader_units_of
+from torchrecord._mix.resume import MIX_POSITION_KIND, MIX_STATE_KIND, placement_problem, reader_units_of
 from torchrecord._mix.source import FileSource, Source, SourceInfo, shared_schema
 from torchrecord._order import mix_plan as _mix_plan
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
+from torchrecord._read import resume as _resume
 from torchrecord._read.base import Reader, ReaderDataset, check_choice, in_worker
 from torchrecord._read.items import Items
 from torchrecord._shards.open import SetLike
@@ -514,6 +516,132 @@ class MixedDataset(ReaderDataset):
             plan_keys=("sizes", "counts", "rates", "draw_size", "seed", "shuffle"),
             advice="resume with the same sources, weights, stop rule, draw_size, seed and shuffle",
         )
+        if self._resume is not None:
+            try:
+                self._check_resume(self._resume, self.plan(), 0)
+            except ResumeStateError:
+                self._resume = None
+                raise
+
+    def _check_resume(self, state: Mapping[str, Any], plan: _mix_plan.MixPlan, depth: int) -> None:
+        """Every field of a state or position (and of the positions it rests on), against this dataset.
+
+        The settings must be this dataset's (the unit workers were cut on follows from them, the world
+        size and the number of workers); each reader named one of the run's, and each placement one its
+        units allow (:func:`~torchrecord._mix.resume.placement_problem`). Nothing is expanded before it
+        is checked against the reader's units.
+        """
+        r = _resume
+        where = self._where()
+        kind = str(state.get("kind")) if isinstance(state, Mapping) else "MixedDataset"
+        if depth > r.MAX_DEPTH:
+            r.refuse(where, kind, "base", "...", f"positions nest more than {r.MAX_DEPTH} deep")
+        if not isinstance(state, Mapping) or state.get("kind") != (MIX_POSITION_KIND if depth else state.get("kind")):
+            r.refuse(where, kind, "base", state, f"must be None or a {MIX_POSITION_KIND} position")
+        mine = self._settings(1)
+        rules: dict[str, r.Rule] = {key: r.anything for key in ("kind", "version", "set_id", "epoch")}
+        for key in ("sizes", "counts", "rates", "draw_size", "seed", "shuffle", "window", "drop_last", "batch_size"):
+            rules[key] = r.equal(mine[key], f"its {key}")
+        rules.update(
+            policy=r.equal(self.policy, "its policy"),
+            horizon=r.equal(self._horizon(), "its max_defer"),
+            world_size=r.integer(1, r.MAX_READERS),
+            num_workers=r.integer(1, r.MAX_READERS),
+            worker_unit=r.integer(1),
+            base=r.anything,
+        )
+        position = state.get("kind") == MIX_POSITION_KIND
+        if position:
+            rules["readers"] = r.rows(r.integer(0), r.integer(0), r.anything, names=("rank", "worker", "placement"))
+        else:
+            rules.update(rank=r.integer(0), worker=r.integer(0), yielded=r.integer(0), placement=r.anything)
+        # states saved before draw rates existed have no "rates": fine where this mix has none either
+        optional = ("rates",) if mine["rates"] is None else ()
+        r.check_state(state, rules, where=where, what=kind, optional=optional)
+        if depth:  # a base: the same set and epoch as the state resting on it
+            r.check_state(
+                state,
+                {"set_id": r.equal(self.set_id, "its set_id"), "epoch": r.equal(self.epoch, "its epoch")},
+                where=where,
+                what=kind,
+                every_key=False,
+                prefix="base.",
+            )
+        world, workers = int(state["world_size"]), int(state["num_workers"])
+        if world * workers > r.MAX_READERS:
+            r.refuse(where, kind, "num_workers", workers, f"{world} ranks x {workers} workers are too many readers")
+        per_rank = _partition.samples_per_rank(self.epoch_length, world, self.drop_last)
+        unit = _partition.worker_unit(per_rank, workers, self.batch_size, self.loader_batch_size)
+        if state["worker_unit"] != unit:
+            r.refuse(
+                where,
+                kind,
+                "worker_unit",
+                state["worker_unit"],
+                f"a run of this dataset on {world} ranks x {workers} workers cuts worker shares on {unit} samples",
+            )
+        base = state["base"]
+        if base is not None:
+            self._check_resume(base, plan, depth + 1)
+        if position:
+            same = world == self._distributed[1] and base is None
+            r.check_readers(
+                state["readers"],
+                world_size=world,
+                num_workers=workers,
+                where=where,
+                what=kind,
+                field="readers",
+                rank=self._distributed[0] if same else None,
+            )
+            readers = [(int(a), int(b), p) for a, b, p in state["readers"]]
+        else:
+            r.check_state(
+                state,
+                {
+                    "rank": r.integer(0, world - 1, what="the last rank of its world_size"),
+                    "worker": r.integer(0, workers - 1, what="the last worker of its num_workers"),
+                },
+                where=where,
+                what=kind,
+                every_key=False,
+            )
+            readers = [(int(state["rank"]), int(state["worker"]), state["placement"])]
+        for rank, worker, placement in readers:
+            units = _mix_resume.reader_units_of(
+                plan,
+                base,
+                rank=rank,
+                world_size=world,
+                worker=worker,
+                num_workers=workers,
+                drop_last=self.drop_last,
+                unit=unit,
+            )
+            problem = placement_problem(
+                placement,
+                units.length,
+                window=self._window(),
+                step=self.batch_size or _SAMPLE_MODE_BATCH,
+                exact=self._horizon() == 1,
+            )
+            if problem:
+                field, value, reason = problem
+                r.refuse(
+                    where,
+                    kind,
+                    field if not position else f"readers (rank {rank}, worker {worker}) {field}",
+                    value,
+                    reason,
+                )
+            if not position and state["yielded"] > int(units.length.sum()):
+                r.refuse(
+                    where,
+                    kind,
+                    "yielded",
+                    state["yielded"],
+                    f"the reader's units hold {int(units.length.sum())} samples",
+                )
 
     def _where(self) -> str:
         return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from torchrecord._mix.mixer import Placement
+from torchrecord._mix.mixer import Placement, window_target
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
 from torchrecord._order.mix_plan import MixPlan, Units, plan_epoch, reader_units, units_of_positions
+from torchrecord._read import resume as _r
 from torchrecord._read.resume import STATE_VERSION, per_reader
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "MIX_STATE_KIND",
     "consumed_positions",
     "mix_position",
+    "placement_problem",
     "plan_of",
     "position_unit",
     "reader_units_of",
@@ -183,3 +185,85 @@ def mix_position(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     position.update(kind=MIX_POSITION_KIND, version=STATE_VERSION)
     position["readers"] = [[r, w, p] for (r, w), p in sorted(by_reader.items())]
     return position
+
+
+# -- checking a mix state (untrusted input) ----------------------------------------------------------------
+
+
+def placement_problem(
+    placement: Any, lengths: np.ndarray, *, window: int, step: int, exact: bool
+) -> tuple[str, Any, str] | None:
+    """Why a saved placement cannot be where a reader with units of ``lengths`` stood, or None.
+
+    ``(field, value, reason)``. Every field is checked before any list is expanded (runs within the
+    reader's units), then against the others: the current window's units are placed, the handed-out
+    samples fit in it, and the window's index fits the units placed before it (the ramp-up of
+    :func:`~torchrecord._mix.mixer.window_target`); with ``exact`` the windows are rebuilt exactly.
+    """
+    n = len(lengths)
+    if not isinstance(placement, Mapping):
+        return "placement", placement, "must be a dict (window, members, offset, prefix, extra)"
+    rules = {
+        "window": _r.integer(-1, max(n - 1, -1), what="the reader's last unit"),
+        "members": _r.index_runs(n, "units of the reader"),
+        "offset": _r.integer(0),
+        "prefix": _r.integer(0, n, what="the reader's units"),
+        "extra": _r.index_runs(n, "units of the reader"),
+    }
+    for key in placement:
+        if key not in rules:
+            return f"placement.{key}", placement[key], "placements have no such key"
+    for key, rule in rules.items():
+        if key not in placement:
+            return f"placement.{key}", None, "the key is missing"
+        reason = rule(placement[key])
+        if reason:
+            return f"placement.{key}", placement[key], reason
+    p = Placement.from_state(dict(placement))  # bounded now: every run is within the n units
+    if any(i <= p.prefix for i in p.extra):
+        return "placement.extra", placement["extra"], f"units at or below prefix {p.prefix} are placed already"
+    if p.window == -1:
+        if p.members or p.offset or p.prefix or p.extra:
+            return "placement.window", -1, "a reader before its first window has placed nothing"
+        return None
+    if not p.members:
+        return "placement.members", placement["members"], "the current window holds no unit"
+    if any(i >= p.prefix and i not in p.extra for i in p.members):
+        return "placement.members", placement["members"], "the current window's units must be placed"
+    held = int(lengths[p.members].sum())
+    if p.offset > held:
+        return "placement.offset", p.offset, f"the current window holds {held} samples"
+    before = [i for i in range(p.prefix) if i not in set(p.members)] + [i for i in p.extra if i not in p.members]
+    if exact:  # the windows of a reader placing its units in plan order, rebuilt
+        start = 0
+        for j in range(p.window + 1):
+            end, acc = start, 0
+            target = window_target(j, window, step)
+            while acc < target and end < n:
+                acc += int(lengths[end])
+                end += 1
+            if j < p.window:
+                if end >= n:
+                    return "placement.window", p.window, f"the reader's units fill only {j + 1} windows"
+                start = end
+        if p.members != list(range(start, end)) or p.prefix != end or p.extra:
+            return "placement.members", placement["members"], f"window {p.window} holds units [{start}, {end})"
+        return None
+    # "ready": units are taken out of plan order, so only what the counts allow
+    target = window_target(p.window, window, step)
+    longest = int(lengths.max())
+    if held < target and p.prefix < n:
+        return "placement.members", placement["members"], f"window {p.window} holds at least {target} samples"
+    if held - int(lengths[p.members].max()) >= target:
+        return "placement.members", placement["members"], f"window {p.window} ends once it holds {target} samples"
+    prior = int(lengths[before].sum()) if before else 0
+    targets = [window_target(j, window, step) for j in range(p.window)]
+    lo = sum(targets)
+    # a window ends past its target only by part of its last unit: when a unit shorter than the
+    # longest is in it, or its target is not a multiple of the longest (else it ends on the target)
+    short = int((lengths[before] < longest).sum()) if before else 0
+    misaligned = sum(1 for t in targets if t % longest)
+    slack = min(p.window, short + misaligned) * (longest - 1)
+    if not lo <= prior <= lo + slack or len(before) < p.window:
+        return "placement.window", p.window, f"the {prior} samples placed before it do not make {p.window} windows"
+    return None

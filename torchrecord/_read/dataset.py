@@ -278,11 +278,103 @@ class RecordDataset(ReaderDataset):
                 A state of an earlier epoch is ignored with a warning.
         """
         self._refresh_distributed()
-        self._resume = self._accept_state(
+        accepted = self._accept_state(
             state,
             kinds=(_resume.STATE_KIND, _resume.POSITION_KIND),
             subset=self._subset.digest if self._subset is not None else None,
         )
+        if accepted is not None:
+            self._check_resume(accepted)
+        self._resume = accepted
+
+    def _check_resume(self, state: dict[str, Any]) -> None:
+        """Every field of an accepted state or position, against this dataset (states are untrusted input).
+
+        The order settings must be this dataset's (count, seed, shuffle, window, block size, drop_last,
+        batch size; the unit workers were cut on follows from them, the world size and the number of
+        workers); each reader named must be one of the run's; the items a reader yielded at most what its
+        share holds. A position may come from another world size or number of workers (elastic resume).
+        """
+        r = _resume
+        plan = self._plan(1)
+        where, kind = self._where(), str(state["kind"])
+        rules: dict[str, r.Rule] = {
+            "kind": r.anything,
+            "version": r.anything,
+            "set_id": r.anything,
+            "epoch": r.anything,
+            "subset": r.anything,
+            "count": r.equal(plan["count"], "the samples it reads"),
+            "seed": r.equal(plan["seed"], "its seed"),
+            "shuffle": r.equal(plan["shuffle"], "its shuffle"),
+            "window": r.equal(plan["window"], "the window of its shuffle_buffer and batch_size"),
+            "block_size": r.equal(plan["block_size"], "its block size, in whole records"),
+            "drop_last": r.equal(plan["drop_last"], "its drop_last"),
+            "batch_size": r.equal(plan["batch_size"], "its batch_size"),
+            "world_size": r.integer(1, r.MAX_READERS),
+            "num_workers": r.integer(1, r.MAX_READERS),
+            "worker_unit": r.integer(1),
+        }
+        position = kind == r.POSITION_KIND
+        if position:
+            rules["yielded"] = r.rows(r.integer(0), r.integer(0), r.integer(0), names=("rank", "worker", "items"))
+            rules["rotate"] = r.integer(0)
+        else:
+            rules.update(rank=r.integer(0), worker=r.integer(0), yielded=r.integer(0))
+        r.check_state(state, rules, where=where, what=kind, optional=("worker_unit", "rotate"))
+        world, workers = int(state["world_size"]), int(state["num_workers"])
+        if world * workers > r.MAX_READERS:
+            r.refuse(where, kind, "num_workers", workers, f"{world} ranks x {workers} workers are too many readers")
+        # the unit a run of this dataset on the state's world and workers cut its worker shares on
+        per_rank = _partition.samples_per_rank(plan["count"], world, self.drop_last)
+        unit = _partition.worker_unit(per_rank, workers, self.batch_size, self.loader_batch_size)
+        if "worker_unit" in state and state["worker_unit"] != unit:
+            r.refuse(
+                where,
+                kind,
+                "worker_unit",
+                state["worker_unit"],
+                f"a run of this dataset on {world} ranks x {workers} workers cuts worker shares on {unit} samples",
+            )
+        if not position:
+            r.check_state(
+                state,
+                {
+                    "rank": r.integer(0, world - 1, what="the last rank of its world_size"),
+                    "worker": r.integer(0, workers - 1, what="the last worker of its num_workers"),
+                },
+                where=where,
+                what=kind,
+                every_key=False,
+            )
+            readers = [(int(state["rank"]), int(state["worker"]), int(state["yielded"]))]
+        else:
+            if "rotate" in state and state["rotate"] >= workers:
+                r.refuse(where, kind, "rotate", state["rotate"], f"must be below its num_workers, {workers}")
+            same_plan = world == self._distributed[1]
+            r.check_readers(
+                state["yielded"],
+                world_size=world,
+                num_workers=workers,
+                where=where,
+                what=kind,
+                field="yielded",
+                rank=self._distributed[0] if same_plan else None,
+            )
+            readers = [(int(a), int(b), int(c)) for a, b, c in state["yielded"]]
+        bounds = self._bounds()
+        for rank, worker, items in readers:
+            share = sum(b - a for a, b in r.share_runs(state, int(state["epoch"]), rank, worker, bounds))
+            most = r.reader_items(share, self.batch_size, self.drop_last)
+            if items > most:
+                field = "yielded" if not position else f"yielded (rank {rank}, worker {worker})"
+                r.refuse(
+                    where,
+                    kind,
+                    field,
+                    items,
+                    f"the reader's share of the epoch holds {most} {'batches' if self.batch_size else 'samples'}",
+                )
 
     def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
         """The position of this rank after a plain DataLoader handed out ``batches`` batches this epoch.
@@ -344,8 +436,11 @@ class RecordDataset(ReaderDataset):
         position: dict[str, Any] = {"kind": _resume.POSITION_KIND, "version": _resume.STATE_VERSION}
         position.update(set_id=self.file.set_id, epoch=self.epoch, **plan)
         rank = self._distributed[0]
-        if self.batch_size is None and loader_batch_size:
-            taken = [t * loader_batch_size for t in taken]
+        if self.batch_size is None and loader_batch_size:  # samples, not past a worker's share
+            taken = [
+                min(t * loader_batch_size, sum(b - a for a, b in self.reader_runs(w, readers)))
+                for w, t in enumerate(taken)
+            ]
         position["yielded"] = [[rank, w, t] for w, t in enumerate(taken)]
         # a new DataLoader starts its rotation at worker 0: worker j takes the role of worker
         # (next + j) mod n, so the rotation goes on where it stopped and the order is unchanged

@@ -6,7 +6,7 @@ Both read a set written by ``torchrecord.convert.from_robomimic`` through
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -477,9 +477,41 @@ class WindowDataset(ReaderDataset):
             )
             if kept is None:
                 continue
+            self._check_resume(kept)
             if kept.get("rank") == self._world()[0]:
                 resume[(int(kept["worker"]), int(kept["num_workers"]))] = int(kept["yielded"])
         self._resume = resume or None
+
+    def _check_resume(self, state: Mapping[str, Any]) -> None:
+        """Every field of an accepted state against this dataset (states are untrusted input)."""
+        r = _resume
+        where, kind = self._where(), STATE_KIND
+        rank, world = self._world()
+        saved = state.get("num_workers")
+        plan = self._plan_of(int(saved) if r.is_int(saved) and 1 <= saved <= r.MAX_READERS else 1)
+        rules: dict[str, r.Rule] = {key: r.anything for key in ("kind", "version", "set_id", "epoch")}
+        rules.update({key: r.equal(plan[key], f"its {key}") for key in (*_PLAN_KEYS, "worker_unit")})
+        rules.update(
+            num_workers=r.integer(1, r.MAX_READERS),
+            rank=r.integer(0, world - 1, what="the last rank of its world"),
+            worker=r.integer(0, r.MAX_READERS),
+            yielded=r.integer(0),
+        )
+        r.check_state(state, rules, where=where, what=kind)
+        workers = int(state["num_workers"])
+        if state["worker"] >= workers:
+            r.refuse(where, kind, "worker", state["worker"], f"must be below its num_workers, {workers}")
+        if state["rank"] == rank:
+            held = sum(len(i) for i in self.reader_windows(int(state["worker"]), workers))
+            most = r.reader_items(held, self.batch_size, self.drop_last)
+            if state["yielded"] > most:
+                r.refuse(
+                    where,
+                    kind,
+                    "yielded",
+                    state["yielded"],
+                    f"the reader's share of the epoch holds {most} {'batches' if self.batch_size else 'windows'}",
+                )
 
     @property
     def records_read(self) -> int:

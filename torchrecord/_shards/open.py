@@ -47,7 +47,8 @@ def open_set(
             ``RecordDataset(path, subset=...)`` reads a subset of one).
         cache_dir: for a remote sharded set: where its shards are fetched to
             (see :class:`~torchrecord.ShardedSet`); ignored for local sets.
-        cache_limit: for a remote sharded set: bytes of fetched shards to keep.
+        cache_limit: for a remote sharded set: bytes of fetched shards to keep
+            (None: ``$TORCHRECORD_CACHE_LIMIT``, else 20 GiB).
         check: ``"structure"``: check LMDB's page structure of each file before
             it is first mapped in a process (files of unknown provenance; see
             :class:`~torchrecord.RecordFile`). None: trust the structure.

@@ -24,6 +24,7 @@ from torchrecord._core.schema import Schema
 from torchrecord._shards import manifest as _manifest
 from torchrecord._shards.remote import ShardCache, fetch_manifest, is_url
 from torchrecord._store.checked import Check, combine_checks, parse_check
+from torchrecord._store.claims import fixed_sample_bytes
 from torchrecord._store.format import _describe_directory
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
@@ -53,10 +54,13 @@ class ShardedSet(RecordSet):
         path: a directory holding ``manifest.json``, the manifest's path, or its
             URL (``http(s)://``, ``s3://``, ``gs://``, ``file://``: fsspec, extra
             ``remote``), or a URL prefix that holds ``manifest.json``.
-        cache_dir: where shards of a remote set are fetched to (default: the
-            ``torchrecord-cache`` folder in the temporary directory).
-        cache_limit: bytes of fetched shards the cache keeps; shards a reader has
-            finished with are evicted beyond it (None: no limit).
+        cache_dir: where shards of a remote set are fetched to (None:
+            ``$TORCHRECORD_CACHE``, else ``$XDG_CACHE_HOME/torchrecord``, else
+            ``~/.cache/torchrecord``); a folder of the user's own (another
+            user's is refused), where the cache touches only what it downloaded.
+        cache_limit: bytes of fetched shards (and downloads in flight) the cache
+            keeps; shards a reader has finished with are evicted beyond it (None:
+            ``$TORCHRECORD_CACHE_LIMIT``, else 20 GiB).
         subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
             reads a subset of a sharded set.
         check: integrity on read, for each shard: ``"checksums"`` (each record's
@@ -104,12 +108,46 @@ class ShardedSet(RecordSet):
                 where = self.path
                 if os.path.isdir(where):
                     where = os.path.join(where, _manifest.MANIFEST_NAME)
-                if not os.path.exists(where):
+                if not os.path.lexists(where):
                     raise _not_a_set(self.path, where)
-                with open(where, encoding="utf-8") as f:
-                    text = f.read()
-            self._manifest = _manifest.check_manifest(_manifest.parse_json(text, where), where)
+                text = _manifest.read_text(where)  # a FIFO, a folder or a link loop is refused, never read
+            manifest = _manifest.check_manifest(_manifest.parse_json(text, where), where)
+            if not is_url(self.path):
+                self._check_local_shards(manifest)
+            self._manifest = manifest
         return self._manifest
+
+    def _check_local_shards(self, manifest: dict[str, Any]) -> None:
+        """Each shard file's size against its entry's claims; a shard that claims no samples is opened now.
+
+        Readers size their index arrays by the counts before any shard is read, and
+        never open a shard whose count is 0, so these are the claims to check first.
+        """
+        base = self._base()
+        per_sample = fixed_sample_bytes((manifest.get("schema") or {}).get("fields", []))
+        for s, entry in enumerate(manifest["shards"]):
+            _manifest.check_shard_file(entry, s, os.path.join(base, entry["name"]), per_sample)
+        self._check_headers(manifest, [s for s, entry in enumerate(manifest["shards"]) if entry["count"] == 0])
+
+    def _check_headers(self, manifest: dict[str, Any] | None = None, shards: list[int] | None = None) -> None:
+        """Open the metadata of local shards (all by default) and check each against its manifest entry.
+
+        ``info`` describes a set by its manifest: this makes what it says true of the
+        files. A remote set's shards are checked when they are fetched instead.
+        """
+        if is_url(self.path):
+            return
+        manifest = self.manifest if manifest is None else manifest
+        base = self._base()
+        for s in range(len(manifest["shards"])) if shards is None else shards:
+            path = os.path.join(base, manifest["shards"][s]["name"])
+            if not os.path.lexists(path):
+                continue  # a missing shard is named when it is read
+            rf = RecordFile(path, check=self._check)
+            try:
+                _check_shard(rf, s, manifest)
+            finally:
+                rf._let_go(hard=True)
 
     def _base(self) -> str:
         """The folder or URL prefix the shard names are relative to."""
@@ -205,13 +243,7 @@ class ShardedSet(RecordSet):
                 rf = self._fetched(s)
             else:
                 rf = RecordFile(os.path.join(self._base(), entry["name"]), check=self._check)
-            local = rf.path
-            if rf.set_id != entry["set_id"] or len(rf) != entry["count"]:
-                raise FormatError(
-                    f"{local}: shard {s} is not the file the manifest lists (set_id {rf.set_id}, {len(rf)} samples; "
-                    f"the manifest says {entry['set_id']}, {entry['count']}): it was rewritten after the set was "
-                    "finalized; run torchrecord.finalize_shards again"
-                )
+            _check_shard(rf, s, self.manifest)
             self._files[s] = rf
         return rf
 
@@ -373,6 +405,39 @@ class ShardedSet(RecordSet):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path = state["path"]
         self._setup(state["cache_dir"], state["cache_limit"], state.get("check"), state["m"])
+
+
+def _check_shard(rf: RecordFile, s: int, manifest: dict[str, Any]) -> None:
+    """FormatError unless ``rf`` is the file shard ``s`` of the manifest lists: set_id, counts, packing, size, place."""
+    entry = manifest["shards"][s]
+    n = len(manifest["shards"])
+    meta = rf.metadata
+    place: dict[str, Any] = meta["shard"] if isinstance(meta.get("shard"), dict) else {}
+    size = os.path.getsize(rf.path)
+    said_per_record = manifest.get("samples_per_record", 1)  # an empty shard packs nothing: any packing fits
+    found = {
+        "set_id": rf.set_id,
+        "count": len(rf),
+        "records": rf.num_records,
+        "bytes": size,
+        "samples_per_record": rf.samples_per_record if len(rf) else said_per_record,
+        "shard": [place.get("index", s), place.get("of", n)],
+    }
+    said = {
+        "set_id": entry["set_id"],
+        "count": entry["count"],
+        "records": entry["records"],
+        "bytes": entry["bytes"],
+        "samples_per_record": said_per_record,
+        "shard": [s, n],
+    }
+    differ = [k for k in said if found[k] != said[k]]
+    if differ:
+        detail = "; ".join(f"{k}: the file has {found[k]}, the manifest says {said[k]}" for k in differ)
+        raise FormatError(
+            f"{rf.path}: shard {s} is not the file the manifest lists ({detail}): it was rewritten after the set "
+            "was finalized, or the manifest was edited; run torchrecord.finalize_shards again"
+        )
 
 
 def _not_a_set(path: str, manifest: str) -> TorchRecordError:

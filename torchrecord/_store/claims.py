@@ -9,7 +9,8 @@ relies on a claim it is checked against the file itself:
 * the records the count needs (``ceil(count / samples_per_record)``) against the
   entries of the ``records`` database, which LMDB counts in its own tree;
 * the bytes the fixed-size fields of ``count`` samples need against the bytes of
-  the file LMDB uses (records store their payloads raw, never compressed);
+  the file LMDB uses (a compressed field counts as its raw size over the most its
+  codec can expand, ``_core.compress.MAX_RATIO``);
 * (in ``_format.check_metadata``) every field's size below NumPy's limit, and
   ``samples_per_record`` at most ``_format.MAX_SAMPLES_PER_RECORD``.
 
@@ -24,6 +25,7 @@ from typing import Any
 import lmdb
 
 from torchrecord._core import dtypes as _dtypes
+from torchrecord._core.compress import MAX_RATIO
 from torchrecord.errors import FormatError
 
 __all__ = [
@@ -52,15 +54,19 @@ def field_bytes(field: dict[str, Any] | Any) -> int | None:
 
 
 def fixed_sample_bytes(fields: list[Any]) -> int:
-    """Bytes every sample stores at least: its fixed-size numeric fields, 2 per string or compressed field.
+    """Bytes every sample stores at least: its fixed-size numeric fields, 2 per string field.
 
-    A compressed field can shrink to a few bytes (zstd stores a run of zeros in a
-    handful), so it counts as little as a string.
+    A compressed field of fixed shape stores at least its raw size over the most its
+    codec expands (zstd: 32,768 times, LZ4: 256), and never less than a string;
+    one of variable shape, as little as a string.
     """
     total = 0
     for f in fields:
-        if _get(f, "compression"):
-            total += _STRING_BYTES
+        codec = _get(f, "compression")
+        if codec:
+            raw = field_bytes(f)
+            ratio = MAX_RATIO.get(str(codec), max(MAX_RATIO.values()))
+            total += max(_STRING_BYTES, -(-raw // ratio)) if raw is not None else _STRING_BYTES
             continue
         size = field_bytes(f)
         if size is not None:

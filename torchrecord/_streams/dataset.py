@@ -407,6 +407,8 @@ class StreamDataset(ReaderDataset):
         )
         accepted = [self._accept_state(s, plan=mine, plan_keys=_PLAN_KEYS, advice=advice) for s in found]
         kept = [s for s in accepted if s is not None]
+        for s in kept:
+            self._check_resume(s, mine)
         if not kept:
             self._resume = None
         elif len(kept) == 1:
@@ -414,6 +416,35 @@ class StreamDataset(ReaderDataset):
             self._resume = {"step": int(s["next_step"]), "worker": s.get("worker"), "num_workers": s.get("num_workers")}
         else:
             self._resume = {"step": min(int(s["next_step"]) for s in kept), "worker": None, "num_workers": None}
+
+    def _check_resume(self, state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+        """Every field of an accepted state against this dataset (states are untrusted input)."""
+        r = _resume
+        where, kind = self._where(), STATE_KIND
+        world = self._world()[1]
+        rules: dict[str, r.Rule] = {key: r.anything for key in ("kind", "version", "set_id", "epoch")}
+        rules.update({key: r.equal(mine[key], f"its {key}") for key in _PLAN_KEYS})
+        rules.update(
+            rank=r.integer(0, world - 1, what="the last rank of its world"),
+            world_size=r.equal(world, "its world size"),
+            worker=r.integer(0, r.MAX_READERS, none=True),
+            num_workers=r.integer(1, r.MAX_READERS, none=True),
+            next_step=r.integer(0),
+        )
+        r.check_state(state, rules, where=where, what=kind)
+        worker, workers = state["worker"], state["num_workers"]
+        if (worker is None) != (workers is None) or (workers is not None and worker >= workers):
+            r.refuse(
+                where,
+                kind,
+                "worker",
+                worker,
+                f"must be a worker of num_workers={workers!r} (both None for a loader's state)",
+            )
+        # a worker's state names the step it builds next: up to num_workers - 1 past the last
+        last = len(self) + (workers - 1 if workers is not None else 0)
+        if state["next_step"] > last:
+            r.refuse(where, kind, "next_step", state["next_step"], f"the epoch has {len(self)} batches")
 
 
 def _padding_cells(template: Any, cells: int, lead: tuple[int, int]) -> Any:
