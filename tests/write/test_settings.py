@@ -18,7 +18,7 @@ import torch
 import torchrecord.convert as convert_module
 from torchrecord import RecordFile, RecordWriter, write_record, write_shard
 from torchrecord._write.settings import WriteSettings
-from torchrecord.errors import IgnoredOptionWarning, SampleTypeError, SampleValueError, SchemaError, SourceError
+from torchrecord.errors import IgnoredOptionWarning, SampleTypeError, SampleValueError, SchemaError
 
 
 class Untouchable(torch.utils.data.Dataset[Any]):

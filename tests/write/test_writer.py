@@ -34,7 +34,7 @@ from tests.write.test_reliability import (
     temporaries,
 )
 from torchrecord import RecordFile, RecordWriter
-from torchrecord.errors import RecordExistsError, SampleTypeError, SchemaError, SourceError, WriteError
+from torchrecord.errors import RecordExistsError, SampleTypeError, SchemaError, WriteError
 
 
 def _push(path: str | os.PathLike[str], samples: Any, **kwargs: Any) -> RecordFile:

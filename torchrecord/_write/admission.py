@@ -75,6 +75,8 @@ class Admission:
         self.variable_fields: dict[str, int] = {}
         self._first = "the first sample"
         self._lists: set[int] = set()  # positions of fields the first sample gave as lists
+        #: the samples come in a shuffled order of source indices (a map-style source read pre-shuffled)
+        self.shuffled_read = False
 
     @property
     def has_lists(self) -> bool:
@@ -267,18 +269,29 @@ class Admission:
             return
         if isinstance(bound, float):
             if self.total is not None and self.skipped > bound * self.total:
-                self._too_many(f"{self.skipped} of {self.total} samples failed, more than max_skipped={bound!r}")
+                self._too_many(
+                    f"{self.skipped} of {self.total} samples failed, more than max_skipped={bound!r}", midway=True
+                )
         elif self.skipped > bound:
-            self._too_many(f"{self.skipped} samples failed, more than max_skipped={bound!r}")
+            self._too_many(f"{self.skipped} samples failed, more than max_skipped={bound!r}", midway=True)
 
-    def _too_many(self, what: str) -> None:
+    def _too_many(self, what: str, midway: bool = False) -> None:
+        """SourceError listing the failures by source index; ``midway``: the write stopped before the end."""
         shown = sorted(self.skipped_samples, key=_by_index)[:_SHOWN_FAILURES]
         first = shown[0]
         listed = "\n".join(f"  sample {s.index}: {s.error}" for s in shown)
         more = f"\n  ... and {self.skipped - len(shown)} more" if self.skipped > len(shown) else ""
+        if midway and self.shuffled_read:  # the samples met so far are a shuffled pick, not the first ones
+            raise SourceError(
+                f"{self.target}: {what}; nothing was written (e.g. sample {first.index}: {first.error})\n"
+                "the failures met before the write stopped, by source index (the source is read in the "
+                "shuffled write order, so other samples, lower ones too, may fail as well):\n"
+                f"{listed}{more}\n"
+                "fix the source, or raise max_skipped if leaving these samples out is intended"
+            )
         raise SourceError(
             f"{self.target}: {what}; nothing was written (first failure: sample {first.index}: {first.error})\n"
-            f"the first failures:\n{listed}{more}\n"
+            f"the first failures, by source index:\n{listed}{more}\n"
             "fix the source, or raise max_skipped if leaving these samples out is intended"
         )
 

@@ -118,7 +118,10 @@ def write_record(
             ``RecordFile.schema``: the set gets exactly that schema), or a dict
             of field name -> shape (``(3, None, None)``: ``None`` where the size
             may vary), dtype name, or ``{"shape": ..., "dtype": ...}``. A sample
-            that breaks it is a ``SchemaError``. Without it, a field whose shape
+            that breaks it is a ``SchemaError``. A dtype is checked, not
+            converted to: ``{"ids": "int32"}`` refuses a list of Python ints
+            (stored as int64); convert in the source
+            (``numpy.asarray(ids, dtype="int32")``). Without it, a field whose shape
             changes gives a ``VariableShapeWarning`` and is listed in
             ``write_summary.variable_fields``.
         initial_map_size: starting LMDB map size; it grows on its own.
@@ -193,6 +196,7 @@ def write_source(
             order = np.random.default_rng(seed).permutation(n) if shuffle and not grouped else np.arange(n)
             if positions is not None:
                 order = order[positions]
+            session.admission.shuffled_read = shuffle and not grouped
             stream = read_in_order(
                 dataset, order, num_workers, settings.multiprocessing_context, fast=session.fast, key=session.key
             )
