@@ -277,6 +277,8 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
         "format": _manifest.MANIFEST_FORMAT,
         "manifest_version": _manifest.MANIFEST_VERSION,
         "library_version": __version__,
+        # the newest format among the shards (2 where a field is compressed), for `torchrecord info`
+        "format_version": max(int(m.get("format_version", 1)) for m in metas),
         "set_id": _manifest.manifest_set_id([e["set_id"] for e in entries]),
         "count": sum(e["count"] for e in entries),
         "samples_per_record": int(first.get("samples_per_record", 1)),
@@ -290,6 +292,9 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
         "user": first.get("user") or {},
         "shards": entries,
     }
+    compression = _compression_levels(metas)
+    if compression:
+        manifest["compression"] = compression
     _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), manifest)
     return ShardedSet(folder)
 
@@ -519,6 +524,16 @@ def _check_plans(folder: str, metas: list[dict[str, Any]]) -> None:
         info = meta["shard"]
         if info["source"] == "map" and info["first"] != i * info["total"] // info["of"]:
             raise FormatError(f"{folder}: shard {i} starts at position {info['first']} of the permutation, not its own")
+
+
+def _compression_levels(metas: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per field: the codec and level asked for (the same in every shard), and whether any shard applied it."""
+    levels: dict[str, dict[str, Any]] = {}
+    for meta in metas:
+        for name, report in (meta.get("compression") or {}).items():
+            entry = levels.setdefault(name, {"codec": report.get("codec"), "level": report.get("level")})
+            entry["applied"] = bool(entry.get("applied")) or bool(report.get("applied"))
+    return levels
 
 
 def _check_packing(folder: str, metas: list[dict[str, Any]]) -> None:
