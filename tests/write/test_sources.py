@@ -83,3 +83,28 @@ def test_a_generators_exception_is_the_cause(tmp_path: Path) -> None:
         write_record(_generator(), tmp_path / "s.tr", progress=False)
     assert "Traceback" not in str(info.value)
     assert isinstance(info.value.__cause__, KeyError)
+
+
+class _TwoArguments(Exception):
+    """An exception that does not unpickle (its __init__ needs two arguments, its args hold one)."""
+
+    def __init__(self, what: str, where: int) -> None:
+        super().__init__(f"{what} at {where}")
+
+
+class BrokenOddly(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 9:
+            raise _TwoArguments("cannot decode", i)
+        return {"x": i}
+
+
+def test_an_exception_that_does_not_pickle_out_of_a_worker_comes_as_a_note(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match=r"sample 9: _TwoArguments: cannot decode at 9") as info:
+        write_record(BrokenOddly(), tmp_path / "s.tr", num_workers=2, progress=False)
+    assert "Traceback" not in str(info.value)
+    notes = getattr(info.value, "__notes__", [])
+    assert len(notes) == 1 and "Traceback" in notes[0] and "__getitem__" in notes[0]

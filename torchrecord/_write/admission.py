@@ -23,7 +23,7 @@ from torchrecord._core.structure import field_names
 from torchrecord._store.summary import MAX_ERROR_CHARS, SkippedSample, WriteSummary
 from torchrecord._write.declared import Declared
 from torchrecord._write.grouping import GroupTracker
-from torchrecord._write.sources import Encoded, Failed, Item, Normalized, Outcome
+from torchrecord._write.sources import Encoded, Failed, Item, Normalized, Outcome, add_note
 from torchrecord.errors import SampleValueError, SchemaError, SourceError, TorchRecordError, VariableShapeWarning
 
 __all__ = ["Admission", "ON_ERROR"]
@@ -257,7 +257,7 @@ class Admission:
         if outcome.error is not None:
             error.__cause__ = outcome.error
         else:  # it did not pickle out of a DataLoader worker: its formatted traceback as a note
-            error.add_note(outcome.detail.rstrip())
+            add_note(error, outcome.detail.rstrip())
         return error
 
     def _skip(self, index: int, message: str) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "Normalized",
     "Outcome",
     "Preparer",
+    "add_note",
     "encoder_for",
     "failure",
     "is_map_style",
@@ -125,11 +126,20 @@ def _portable(exc: Exception, detail: str) -> BaseException | None:
     if torch.utils.data.get_worker_info() is None:
         return exc  # read in this process: the exception keeps its own traceback
     try:
-        exc.add_note(f"(raised in a DataLoader worker of the write)\n{detail.rstrip()}")
+        add_note(exc, f"(raised in a DataLoader worker of the write)\n{detail.rstrip()}")
         pickle.loads(pickle.dumps(exc))
     except Exception:  # an exception that does not pickle: the writer shows the formatted traceback
         return None
     return exc
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``: shown under the exception's traceback (Python 3.11+; kept, unshown, on 3.10)."""
+    add = getattr(exc, "add_note", None)
+    if add is not None:
+        add(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 def _failed(index: int, exc: Exception, invalid: bool = False) -> Item:
