@@ -147,9 +147,12 @@ def write_record(
     Raises:
         RecordExistsError: ``path`` exists and ``overwrite`` is false (also when
             another writer published there while this one was writing).
-        SourceError: the source raised at a sample (``on_error="raise"``), every
-            sample failed or more than ``max_skipped`` did, or a group came back
-            after another one.
+        SourceError: the source raised at a sample (``on_error="raise"``; its
+            exception is the ``__cause__``), every sample failed or more than
+            ``max_skipped`` did, or a group came back after another one.
+        SampleTypeError, SampleValueError: a sample holds a value the format
+            cannot store (None, a set, an int beyond int64, no ``group_by``
+            field), named by the file, the sample and the field.
         SchemaError: a sample's structure or dtype differs from the first one's,
             or breaks the stated ``schema``.
         ValueError, TypeError: an option cannot work (checked before reading).
