@@ -87,7 +87,8 @@ def write_record(
         metadata: user metadata stored with the record set (None, bool, int,
             float, str, bytes, lists and dicts with str keys; checked at once).
         on_error: ``"raise"`` aborts on the first sample the source fails to give
-            (or that cannot be stored), naming its index; ``"skip"`` leaves such
+            (or that cannot be stored, or does not fit the schema), naming its
+            index; ``"skip"`` leaves such
             samples out and records them (``RecordFile.write_summary``, and the
             metadata: ``skipped`` and the first 1,000 ``skipped_samples``). A
             write that keeps no sample at all is a ``SourceError``.
@@ -241,8 +242,9 @@ class RecordWriter:
             shapes); None chooses it from the first sample (see :func:`write_record`).
         progress: show a tqdm bar (if installed); ``None``: only on a terminal.
         metadata: user metadata stored with the set (checked at once, see :func:`write_record`).
-        on_error: ``"raise"``: a sample that cannot be stored aborts the write and
-            raises; ``"skip"``: it is left out and recorded (``write_summary``).
+        on_error: ``"raise"``: a sample that cannot be stored, or does not fit the
+            schema (a field that changes kind, another structure), aborts the write
+            and raises; ``"skip"``: it is left out and recorded (``write_summary``).
             A write that keeps no sample is a ``SourceError`` at close.
         max_skipped: with ``"skip"``: the most samples that may be left out, a
             count (int) or a fraction (float in (0, 1), checked at close).
