@@ -473,6 +473,7 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
     if scan is None:  # a sharded (perhaps remote) set is never scanned unless asked
         scan = size <= SCAN_LIMIT and rf.num_shards == 1
     payload = payload_bytes(rf, scan=scan)
+    compression = meta.get("compression") or {}
     fields = [
         {
             "name": f.name,
@@ -480,10 +481,16 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
             "dtype": f.dtype,
             "shape": list(f.shape),
             "fixed": f.is_fixed,
-            "compression": f.compression,
+            # a sharded set's schema does not say it: its manifest's compression map does
+            "compression": f.compression or _applied(compression.get(f.name)),
+            "compression_level": (compression.get(f.name) or {}).get("level"),
         }
         for f in rf.schema.fields
     ]
+    for f in fields:
+        if f["compression"] is None:
+            f["compression_level"] = None
+    groups = meta.get("groups")
     from torchrecord._write.autopack import choose
 
     auto = choose(rf.schema, 4096, meta.get("checksum") is not None) if len(rf) else 1
@@ -498,8 +505,11 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
         "payload_bytes": payload,
         "size_ratio": round(size / payload, 3) if payload else None,
         "shards": rf.num_shards,
+        "groups": int(groups) if groups is not None else None,
+        "group_by": meta.get("group_by"),
         "set_id": rf.set_id,
         "format_version": meta.get("format_version"),
+        "manifest_version": meta.get("manifest_version"),
         "library_version": meta.get("library_version"),
         "shuffled": meta.get("shuffled"),
         "seed": meta.get("seed"),
@@ -508,6 +518,13 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
         "skipped": meta.get("skipped", 0),
         "user_metadata": rf.user_metadata,
     }
+
+
+def _applied(report: Any) -> str | None:
+    """The codec of a compression report (metadata or manifest) when it was applied, else None."""
+    if isinstance(report, dict) and report.get("applied") and isinstance(report.get("codec"), str):
+        return str(report["codec"])
+    return None
 
 
 def _jsonable(value: Any) -> Any:
@@ -546,6 +563,19 @@ def _size_line(d: dict[str, Any]) -> str:
     return line
 
 
+def _format_line(d: dict[str, Any]) -> str:
+    """The format versions: of the record set, or of a sharded set's manifest and its shards."""
+    written = f"torchrecord {d['library_version']}"
+    if d["manifest_version"] is None:  # one record-set file
+        return f"version {d['format_version']}, written by {written}"
+    shards = (
+        f"shards of format version {d['format_version']}"
+        if d["format_version"] is not None
+        else "the shards' format version is not in the manifest (finalized by an older torchrecord)"
+    )
+    return f"sharded-set manifest version {d['manifest_version']}, {shards}, finalized by {written}"
+
+
 def _info(args: argparse.Namespace) -> int:
     d = _describe_set(args.path, args.cache_dir, args.scan)
     if args.json:
@@ -556,19 +586,21 @@ def _info(args: argparse.Namespace) -> int:
         ("path", d["path"]),
         ("samples", f"{d['count']}{per_record}" + (f" ({d['skipped']} skipped at write)" if d["skipped"] else "")),
         ("shards", f"{d['shards']} (a sharded set: one manifest, one record-set file per shard)"),
+        ("groups", f"{d['groups']} (group_by {d['group_by']!r}; torchrecord head --group G shows one)"),
         ("size on disk", _size_line(d)),
-        ("format", f"version {d['format_version']}, written by torchrecord {d['library_version']}"),
+        ("format", _format_line(d)),
         ("order", f"shuffled with seed {d['seed']}" if d["shuffled"] else f"source order (seed {d['seed']})"),
         ("created", d["created"]),
         ("checksums", d["checksum"] or "none"),
     ]
     for label, value in rows:
-        if label != "shards" or d["shards"] > 1:
+        if (label != "shards" or d["shards"] > 1) and (label != "groups" or d["groups"] is not None):
             print(f"{label + ':':<14}{value}")
     print("fields:")
     width = max([len(f["name"]) for f in d["fields"]] + [4])
     for f in d["fields"]:
-        codec = f" ({f['compression']}-compressed)" if f.get("compression") else ""
+        level = f", level {f['compression_level']}" if f.get("compression_level") is not None else ""
+        codec = f" ({f['compression']}-compressed{level})" if f.get("compression") else ""
         print(f"  {f['name']:<{width}}  {f['kind']:<7} {f['dtype']:<9} {_field_shape(f)}{codec}")
     print("user metadata:" + ("" if d["user_metadata"] else " none"))
     for key, value in d["user_metadata"].items():
@@ -586,11 +618,20 @@ def _add_head(commands: Any) -> None:
         _head,
         "show the first samples: per field dtype, shape and a preview of values",
         "Show N samples from index I in stored (shuffled) order: for each field its kind, "
-        "dtype, shape and a short preview of its values.",
+        "dtype, shape and a short preview of its values. With --group G, the samples of group G "
+        "of a grouped set (I then counts within the group).",
     )
     p.add_argument("path", metavar="PATH", help=_PATH_HELP)
     p.add_argument("-n", type=_positive, default=5, metavar="N", help="how many samples (default: 5)")
     p.add_argument("--index", type=int, default=0, metavar="I", help="first sample index; negative counts from the end")
+    p.add_argument(
+        "--group",
+        type=int,
+        default=None,
+        metavar="G",
+        help="show the samples of group G (its stored index, as RecordFile.group takes; negative counts from "
+        "the end) of a set written with group_by",
+    )
     _add_cache(p)
 
 
@@ -616,16 +657,28 @@ def _head(args: argparse.Namespace) -> int:
     from torchrecord._shards.open import open_set
 
     rf = open_set(args.path, cache_dir=args.cache_dir)
-    n = len(rf)
+    first, n = 0, len(rf)
+    where = "the set"
+    if args.group is not None:
+        offsets = rf.groups
+        if offsets is None:
+            raise ArgumentError(f"{rf.path}: has no groups (it was written without group_by); leave --group out")
+        count = len(offsets) - 1
+        g = args.group + count if args.group < 0 else args.group
+        if not 0 <= g < count:
+            raise ArgumentError(f"{rf.path}: group {args.group} is out of range; the set holds {count} groups")
+        first, n = int(offsets[g]), int(offsets[g + 1] - offsets[g])
+        where = f"group {g}"
+        print(f"group {g}: {n} sample{'s' if n != 1 else ''}, stored at {first} .. {first + n - 1}")
     if n == 0:  # an empty listing, like head of an empty file
         print(f"{rf.path}: no samples", file=sys.stderr)
         return 0
     start = args.index + n if args.index < 0 else args.index
     if not 0 <= start < n:
-        raise ArgumentError(f"{rf.path}: index {args.index} is out of range; the set holds {n} samples")
+        raise ArgumentError(f"{rf.path}: index {args.index} is out of range; {where} holds {n} samples")
     names = rf.schema.names
     width = max(len(name) for name in names)
-    for index in range(start, min(n, start + args.n)):
+    for index in range(first + start, first + min(n, start + args.n)):
         print(f"sample {index}:")
         for name, leaf in zip(names, flatten(rf[index])[1]):
             print(f"  {name:<{width}}  {_preview(leaf)}")

@@ -134,15 +134,19 @@ class SampleValueError(TorchRecordError, ValueError):
     """A sample holds a value the format cannot store, named by its field.
 
     For example an int beyond int64, an array of rank above 32, bool data that
-    holds bytes other than 0 and 1, or no value for the ``group_by`` field.
+    holds bytes other than 0 and 1, or no value for the ``group_by`` field. A
+    write raises it itself, naming the file, the sample and the field
+    (``on_error="skip"`` leaves such samples out), never as a SourceError.
     """
 
 
 class SampleTypeError(TorchRecordError, TypeError):
     """A sample holds a leaf of a type the format cannot store, named by its field.
 
-    For example a set, an unsupported dtype, a dict with keys that are not str,
-    nesting deeper than 32 levels, or a group key that is not one hashable value.
+    For example None, a set, an unsupported dtype, a dict with keys that are not
+    str, nesting deeper than 32 levels, or a group key that is not one hashable
+    value. A write raises it itself, naming the file, the sample and the field
+    (``on_error="skip"`` leaves such samples out), never as a SourceError.
     """
 
 
@@ -203,8 +207,9 @@ class SchemaError(TorchRecordError, ValueError):
 
 
 class SourceError(TorchRecordError):
-    """The source failed: it raised at sample i (the cause is chained), or as a whole
-    it cannot be read (missing path, empty folder, arrays of different lengths)."""
+    """The source failed: it raised at sample i (its exception is the ``__cause__``, with its
+    traceback; not in the message), or as a whole it cannot be read (missing path, empty folder,
+    arrays of different lengths), or too many samples failed under ``on_error="skip"``."""
 
 
 class WriteError(TorchRecordError, OSError):

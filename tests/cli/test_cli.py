@@ -91,7 +91,9 @@ def test_info_text_and_json(run: Run, make_record: Callable[..., str]) -> None:
         "shape": [3, 4, 4],
         "fixed": True,
         "compression": None,
+        "compression_level": None,
     }
+    assert info["groups"] is None and info["manifest_version"] is None
     assert info["user_metadata"] == {"split": "train", "blob": "\x00\\xff"}  # bytes: UTF-8, backslash-escaped
     assert info["size_bytes"] == os.path.getsize(path)
     assert info["format_version"] == 1 and info["library_version"] == torchrecord.__version__
