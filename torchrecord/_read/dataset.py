@@ -427,7 +427,7 @@ class RecordDataset(ReaderDataset):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
         )
-        return self._counted(items.of(reader, start))
+        return self._handed_over(self._counted(items.of(reader, start)))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
         """Count each item before it is yielded, so state_dict() always says what was handed out.
