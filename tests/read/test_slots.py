@@ -10,7 +10,6 @@ batches changed by code in the worker still arrive as changed.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -196,3 +195,21 @@ def test_into_slot_keeps_every_leaf_kind() -> None:
     for key in ("f", "b", "e", "s"):
         assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key])
     assert out["name"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_per_sample_mode_with_torchrecord_collate(plain: str, context: str) -> None:
+    from torchrecord import collate
+
+    dataset = RecordDataset(plain, seed=2, loader_batch_size=8)
+    kept = []
+    for batch in DataLoader(dataset, batch_size=8, num_workers=2, collate_fn=collate, multiprocessing_context=context):
+        kept.append((batch, _clone(batch)))
+    _assert_kept_valid(kept)
+    labels = [i for batch, _ in kept for i in _labels(batch)]
+    assert sorted(labels) == list(range(COUNT))
+    plain_batches = list(DataLoader(dataset, batch_size=8, num_workers=0))  # the same batches as default_collate
+    ours = list(DataLoader(dataset, batch_size=8, num_workers=0, collate_fn=collate))
+    assert len(plain_batches) == len(ours)
+    for a, b in zip(plain_batches, ours):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
