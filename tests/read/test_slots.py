@@ -213,3 +213,20 @@ def test_per_sample_mode_with_torchrecord_collate(plain: str, context: str) -> N
     assert len(plain_batches) == len(ours)
     for a, b in zip(plain_batches, ours):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+
+
+def test_a_batch_gathered_into_a_slot_crosses_without_a_copy() -> None:
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    arrays = slots.allocate(4, [12, 8])
+    x = torch.from_numpy(arrays[0].view(np.float32).reshape(4, 3))
+    y = torch.from_numpy(arrays[1].view(np.int64).reshape(4))
+    x.copy_(torch.arange(12, dtype=torch.float32).reshape(4, 3))
+    y.copy_(torch.arange(4))
+    out = slots.into_slot({"x": x, "y": y, "name": "b"})
+    assert out["x"] is x and out["y"] is y  # placed where it was gathered: no copy
+    back = pickle.loads(ForkingPickler.dumps(out))
+    assert torch.equal(back["x"], x) and torch.equal(back["y"], y) and back["name"] == "b"
+    copied = slots.into_slot({"x": x.clone()})  # not in the allocated segment: copied into one
+    assert copied["x"].data_ptr() != x.data_ptr()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,16 @@ from torchrecord._core.structure import flatten, unflatten
 from torchrecord._read import slots
 from torchrecord.errors import ArgumentError
 
-__all__ = ["BY_VALUE_LIMIT", "HANDOVER_ENV", "PACK_LIMIT", "by_value", "for_parent", "handover_choice", "one_storage"]
+__all__ = [
+    "BY_VALUE_LIMIT",
+    "HANDOVER_ENV",
+    "PACK_LIMIT",
+    "by_value",
+    "for_parent",
+    "handover_choice",
+    "one_storage",
+    "slot_allocator",
+]
 
 #: batches up to this many bytes of tensors are repacked (above it, the copy costs more than it saves)
 PACK_LIMIT = 4 << 20
@@ -94,6 +104,17 @@ def for_parent(batch: Any) -> Any:
     if slots.available():
         return slots.into_slot(batch)
     return one_storage(batch)
+
+
+def slot_allocator(batch_bytes: int) -> Callable[[int, list[int]], list[np.ndarray]] | None:
+    """Where a worker should gather a batch of ``batch_bytes`` so that :func:`for_parent` need not copy it:
+    :func:`torchrecord._read.slots.allocate` when the batch will cross in a slot, else None (fresh arrays)."""
+    if not slots.available():
+        return None
+    choice = handover_choice()
+    if choice == "slot" or (choice == "auto" and batch_bytes > BY_VALUE_LIMIT):
+        return slots.allocate
+    return None
 
 
 def handover_choice() -> str:

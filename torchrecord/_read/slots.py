@@ -39,7 +39,7 @@ import torch
 
 from torchrecord._core.structure import flatten, unflatten
 
-__all__ = ["SlotBatch", "available", "into_slot", "mapped_segments", "worker_segments"]
+__all__ = ["SlotBatch", "allocate", "available", "into_slot", "mapped_segments", "worker_segments"]
 
 #: the segment's header: its state (one int64), padded so the data starts 64-byte aligned
 _HEADER = 64
@@ -70,6 +70,7 @@ class _Segment:
         os.ftruncate(self.fd, _HEADER + capacity)
         self.map = mmap.mmap(self.fd, _HEADER + capacity)
         self.state = np.frombuffer(self.map, dtype=np.int64, count=1)
+        self.address = int(np.frombuffer(self.map, dtype=np.uint8, count=1).ctypes.data) + _HEADER
         self.local_views = False  # a batch built in this segment is still held in the worker
         self.fd_sent = False
 
@@ -94,6 +95,7 @@ class _Pool:
         self.segments: list[_Segment] = []
         self.retired: list[tuple[int, int, int]] = []  # keys the main process may forget
         self.lock = threading.Lock()
+        self.allocated: _Segment | None = None  # the segment of the last allocate(), until a batch takes it
 
     def take(self, size: int) -> _Segment:
         """A free segment with room for ``size`` bytes (a new one when none is free)."""
@@ -133,10 +135,57 @@ def _is_slot_leaf(leaf: Any) -> bool:
     return isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad
 
 
-def into_slot(batch: Any) -> Any:
-    """``batch`` copied into one of this worker's segments, as a :class:`SlotBatch` (a dict stays a dict)."""
-    tree, leaves = flatten(batch)
+def allocate(rows: int, row_bytes: list[int]) -> list[np.ndarray]:
+    """uint8 arrays [rows, b] for each ``b`` of ``row_bytes``, in one free segment of this worker.
+
+    A reader gathers a batch's fields straight into them; :func:`into_slot` then
+    hands that batch over without copying it again.
+    """
+    sizes = [rows * b for b in row_bytes]
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // _ALIGN) * _ALIGN
+    pool = _worker_pool()
+    segment = pool.take(end)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
+    weakref.finalize(owner, _let_go_locally, segment)
+    base = np.frombuffer(owner, dtype=np.uint8)  # type: ignore[call-overload]
+    pool.allocated = segment
+    return [base[o : o + size].reshape(rows, b) for o, size, b in zip(offsets, sizes, row_bytes)]
+
+
+def _in_place(pool: _Pool, leaves: list[Any]) -> tuple[_Segment, list[tuple[Any, ...]]] | None:
+    """The last allocated segment and the leaves' specs in it, when every tensor leaf already lies there."""
+    segment, pool.allocated = pool.allocated, None
+    if segment is None:
+        return None
     specs: list[tuple[Any, ...]] = []
+    for leaf in leaves:
+        if not _is_slot_leaf(leaf):
+            specs.append((leaf,))
+            continue
+        size = leaf.numel() * leaf.element_size()
+        offset = leaf.data_ptr() - segment.address
+        if size and (not leaf.is_contiguous() or offset < 0 or offset + size > segment.capacity):
+            return None
+        specs.append((max(offset, 0), size, leaf.dtype, tuple(leaf.shape)))
+    return segment, specs
+
+
+def into_slot(batch: Any) -> Any:
+    """``batch`` in one of this worker's segments, as a :class:`SlotBatch` (a dict stays a dict): copied there,
+    or as it is when its tensors were gathered there (:func:`allocate`)."""
+    tree, leaves = flatten(batch)
+    pool = _worker_pool()
+    placed = _in_place(pool, leaves)
+    if placed is not None:
+        segment, specs = placed
+        ref = _SlotRef(segment, pool)
+        if type(batch) is dict:
+            return _SlotDict(batch, ref, tree, specs, leaves)
+        return SlotBatch(batch, ref, tree, specs)
+    specs = []
     end = 0
     for leaf in leaves:
         if _is_slot_leaf(leaf):
@@ -145,7 +194,6 @@ def into_slot(batch: Any) -> Any:
             end += -(-size // _ALIGN) * _ALIGN
         else:
             specs.append((leaf,))
-    pool = _worker_pool()
     segment = pool.take(end)
     owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
     weakref.finalize(owner, _let_go_locally, segment)
