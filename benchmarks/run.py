@@ -27,6 +27,7 @@ import torch
 
 from benchmarks import cold, report
 from benchmarks.loaders import Epochs, LoaderOptions, disk_bytes, ensure_built, read_through, registry
+from benchmarks.loaders import base as loaders_base
 from benchmarks.machine import describe_machine, load_average, versions
 from benchmarks.timing import Measurement, run_rounds, time_epoch
 from benchmarks.workloads import WORKLOADS, WorkloadData, load_workload
@@ -49,6 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--loaders", nargs="+", choices=names, default=names)
     p.add_argument("--workers", nargs="+", type=int, default=[0, 2, 4], help="DataLoader num_workers settings")
+    p.add_argument(
+        "--fresh-workers",
+        action="store_true",
+        help="start DataLoader workers afresh each epoch (default: persistent_workers=True, as in training)",
+    )
     p.add_argument(
         "--transform-us",
         type=float,
@@ -269,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit status."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    loaders_base.PERSISTENT_WORKERS = not args.fresh_workers
     if args.epochs < 3:
         _log(f"warning: --epochs {args.epochs}: medians of fewer than 3 epochs are not reported as such")
     machine, found = describe_machine(), versions()
@@ -287,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "shuffle_buffer": args.shuffle_buffer,
         "torch_threads": args.threads,
         "transform_us": args.transform_us,
+        "persistent_workers": not args.fresh_workers,
         "samples_per_record": args.samples_per_record or "auto",
         "data_dir": str(args.data_dir),
         "cold_workloads": args.cold_workloads,

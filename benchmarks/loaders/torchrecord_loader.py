@@ -14,7 +14,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 import torchrecord
-from benchmarks.loaders.base import Epochs, Loader
+from benchmarks.loaders.base import Epochs, Loader, worker_options
 from benchmarks.workloads import ArraySamples, WorkloadData
 
 __all__ = [
@@ -172,7 +172,7 @@ class TorchRecordLoader(Loader):
             transform=transform,
         )
         if self.batch_mode:
-            return _Epochs(dataset, DataLoader(dataset, batch_size=None, num_workers=num_workers))
+            return _Epochs(dataset, DataLoader(dataset, batch_size=None, **worker_options(num_workers)))
         collate = getattr(torchrecord, "collate", None)  # older torchrecords (benchmarked as baselines) lack it
-        loader = DataLoader(dataset, batch_size=data.batch_size, num_workers=num_workers, collate_fn=collate)
+        loader = DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate, **worker_options(num_workers))
         return _Epochs(dataset, loader)
