@@ -345,7 +345,7 @@ class MixedDataset(ReaderDataset):
         }
         self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
-        return self._counted(items)
+        return self._handed_over(self._counted(items))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
         live = self._live

@@ -13,6 +13,7 @@ from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
 from torchrecord._read import resume as _resume
 from torchrecord._read.base import ReaderDataset
+from torchrecord._read.ipc import slot_allocator
 from torchrecord._read.items import SAMPLE_CHUNK, Items
 from torchrecord._read.reader import Share, ShareReader
 from torchrecord._shards.open import SetLike, open_set
@@ -541,7 +542,12 @@ class RecordDataset(ReaderDataset):
         share, start = self.share(worker, num_workers), 0
         if self._resume is not None:  # a loaded resume point: used by this iteration only
             share, start = self._resume_share(share, worker, num_workers)
-        reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check))
+        allocate = None
+        # in a worker, batches made of the gathered columns are gathered straight into a handover slot
+        plain = self.transform is None and self.collate_fn is None
+        if layout is not None and self.batch_size is not None and who.in_worker and plain:
+            allocate = slot_allocator(self.batch_size * sum(layout.sample_bytes))
+        reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check), allocate=allocate)
         self._iter_epoch = self.epoch
         self._yielded = start
         items = Items(
@@ -553,7 +559,7 @@ class RecordDataset(ReaderDataset):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
         )
-        return self._counted(items.of(reader, start))
+        return self._handed_over(self._counted(items.of(reader, start)))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
         """Count each item before it is yielded, so state_dict() always says what was handed out.
