@@ -10,11 +10,12 @@ fast-encoded samples of a map-style source come as one :class:`Encoded` batch.
 
 from __future__ import annotations
 
+import copy
 import inspect
-import pickle
 import traceback
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
@@ -127,7 +128,8 @@ def _portable(exc: Exception, detail: str) -> BaseException | None:
         return exc  # read in this process: the exception keeps its own traceback
     try:
         add_note(exc, f"(raised in a DataLoader worker of the write)\n{detail.rstrip()}")
-        pickle.loads(pickle.dumps(exc))
+        reduction.ForkingPickler.dumps(exc)  # it pickles as the worker's queue will pickle it,
+        copy.deepcopy(exc)  # and rebuilds the way unpickling will (no bytes are ever loaded here)
     except Exception:  # an exception that does not pickle: the writer shows the formatted traceback
         return None
     return exc
