@@ -124,32 +124,26 @@ def _index(source: str) -> list[_Entry]:
 class TarSamples:
     """Map-style dataset over indexed local tars: sample ``i`` read from its members' offsets.
 
-    Picklable (files are opened in each process), so ``num_workers`` read in parallel.
+    Picklable (each sample opens its tar), so ``num_workers`` read in parallel.
     """
 
     def __init__(self, entries: list[_Entry]) -> None:
         self.entries = entries
-        self._files: dict[str, IO[bytes]] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         source, number, key, members = self.entries[index]
-        f = self._files.get(source)
-        if f is None:
-            f = self._files[source] = open(source, "rb")  # noqa: SIM115  # kept open for the next samples
         sample: dict[str, Any] = {"__key__": key}
-        for ext, offset, size in members:
-            f.seek(offset)
-            data = f.read(size)
-            if len(data) != size:
-                raise SourceError(f"{source}: sample {number} ({key!r}), .{ext}: the tar ends early")
-            sample[ext] = decode_member(f"{source}: sample {number} ({key!r})", ext, data)
+        with open(source, "rb") as f:
+            for ext, offset, size in members:
+                f.seek(offset)
+                data = f.read(size)
+                if len(data) != size:
+                    raise SourceError(f"{source}: sample {number} ({key!r}), .{ext}: the tar ends early")
+                sample[ext] = decode_member(f"{source}: sample {number} ({key!r})", ext, data)
         return sample
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}}
 
 
 class _TarStream:
