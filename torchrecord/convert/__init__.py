@@ -207,7 +207,9 @@ def convert(
     options: dict[str, Any] = {}
     if keys is not None:
         if fmt not in ("npz", "hdf5", "hf"):
-            raise ArgumentError(f"keys (--keys) choose arrays of npz, hdf5 and hf sources, not of a {fmt} source")
+            raise ArgumentError(
+                f"keys (--keys) choose arrays of npz and hdf5 sources (columns of hf ones), not of a {fmt} source"
+            )
         options["keys"] = keys
     if split is not None:
         if fmt != "hf":
