@@ -41,6 +41,7 @@ import numpy as np
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.extras import HF_HINT
 from torchrecord._store.record_file import RecordFile
+from torchrecord._write.fastwrite import BytesColumn
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.writer import SchemaArg
 from torchrecord.convert._common import write
@@ -49,6 +50,8 @@ from torchrecord.errors import ArgumentError, ArgumentTypeError, MissingDependen
 __all__ = ["HFRows", "from_hf", "is_hf_folder", "load_hf"]
 
 _BATCH_ROWS = 1024  # rows per Arrow batch read from a streaming dataset
+#: numeric columns up to this many bytes per row are joined across record batches for the writer's column path
+_JOINED_ROW_BYTES = 1024
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")
 
 
@@ -183,22 +186,33 @@ class _Batch:
         self.where = where
         self.first = first  # the dataset row of this batch's row 0 (for errors)
         self.getters: list[tuple[str, Callable[[int], Any]]] = []
+        #: per column, every row of the batch as a column for the writer (an array or a BytesColumn over
+        #: the Arrow buffers); None where only rows work (images read from files, lists, bad UTF-8)
+        self.columns: list[Any] = []
         for spec in specs:
             column = batch.column(spec.name)
             getter: Callable[[int], Any]
+            whole: Any = None
             if spec.kind == "encoded":
                 data, paths = pc.struct_field(column, "bytes"), pc.struct_field(column, "path")
                 data_of = self._binary(data, spec.name, nullable=True)
                 getter = self._encoded(spec.name, data_of, self._binary(paths, spec.name, nullable=True))
+                if not data.null_count:  # every image held as bytes (else the rows read the files)
+                    whole = _whole(data)
             elif spec.kind == "str":
                 raw = self._binary(column, spec.name)
                 getter = _decoded(raw)
+                if _valid_utf8(column):  # else the rows' decoding names the bad row
+                    whole = _whole(column, text=True)
             elif spec.kind == "bytes":
                 getter = self._binary(column, spec.name)
+                whole = _whole(column)
             elif spec.kind in ("number", "classlabel"):
                 self._no_nulls(column, spec.name)
                 values = column.to_numpy(zero_copy_only=False)
                 getter = values.item if spec.kind == "classlabel" else _zero_d(values)
+                # a ClassLabel is a Python int, stored as int64
+                whole = values.astype(np.int64, copy=False) if spec.kind == "classlabel" else values
             elif spec.kind == "array":
                 self._no_nulls(column, spec.name)
                 flat = column.flatten()
@@ -206,13 +220,14 @@ class _Batch:
                     flat = flat.flatten()
                 self._no_nulls(flat, spec.name)
                 values = flat.to_numpy(zero_copy_only=False).reshape(len(column), *spec.shape)
-                getter = values.__getitem__
+                getter, whole = values.__getitem__, values
             else:  # a variable-length list of numbers
                 self._no_nulls(column, spec.name)
                 offsets = column.offsets.to_numpy()
                 values = column.values.to_numpy(zero_copy_only=False)
                 getter = _list_rows(offsets, values)
             self.getters.append((spec.name, getter))
+            self.columns.append(whole)
 
     def _no_nulls(self, column: Any, name: str) -> None:
         if column.null_count:
@@ -223,11 +238,7 @@ class _Batch:
         """Row -> the bytes of a binary/string column (zero-copy until the row is asked for)."""
         if not nullable:
             self._no_nulls(column, name)
-        offsets_buf, data_buf = column.buffers()[1:3]
-        large = "large" in str(column.type)
-        start = column.offset
-        offsets = np.frombuffer(offsets_buf, np.int64 if large else np.int32)[start : start + len(column) + 1]
-        data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        offsets, data = _buffers(column)
         valid = np.asarray(column.is_valid()) if column.null_count else None
 
         def get(i: int) -> bytes | None:
@@ -262,6 +273,31 @@ class _Batch:
         return {name: get(i) for name, get in self.getters}
 
 
+def _buffers(column: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A binary or string Arrow array's offsets [len + 1] and data, as NumPy views of its buffers (no copy)."""
+    offsets_buf, data_buf = column.buffers()[1:3]
+    large = "large" in str(column.type)
+    start = column.offset
+    offsets = np.frombuffer(offsets_buf, np.int64 if large else np.int32)[start : start + len(column) + 1]
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _whole(column: Any, text: bool = False) -> BytesColumn:
+    """Every value of a binary or string column, over its own buffers (nulls were refused)."""
+    offsets, data = _buffers(column)
+    return BytesColumn.from_offsets(data, offsets, text=text)
+
+
+def _valid_utf8(column: Any) -> bool:
+    """True when every value of a string column is valid UTF-8 (Arrow checks it in C)."""
+    try:
+        column.validate(full=True)
+    except Exception:  # pyarrow.ArrowInvalid, naming nothing a user could act on: the rows say which
+        return False
+    return True
+
+
 def _decoded(raw: Callable[[int], bytes | None]) -> Callable[[int], str]:
     return lambda i: (raw(i) or b"").decode("utf-8")  # nulls were refused
 
@@ -290,6 +326,7 @@ class HFRows:
         self.length = len(dataset)
         self._state: tuple[list[Any], np.ndarray, np.ndarray | None] | None = None
         self._batches: dict[int, _Batch] = {}
+        self._columns: list[Any] | None = None
 
     def __len__(self) -> int:
         return self.length
@@ -305,16 +342,64 @@ class HFRows:
         return self._state
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        batches, starts, rows = self._open()
+        _, starts, rows = self._open()
         row = int(rows[index]) if rows is not None else int(index)
         b = int(np.searchsorted(starts, row, side="right")) - 1
+        return self._batch(b).row(row - int(starts[b]))
+
+    def _batch(self, b: int) -> _Batch:
         batch = self._batches.get(b)
         if batch is None:
+            batches, starts, _ = self._open()
             batch = self._batches[b] = _Batch(batches[b], self.specs, self.where, int(starts[b]))
-        return batch.row(row - int(starts[b]))
+        return batch
+
+    def _whole_columns(self) -> list[Any]:
+        """Per field, the column of every row of the table (None where only rows work), built once.
+
+        Bytes and str columns join the record batches' Arrow buffers without a
+        copy; small numbers are concatenated; arrays of more than
+        :data:`_JOINED_ROW_BYTES` per row stay per batch (a list of their columns).
+        """
+        if self._columns is None:
+            batches, _, _ = self._open()
+            per_batch = [self._batch(b).columns for b in range(len(batches))]
+            out: list[Any] = []
+            for parts in zip(*per_batch):
+                if any(p is None for p in parts):
+                    out.append(None)
+                elif isinstance(parts[0], BytesColumn):
+                    out.append(BytesColumn.concat(parts))
+                elif parts[0][:1].nbytes <= _JOINED_ROW_BYTES:
+                    out.append(np.concatenate(parts))
+                else:
+                    out.append(list(parts))
+            self._columns = out
+        return self._columns
+
+    def _torchrecord_columns(self, positions: np.ndarray) -> list[Any] | None:
+        """Rows at ``positions`` as one column per field, for the writer's column path (None: read rows)."""
+        columns = self._whole_columns()
+        if any(c is None for c in columns):
+            return None
+        _, starts, rows = self._open()
+        wanted = rows[positions] if rows is not None else np.asarray(positions, np.int64)
+        out: list[Any] = []
+        for column in columns:
+            if isinstance(column, list):  # large arrays, per record batch
+                which = np.searchsorted(starts, wanted, side="right") - 1
+                local = wanted - starts[which]
+                taken = np.empty((len(wanted), *column[0].shape[1:]), column[0].dtype)
+                for b in np.unique(which).tolist():
+                    chosen = which == b
+                    taken[chosen] = column[b][local[chosen]]
+                out.append(taken)
+            else:
+                out.append(column.take(wanted) if isinstance(column, BytesColumn) else column[wanted])
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_state": None, "_batches": {}}
+        return {**self.__dict__, "_state": None, "_batches": {}, "_columns": None}
 
 
 class _HFStream:
