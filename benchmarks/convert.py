@@ -108,7 +108,7 @@ def bench_webdataset(folder: str, images: list[bytes], repeat: int, tars: int = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.convert", description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=20_000, help="samples (default 20,000; the target: 100,000)")
+    parser.add_argument("--rows", type=int, default=10_000, help="samples (default 10,000; the target: 100,000)")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels (default 32)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each timing; the best is shown (default 1)")
     args = parser.parse_args(argv)
