@@ -147,7 +147,7 @@ def _add_convert(commands: Any) -> None:
         commands,
         "convert",
         _convert,
-        "convert an image folder, list file, .npy/.npz or HDF5 file into a record set",
+        "convert image folders, list files, .npy/.npz, HDF5, Hugging Face datasets or WebDataset tars",
         "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n"
         "  folder  root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
         "          'path': file path relative to SOURCE}, class names in the user metadata\n"
@@ -155,7 +155,12 @@ def _add_convert(commands: Any) -> None:
         "  list    text file of '<path> <label>' lines, paths relative to the list file\n"
         "  npy     one array; a sample is a row (first axis), memory-mapped\n"
         "  npz     {name: row} over its arrays (compressed archives are streamed)\n"
-        "  hdf5    {name: row} over its datasets, which share their first dimension\n\n"
+        "  hdf5    {name: row} over its datasets, which share their first dimension\n"
+        "  hf      a Hugging Face dataset saved with save_to_disk, or a folder of its\n"
+        "          parquet files: {column: value} per row (images stay encoded bytes);\n"
+        "          a dataset dict gives PATH/<split> per split unless --split\n"
+        "  webdataset  .tar shards (a file, or a folder of them): {'__key__': str,\n"
+        "          <ext>: bytes} per key, .cls as int, .json decoded\n\n"
         "Images stay encoded; decode them when reading with\n"
         "RecordDataset(path, transform=torchrecord.transforms.decode_image).",
     )
@@ -180,8 +185,9 @@ def _add_convert(commands: Any) -> None:
         "--keys",
         type=lambda s: [k for k in s.split(",") if k],
         metavar="NAMES",
-        help="npz/hdf5: comma-separated arrays to convert",
+        help="npz/hdf5: comma-separated arrays to convert; hf: columns",
     )
+    p.add_argument("--split", metavar="NAME", help="hf: convert only this split of a dataset dict, to PATH")
     p.add_argument(
         "--no-check-images",
         dest="check_images",
@@ -314,11 +320,12 @@ def _convert(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     extensions = IMG_EXTENSIONS if args.extensions is None else None if args.extensions == "*" else args.extensions
     try:
-        rf = convert(
+        result = convert(
             args.source,
             args.path,
             format=args.format,
             keys=args.keys,
+            split=args.split,
             check_images=args.check_images,
             extensions=extensions,
             keep_paths=args.keep_paths,
@@ -343,6 +350,15 @@ def _convert(args: argparse.Namespace) -> int:
         if os.path.isdir(args.path):
             raise
         raise RecordExistsError(f"{args.path}: exists already; pass --overwrite to replace it") from exc
+    for rf in result.values() if isinstance(result, dict) else [result]:
+        _report(args, rf, started)
+    if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):
+        print(f"{args.path}: every shard is written; the sharded set is finalized")
+    return 0
+
+
+def _report(args: argparse.Namespace, rf: Any, started: float) -> None:
+    """What one converted set holds (a dataset dict gives one set per split)."""
     meta = rf.metadata
     order = f"shuffled with seed {meta['seed']}" if meta.get("shuffled") else "in source order"
     print(
@@ -355,9 +371,6 @@ def _convert(args: argparse.Namespace) -> int:
         print("compressed: " + ", ".join(f"{name} ({codec})" for name, codec in compressed.items()))
     for skipped in rf.write_summary.skipped_samples:  # every one (image errors start with the file)
         print(f"skipped sample {skipped.index}: {skipped.error}")
-    if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):
-        print(f"{args.path}: every shard is written; the sharded set is finalized")
-    return 0
 
 
 # -- info ------------------------------------------------------------------------
