@@ -58,6 +58,7 @@ class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return torch.full((16,), i / self.n), i
 
 
+# --8<-- [start:datamodule]
 class RecordLoader(DataLoader[Any]):
     """A DataLoader over a RecordDataset (in batch mode) whose state is the whole run's position.
 
@@ -121,6 +122,9 @@ class SetEpoch(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         trainer.datamodule.dataset.set_epoch(trainer.current_epoch)  # type: ignore[attr-defined]
+
+
+# --8<-- [end:datamodule]
 
 
 class Regression(pl.LightningModule):

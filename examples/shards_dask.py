@@ -38,6 +38,7 @@ class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return torch.full((16,), float(i)), i
 
 
+# --8<-- [start:tasks]
 def write_one(folder: str, shard: int, num_shards: int, count: int, seed: int) -> int:
     """One Dask task: write shard `shard` and return its sample count."""
     rf = torchrecord.write_shard(Squares(count), folder, shard=shard, num_shards=num_shards, seed=seed, progress=False)
@@ -51,6 +52,9 @@ def write_sharded(client: Client, folder: str, shards: int, count: int, seed: in
         for i in range(shards)
     ]
     return list(client.gather(futures))
+
+
+# --8<-- [end:tasks]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -38,11 +38,15 @@ class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return torch.full((16,), float(i)), i
 
 
+# --8<-- [start:tasks]
 @ray.remote(num_cpus=1, max_retries=2)
 def write_one(folder: str, shard: int, num_shards: int, count: int, seed: int) -> int:
     """One Ray task: write shard `shard` and return its sample count."""
     rf = torchrecord.write_shard(Squares(count), folder, shard=shard, num_shards=num_shards, seed=seed, progress=False)
     return len(rf)
+
+
+# --8<-- [end:tasks]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
