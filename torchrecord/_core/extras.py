@@ -15,6 +15,7 @@ EXTRAS: dict[str, str] = {
     "hdf5": "h5py>=3",
     "images": "pillow>=9",
     "progress": "tqdm>=4.60",
+    "s3": "s3fs>=2023.1",
 }
 
 

@@ -1,0 +1,141 @@
+"""Sharded sets on S3: read by ``s3://`` URL through s3fs, against a local moto server (no network)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import IndexedImages
+from torchrecord import RecordDataset, ShardedSet, finalize_shards, open_set, write_shard
+from torchrecord.errors import FetchError, MissingDependencyError, NotARecordSetError
+
+pytest.importorskip("moto")
+s3fs = pytest.importorskip("s3fs")
+boto3 = pytest.importorskip("boto3")
+
+COUNT = 90
+SHARDS = 3
+BUCKET = "sets"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A boto3 client on a fresh bucket of the moto server; the AWS_* variables point s3fs there."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    for bucket in client.list_buckets().get("Buckets", []):  # a fresh bucket for each test
+        for obj in client.list_objects_v2(Bucket=bucket["Name"]).get("Contents", []):
+            client.delete_object(Bucket=bucket["Name"], Key=obj["Key"])
+        client.delete_bucket(Bucket=bucket["Name"])
+    client.create_bucket(Bucket=BUCKET)
+    s3fs.S3FileSystem.clear_instance_cache()
+    return client
+
+
+def _local_set(tmp_path: Path) -> str:
+    directory = str(tmp_path / "local")
+    for i in range(SHARDS):
+        write_shard(IndexedImages(COUNT), directory, shard=i, num_shards=SHARDS, seed=4, progress=False, finalize=False)
+    finalize_shards(directory)
+    return directory
+
+
+def _upload(client: Any, directory: str, prefix: str, names: list[str] | None = None) -> None:
+    for name in sorted(os.listdir(directory)) if names is None else names:
+        client.upload_file(os.path.join(directory, name), BUCKET, f"{prefix}/{name}")
+
+
+def _samples(dataset: Any, workers: int) -> list[tuple[torch.Tensor, int]]:
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None
+    )
+    return [(image.clone(), int(label)) for image, label in loader]
+
+
+def test_read_by_s3_url_matches_the_local_set(s3: Any, tmp_path: Path) -> None:
+    local = _local_set(tmp_path)
+    _upload(s3, local, "train")
+    url = f"s3://{BUCKET}/train"
+    remote = open_set(url, cache_dir=str(tmp_path / "cache"))
+    assert isinstance(remote, ShardedSet) and len(remote) == COUNT and remote.num_shards == SHARDS
+    assert remote.set_id == open_set(local).set_id
+
+    kw = {"shuffle": True, "seed": 9}
+    want = _samples(RecordDataset(local, **kw), 0)
+    got = _samples(RecordDataset(url, cache_dir=str(tmp_path / "cache2"), **kw), 2)
+    assert sorted(label for _, label in got) == list(range(COUNT))
+    by_label = {label: image for image, label in want}
+    assert len(got) == len(want)
+    for image, label in got:  # the 2 workers interleave; each sample is the local set's
+        assert torch.equal(image, by_label[label])
+    # in one process the order is the local set's, sample for sample
+    one = _samples(RecordDataset(url, cache_dir=str(tmp_path / "cache3"), **kw), 0)
+    assert [label for _, label in one] == [label for _, label in want]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(one, want))
+
+
+def test_storage_options_instead_of_the_environment(
+    s3: Any, moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = _local_set(tmp_path)
+    _upload(s3, local, "opts")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    s3fs.S3FileSystem.clear_instance_cache()
+    options = {"key": "testing", "secret": "testing", "endpoint_url": moto_url}
+    ds = RecordDataset(f"s3://{BUCKET}/opts", cache_dir=str(tmp_path / "cache"), storage_options=options, shuffle=False)
+    assert sorted(label for _, label in _samples(ds, 2)) == list(range(COUNT))
+    rs = open_set(f"s3://{BUCKET}/opts/manifest.json", cache_dir=str(tmp_path / "cache"), storage_options=options)
+    assert rs[5][1] == open_set(local)[5][1]
+    with pytest.raises(ValueError, match="storage_options"):
+        open_set(rs, storage_options=options)
+
+
+def test_shards_without_a_manifest_are_not_finalized(s3: Any, tmp_path: Path) -> None:
+    local = _local_set(tmp_path)
+    names = [n for n in sorted(os.listdir(local)) if n != "manifest.json"]
+    _upload(s3, local, "partial", names)
+    with pytest.raises(NotARecordSetError, match="never finalized"):
+        open_set(f"s3://{BUCKET}/partial", cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(FetchError, match="no manifest there"):
+        open_set(f"s3://{BUCKET}/nothing-here", cache_dir=str(tmp_path / "cache"))
+
+
+def test_missing_s3fs_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    registry = sys.modules["fsspec.registry"]
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs fails, as where it is not installed
+    monkeypatch.delitem(registry._registry, "s3", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"s3fs>=2023\.1.*\.\[s3\]"):
+        open_set("s3://bucket/set", cache_dir=str(tmp_path / "cache"))
