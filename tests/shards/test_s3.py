@@ -139,3 +139,56 @@ def test_missing_s3fs_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.delitem(registry._registry, "s3", raising=False)
     with pytest.raises(MissingDependencyError, match=r"s3fs>=2023\.1.*\.\[s3\]"):
         open_set("s3://bucket/set", cache_dir=str(tmp_path / "cache"))
+
+
+def _listing(client: Any, prefix: str) -> list[str]:
+    return sorted(
+        o["Key"].rsplit("/", 1)[-1]
+        for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/").get("Contents", [])
+    )
+
+
+def test_write_shards_to_s3_and_finalize(s3: Any, tmp_path: Path) -> None:
+    local = _local_set(tmp_path)
+    url = f"s3://{BUCKET}/written"
+    for i in range(SHARDS):  # the last writer finalizes
+        write_shard(IndexedImages(COUNT), url, shard=i, num_shards=SHARDS, seed=4, progress=False)
+        assert ("manifest.json" in _listing(s3, "written")) == (i == SHARDS - 1)
+    names = _listing(s3, "written")
+    assert not [n for n in names if ".tmp-" in n]
+    remote = open_set(url, cache_dir=str(tmp_path / "cache"))
+    want = open_set(local)
+    counts = [(e["name"], e["count"], e["records"]) for e in remote.manifest["shards"]]
+    assert counts == [(e["name"], e["count"], e["records"]) for e in want.manifest["shards"]]
+    assert [s[1] for s in remote] == [s[1] for s in want]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(remote, want))
+
+
+def _stopped_writer(url: str, env: dict[str, str]) -> int:
+    import subprocess
+    import sys
+
+    code = (
+        "from tests.conftest import IndexedImages\n"
+        "from torchrecord import write_shard\n"
+        f"for i in range({SHARDS}):\n"
+        f"    write_shard(IndexedImages({COUNT}), {url!r}, shard=i, num_shards={SHARDS}, seed=4, progress=False)\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, **env, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=root, timeout=120).returncode
+
+
+def test_writer_killed_before_the_manifest_leaves_no_readable_set(s3: Any, tmp_path: Path) -> None:
+    import signal
+
+    url = f"s3://{BUCKET}/killed"
+    rc = _stopped_writer(url, {"TORCHRECORD_TEST_STOP_BEFORE_MANIFEST": "1"})
+    assert rc == -signal.SIGKILL
+    names = _listing(s3, "killed")
+    assert "manifest.json" not in names and len([n for n in names if n.endswith(".tr")]) == SHARDS
+    with pytest.raises(NotARecordSetError, match="never finalized"):
+        open_set(url, cache_dir=str(tmp_path / "cache"))
+    done = finalize_shards(url)
+    assert len(done) == COUNT
+    assert sorted(s[1] for s in open_set(url, cache_dir=str(tmp_path / "cache"))) == list(range(COUNT))

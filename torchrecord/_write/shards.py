@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
+import shutil
+import signal
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -24,8 +28,10 @@ import torch.distributed as dist
 
 from torchrecord._core import compress as _compress
 from torchrecord._shards import manifest as _manifest
+from torchrecord._shards.remote import FsspecTransport
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import is_url
 from torchrecord._version import __version__
 from torchrecord._write.declared import Declared
 from torchrecord._write.settings import WriteSettings
@@ -80,6 +86,7 @@ def write_shard(
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
     compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
     compression_level: int | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> RecordFile:
     """Write shard ``shard`` of ``num_shards`` of a sharded set in ``directory``.
 
@@ -105,7 +112,13 @@ def write_shard(
     Args:
         dataset: the whole map-style data set, or this shard's iterable.
         directory: the sharded set's folder (created if needed; on a file system
-            every writer sees).
+            every writer sees), or an ``s3://bucket/prefix`` URL (extra ``s3``):
+            the shard is written to a local temporary folder and uploaded once
+            complete, then a small note of what :func:`finalize_shards` needs
+            (see docs/s3.md).
+        storage_options: for an ``s3://`` folder: keyword arguments for s3fs
+            (``key``, ``secret``, ``endpoint_url``...; None: the ``AWS_*``
+            environment variables).
         shard, num_shards: which shard of how many; default: the rank and world
             size of ``torch.distributed`` (torchrun).
         overwrite: rewrite the shard of a finalized set (its manifest is removed
@@ -125,7 +138,9 @@ def write_shard(
         what this shard leaves out).
 
     Returns:
-        The shard, a :class:`RecordFile` (a record set on its own).
+        The shard, a :class:`RecordFile` (a record set on its own). For an
+        ``s3://`` folder its local copy is removed after the upload: its
+        ``write_summary`` says what was written.
 
     Raises:
         RecordExistsError: the set is finalized with another plan (``overwrite``
@@ -135,7 +150,9 @@ def write_shard(
         ValueError, TypeError: an option cannot work (checked before reading).
     """
     settings = WriteSettings.of(locals())
-    return write_shard_source(dataset, directory, settings, shard, num_shards, finalize=finalize)
+    return write_shard_source(
+        dataset, directory, settings, shard, num_shards, finalize=finalize, storage_options=storage_options
+    )
 
 
 def write_shard_source(
@@ -146,12 +163,15 @@ def write_shard_source(
     num_shards: int | None,
     *,
     finalize: bool = True,
+    storage_options: dict[str, Any] | None = None,
 ) -> RecordFile:
     """The body of :func:`write_shard` with checked ``settings`` (also run by the converters)."""
     if settings.group_by is not None:
         raise ArgumentError(_GROUPS_REFUSED)
     shard, num_shards = _who(shard, num_shards)
     folder = os.fspath(directory)
+    if is_url(folder):
+        return _write_remote_shard(dataset, folder, settings, shard, num_shards, finalize, storage_options)
     seed = settings.seed
     try:
         os.makedirs(folder, exist_ok=True)
@@ -218,7 +238,7 @@ def _plan_options(settings: WriteSettings) -> dict[str, Any]:
     }
 
 
-def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
+def finalize_shards(directory: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> ShardedSet:
     """Check the shards in ``directory`` and publish its manifest; returns the set, a :class:`~torchrecord.ShardedSet`.
 
     Every shard ``0 .. n-1`` must be there and complete, written with one plan
@@ -232,8 +252,14 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
         SchemaError: two shards hold different kinds of sample (names both).
         FormatError: shards of different plans, or of several shard counts.
         RecordNotFoundError: ``directory`` holds no shard at all.
+
+    ``directory`` may be an ``s3://bucket/prefix`` URL (written there by
+    :func:`write_shard`; ``storage_options`` as there): the shards' notes are
+    read, not the shards, and the manifest is uploaded last.
     """
     folder = os.fspath(directory)
+    if is_url(folder):
+        return _finalize_remote(folder, storage_options)
     if not os.path.isdir(folder):
         raise RecordNotFoundError(f"{folder}: no such folder; write its shards with torchrecord.write_shard")
     names = os.listdir(folder)
@@ -255,6 +281,12 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
         entry, meta = _shard_entry(folder, i, n)
         entries.append(entry)
         metas.append(meta)
+    _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), _build_manifest(folder, entries, metas))
+    return ShardedSet(folder)
+
+
+def _build_manifest(folder: str, entries: list[dict[str, Any]], metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest of the shards ``entries`` (with their metadata ``metas``), checked to be one set."""
     _check_plans(folder, metas)
     schema = _manifest.merge_schemas([(e["name"], m.get("schema")) for e, m in zip(entries, metas)])
     _check_packing(folder, metas)
@@ -276,8 +308,138 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
         "user": first.get("user") or {},
         "shards": entries,
     }
-    _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), manifest)
-    return ShardedSet(folder)
+    return manifest
+
+
+# -- sets on object storage (s3://) ------------------------------------------------------------
+#: Test hook: a writer stops (SIGKILL, as a killed task would) after its uploads, before the manifest.
+_STOP_ENV = "TORCHRECORD_TEST_STOP_BEFORE_MANIFEST"
+
+
+def _remote_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """(fsspec file system, path without the protocol) for a remote folder."""
+    fs, path = FsspecTransport(storage_options).filesystem(url)
+    return fs, str(path).rstrip("/")
+
+
+def _write_remote_shard(
+    dataset: Any,
+    url: str,
+    settings: WriteSettings,
+    shard: int,
+    num_shards: int,
+    finalize: bool,
+    storage_options: dict[str, Any] | None,
+) -> RecordFile:
+    """Write the shard in a local temporary folder, upload it whole, then its note (with its metadata)."""
+    url = url.rstrip("/")
+    fs, prefix = _remote_fs(url, storage_options)
+    manifest = f"{prefix}/{_manifest.MANIFEST_NAME}"
+    try:
+        if fs.exists(manifest):
+            if not settings.overwrite:
+                raise RecordExistsError(
+                    f"{url}: holds a finalized sharded set; pass overwrite=True to rewrite its shards "
+                    "(the manifest is removed until it is finalized again), or write to another prefix"
+                )
+            fs.rm_file(manifest)
+        fs.invalidate_cache()
+    except TorchRecordError:
+        raise
+    except Exception as exc:  # fsspec back ends raise many kinds
+        raise WriteError(f"{url}: cannot reach the sharded set's folder ({type(exc).__name__}: {exc})") from exc
+    local = tempfile.mkdtemp(prefix="torchrecord-shard-")
+    try:
+        settings = dataclasses.replace(settings, overwrite=True)
+        rf = write_shard_source(dataset, local, settings, shard, num_shards, finalize=False)
+        name = _manifest.shard_name(shard, num_shards)
+        path = os.path.join(local, name)
+        note = _manifest.read_json(_manifest.note_path(path))
+        note.update(meta=rf.metadata, records=rf.num_records)
+        try:
+            fs.put_file(path, f"{prefix}/{name}")  # an object appears whole, or not at all
+            fs.pipe_file(f"{prefix}/{name}.json", _json_bytes(note))  # the shard is complete once its note is up
+        except Exception as exc:
+            raise WriteError(f"{url}: cannot upload shard {shard} ({type(exc).__name__}: {exc})") from exc
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    if finalize:
+        with contextlib.suppress(IncompleteRecordSetError):  # other shards still to come: the last writer finalizes
+            _finalize_remote(url, storage_options)
+    return rf
+
+
+def _finalize_remote(url: str, storage_options: dict[str, Any] | None) -> ShardedSet:
+    """finalize_shards for a URL folder: the entries from the shards' notes, the manifest uploaded last."""
+    url = url.rstrip("/")
+    fs, prefix = _remote_fs(url, storage_options)
+    try:
+        fs.invalidate_cache()
+        names = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(prefix, detail=False)]
+    except FileNotFoundError:
+        names = []
+    except Exception as exc:
+        raise WriteError(f"{url}: cannot list the sharded set's folder ({type(exc).__name__}: {exc})") from exc
+    counts = sorted({parsed[1] for parsed in map(_manifest.parse_shard_name, names) if parsed is not None})
+    if not counts:
+        raise RecordNotFoundError(f"{url}: holds no shard files; write them with torchrecord.write_shard")
+    if len(counts) > 1:
+        raise FormatError(f"{url}: holds shards of sets of {', '.join(map(str, counts))} shards; remove the others")
+    n = counts[0]
+    missing = [
+        i
+        for i in range(n)
+        if _manifest.shard_name(i, n) not in names or _manifest.shard_name(i, n) + ".json" not in names
+    ]
+    if missing:
+        raise IncompleteRecordSetError(
+            f"{url}: {len(missing)} of {n} shards missing or not completely uploaded (shard and note): "
+            f"{', '.join(map(str, missing))}. Run write_shard(..., shard=i) for each, then finalize_shards again"
+        )
+    entries: list[dict[str, Any]] = []
+    metas: list[dict[str, Any]] = []
+    for i in range(n):
+        name = _manifest.shard_name(i, n)
+        try:
+            note = json.loads(fs.cat_file(f"{prefix}/{name}.json"))
+            meta = note["meta"]
+            entry = {
+                "name": name,
+                "count": int(note["count"]),
+                "records": int(note["records"]),
+                "bytes": int(note["bytes"]),
+                "sha256": str(note["sha256"]),
+                "set_id": str(note["set_id"]),
+            }
+            size = int(fs.size(f"{prefix}/{name}"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(
+                f"{url}/{name}.json: not a shard note of write_shard ({exc}); write shard {i} again"
+            ) from exc
+        except Exception as exc:
+            raise WriteError(f"{url}/{name}: cannot read ({type(exc).__name__}: {exc})") from exc
+        info = meta.get("shard") if isinstance(meta, dict) else None
+        if not isinstance(info, dict) or info.get("index") != i or info.get("of") != n:
+            raise FormatError(f"{url}/{name}: not shard {i} of {n} written by write_shard (its note says {info!r})")
+        if size != entry["bytes"]:
+            raise FormatError(
+                f"{url}/{name}: {size} bytes, its note says {entry['bytes']}: it was replaced after its note; "
+                f"write shard {i} again"
+            )
+        entries.append(entry)
+        metas.append(meta)
+    manifest = _build_manifest(url, entries, metas)
+    if os.environ.get(_STOP_ENV):
+        os.kill(os.getpid(), signal.SIGKILL)  # as a writer killed between the shard uploads and the manifest
+    try:
+        fs.pipe_file(f"{prefix}/{_manifest.MANIFEST_NAME}", _json_bytes(manifest))  # last: the set is readable now
+    except Exception as exc:
+        raise WriteError(f"{url}: cannot upload the manifest ({type(exc).__name__}: {exc})") from exc
+    return ShardedSet(url, storage_options=storage_options)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
 
 
 # -- helpers ----------------------------------------------------------------------------
