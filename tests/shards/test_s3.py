@@ -192,3 +192,14 @@ def test_writer_killed_before_the_manifest_leaves_no_readable_set(s3: Any, tmp_p
     done = finalize_shards(url)
     assert len(done) == COUNT
     assert sorted(s[1] for s in open_set(url, cache_dir=str(tmp_path / "cache"))) == list(range(COUNT))
+
+
+def test_other_readers_take_the_opened_set(s3: Any, tmp_path: Path) -> None:
+    from torchrecord import MixedDataset
+
+    local = _local_set(tmp_path)
+    _upload(s3, local, "mixed")
+    rs = open_set(f"s3://{BUCKET}/mixed", cache_dir=str(tmp_path / "cache"))
+    ds = MixedDataset({"remote": rs, "local": local}, seed=2)
+    labels = [int(label) for _, label in _samples(ds, 2)]
+    assert sorted(labels) == sorted(list(range(COUNT)) * 2)
