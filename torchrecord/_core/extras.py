@@ -7,7 +7,7 @@ tests/test_install.py checks this table against setup.cfg's ``extras_require``.
 
 from __future__ import annotations
 
-__all__ = ["EXTRAS", "REMOTE_HINT", "install_hint"]
+__all__ = ["EXTRAS", "REMOTE_HINT", "S3_HINT", "install_hint"]
 
 # extra name -> the requirement it installs (as in setup.cfg)
 EXTRAS: dict[str, str] = {
@@ -15,7 +15,6 @@ EXTRAS: dict[str, str] = {
     "hdf5": "h5py>=3",
     "images": "pillow>=9",
     "progress": "tqdm>=4.60",
-    "s3": "s3fs>=2023.1",
 }
 
 
@@ -26,3 +25,6 @@ def install_hint(extra: str) -> str:
 
 #: The ``remote`` extra installs two packages, so its hint is spelled out.
 REMOTE_HINT = "pip install 'fsspec>=2023.1' 'aiohttp>=3.8' (or, in a torchrecord checkout: pip install -e '.[remote]')"
+
+#: The ``s3`` extra (s3:// URLs through s3fs), spelled out too.
+S3_HINT = "pip install 's3fs>=2023.1' 'fsspec>=2023.1' (or, in a torchrecord checkout: pip install -e '.[s3]')"

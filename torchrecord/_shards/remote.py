@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from torchrecord._core.extras import REMOTE_HINT, install_hint
+from torchrecord._core.extras import REMOTE_HINT, S3_HINT
 from torchrecord._shards.manifest import MANIFEST_NAME, file_digest, parse_shard_name
 from torchrecord._store.record_set import is_url
 from torchrecord.errors import (
@@ -194,6 +194,9 @@ class FsspecTransport:
             ``key``, ``secret``, ``endpoint_url``, ``client_kwargs``...). None: the back end's
             defaults, which for S3 are the usual environment variables (``AWS_ACCESS_KEY_ID``,
             ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...).
+
+    Other file systems than http(s) are fsspec's cached instances (one per protocol and options;
+    fsspec starts afresh in a forked child).
     """
 
     def __init__(self, storage_options: dict[str, Any] | None = None) -> None:
@@ -204,7 +207,8 @@ class FsspecTransport:
         try:
             import fsspec
         except ImportError as exc:
-            raise MissingDependencyError(f"{url}: reading a remote set needs fsspec: {REMOTE_HINT}") from exc
+            hint = S3_HINT if url.startswith(("s3://", "s3a://")) else REMOTE_HINT
+            raise MissingDependencyError(f"{url}: a remote set needs fsspec: {hint}") from exc
         options: dict[str, Any] = dict(self.storage_options)
         if _is_http(url):
             try:
@@ -213,7 +217,7 @@ class FsspecTransport:
                 raise MissingDependencyError(f"{url}: http(s) needs aiohttp: {REMOTE_HINT}") from exc
             timeout = aiohttp.ClientTimeout(total=deadline, sock_connect=TIMEOUT, sock_read=TIMEOUT)
             options["client_kwargs"] = {**options.get("client_kwargs", {}), "timeout": timeout}
-        options["skip_instance_cache"] = True  # an event loop thread must not cross a fork
+            options["skip_instance_cache"] = True  # its event loop thread must not cross a fork
         try:
             fs, path = fsspec.core.url_to_fs(url, **options)
         except ImportError as exc:  # fsspec knows the protocol, its back end is not installed
@@ -233,7 +237,7 @@ class FsspecTransport:
 def _backend_hint(url: str, exc: ImportError) -> str:
     """The one-line install hint for the fsspec back end of ``url``'s protocol."""
     if url.startswith(("s3://", "s3a://")):
-        return f"s3:// needs s3fs: {install_hint('s3')}"
+        return f"s3:// needs s3fs: {S3_HINT}"
     return f"fsspec has no back end installed for this protocol ({exc})"
 
 
@@ -314,7 +318,10 @@ def _lists_shards(transport: Transport, prefix: str) -> bool:
         return False
     try:
         fs, path = filesystem(prefix)
-        names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)]
+        try:
+            names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)]
+        finally:
+            fs.invalidate_cache(path)  # a cached file system must not remember the set without its manifest
     except Exception:  # listing is a courtesy for the message: any failure means "cannot tell"
         return False
     return any(parse_shard_name(name) for name in names)

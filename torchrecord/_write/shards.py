@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -28,12 +27,12 @@ import torch.distributed as dist
 
 from torchrecord._core import compress as _compress
 from torchrecord._shards import manifest as _manifest
-from torchrecord._shards.remote import FsspecTransport
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import is_url
 from torchrecord._version import __version__
 from torchrecord._write.declared import Declared
+from torchrecord._write.objects import RemoteFolder, stop_for_test
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import is_map_style
 from torchrecord._write.writer import SchemaArg, write_source
@@ -139,8 +138,10 @@ def write_shard(
 
     Returns:
         The shard, a :class:`RecordFile` (a record set on its own). For an
-        ``s3://`` folder its local copy is removed after the upload: its
-        ``write_summary`` says what was written.
+        ``s3://`` folder the local copy it was written to is removed after the
+        upload (its ``write_summary`` says what was written); a retry of a
+        finalized set's shard returns the existing shard, fetched into the
+        reader's shard cache.
 
     Raises:
         RecordExistsError: the set is finalized with another plan (``overwrite``
@@ -171,7 +172,8 @@ def write_shard_source(
     shard, num_shards = _who(shard, num_shards)
     folder = os.fspath(directory)
     if is_url(folder):
-        return _write_remote_shard(dataset, folder, settings, shard, num_shards, finalize, storage_options)
+        remote = RemoteFolder(folder, storage_options)
+        return _write_remote_shard(dataset, remote, settings, shard, num_shards, finalize)
     seed = settings.seed
     try:
         os.makedirs(folder, exist_ok=True)
@@ -246,23 +248,23 @@ def finalize_shards(directory: str | os.PathLike[str], *, storage_options: dict[
     between shards: the manifest widens them). Running it again (or in several
     processes at once) publishes the same manifest.
 
+    ``directory`` may be an ``s3://bucket/prefix`` URL the shards were written
+    to by :func:`write_shard` (``storage_options`` as there): the shards' notes
+    are read, never the shards, and the manifest is uploaded last.
+
     Raises:
         IncompleteRecordSetError: a shard is missing or unfinished; the message
             names every such shard (and a writer's leftover temporary file).
         SchemaError: two shards hold different kinds of sample (names both).
         FormatError: shards of different plans, or of several shard counts.
         RecordNotFoundError: ``directory`` holds no shard at all.
-
-    ``directory`` may be an ``s3://bucket/prefix`` URL (written there by
-    :func:`write_shard`; ``storage_options`` as there): the shards' notes are
-    read, not the shards, and the manifest is uploaded last.
+        WriteError: object storage cannot be reached, or refuses the upload.
     """
     folder = os.fspath(directory)
-    if is_url(folder):
-        return _finalize_remote(folder, storage_options)
-    if not os.path.isdir(folder):
+    remote = RemoteFolder(folder, storage_options) if is_url(folder) else None
+    if remote is None and not os.path.isdir(folder):
         raise RecordNotFoundError(f"{folder}: no such folder; write its shards with torchrecord.write_shard")
-    names = os.listdir(folder)
+    names = _uploaded(remote.names()) if remote is not None else os.listdir(folder)
     counts = sorted({parsed[1] for parsed in map(_manifest.parse_shard_name, names) if parsed is not None})
     if not counts:
         raise RecordNotFoundError(f"{folder}: holds no shard files; write them with torchrecord.write_shard")
@@ -278,15 +280,9 @@ def finalize_shards(directory: str | os.PathLike[str], *, storage_options: dict[
     entries: list[dict[str, Any]] = []
     metas: list[dict[str, Any]] = []
     for i in range(n):
-        entry, meta = _shard_entry(folder, i, n)
+        entry, meta = remote.shard_entry(i, n) if remote is not None else _shard_entry(folder, i, n)
         entries.append(entry)
         metas.append(meta)
-    _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), _build_manifest(folder, entries, metas))
-    return ShardedSet(folder)
-
-
-def _build_manifest(folder: str, entries: list[dict[str, Any]], metas: list[dict[str, Any]]) -> dict[str, Any]:
-    """The manifest of the shards ``entries`` (with their metadata ``metas``), checked to be one set."""
     _check_plans(folder, metas)
     schema = _manifest.merge_schemas([(e["name"], m.get("schema")) for e, m in zip(entries, metas)])
     _check_packing(folder, metas)
@@ -308,138 +304,81 @@ def _build_manifest(folder: str, entries: list[dict[str, Any]], metas: list[dict
         "user": first.get("user") or {},
         "shards": entries,
     }
-    return manifest
+    if remote is not None:
+        stop_for_test("before-manifest")
+        remote.put_json(_manifest.MANIFEST_NAME, manifest)  # last: readers see the set from now on
+        return ShardedSet(remote.url, storage_options=remote.storage_options)
+    _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), manifest)
+    return ShardedSet(folder)
 
 
-# -- sets on object storage (s3://) ------------------------------------------------------------
-#: Test hook: a writer stops (SIGKILL, as a killed task would) after its uploads, before the manifest.
-_STOP_ENV = "TORCHRECORD_TEST_STOP_BEFORE_MANIFEST"
-
-
-def _remote_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
-    """(fsspec file system, path without the protocol) for a remote folder."""
-    fs, path = FsspecTransport(storage_options).filesystem(url)
-    return fs, str(path).rstrip("/")
+# -- sets on object storage (s3://) --------------------------------------------------------------
 
 
 def _write_remote_shard(
     dataset: Any,
-    url: str,
+    remote: RemoteFolder,
     settings: WriteSettings,
     shard: int,
     num_shards: int,
     finalize: bool,
-    storage_options: dict[str, Any] | None,
 ) -> RecordFile:
-    """Write the shard in a local temporary folder, upload it whole, then its note (with its metadata)."""
-    url = url.rstrip("/")
-    fs, prefix = _remote_fs(url, storage_options)
-    manifest = f"{prefix}/{_manifest.MANIFEST_NAME}"
-    try:
-        if fs.exists(manifest):
-            if not settings.overwrite:
-                raise RecordExistsError(
-                    f"{url}: holds a finalized sharded set; pass overwrite=True to rewrite its shards "
-                    "(the manifest is removed until it is finalized again), or write to another prefix"
-                )
-            fs.rm_file(manifest)
-        fs.invalidate_cache()
-    except TorchRecordError:
-        raise
-    except Exception as exc:  # fsspec back ends raise many kinds
-        raise WriteError(f"{url}: cannot reach the sharded set's folder ({type(exc).__name__}: {exc})") from exc
+    """Write the shard in a local temporary folder, upload it whole, then its note (see ``objects.py``)."""
+    name = _manifest.shard_name(shard, num_shards)
+    if remote.has(_manifest.MANIFEST_NAME):
+        if not settings.overwrite:
+            return _finalized_remote_shard(remote, dataset, settings, shard, num_shards)
+        remote.remove(_manifest.MANIFEST_NAME)  # the set changes: it is not readable until finalized again
     local = tempfile.mkdtemp(prefix="torchrecord-shard-")
     try:
-        settings = dataclasses.replace(settings, overwrite=True)
-        rf = write_shard_source(dataset, local, settings, shard, num_shards, finalize=False)
-        name = _manifest.shard_name(shard, num_shards)
+        rf = write_shard_source(
+            dataset, local, dataclasses.replace(settings, overwrite=True), shard, num_shards, finalize=False
+        )
         path = os.path.join(local, name)
         note = _manifest.read_json(_manifest.note_path(path))
         note.update(meta=rf.metadata, records=rf.num_records)
-        try:
-            fs.put_file(path, f"{prefix}/{name}")  # an object appears whole, or not at all
-            fs.pipe_file(f"{prefix}/{name}.json", _json_bytes(note))  # the shard is complete once its note is up
-        except Exception as exc:
-            raise WriteError(f"{url}: cannot upload shard {shard} ({type(exc).__name__}: {exc})") from exc
+        remote.upload(path, name)  # one put: the shard appears whole, or not at all
+        stop_for_test("before-note")
+        remote.put_json(name + ".json", note)  # the shard counts as written from now on
     finally:
         shutil.rmtree(local, ignore_errors=True)
     if finalize:
-        with contextlib.suppress(IncompleteRecordSetError):  # other shards still to come: the last writer finalizes
-            _finalize_remote(url, storage_options)
+        with contextlib.suppress(IncompleteRecordSetError):  # shards still to come: the last writer finalizes
+            finalize_shards(remote.url, storage_options=remote.storage_options)
     return rf
 
 
-def _finalize_remote(url: str, storage_options: dict[str, Any] | None) -> ShardedSet:
-    """finalize_shards for a URL folder: the entries from the shards' notes, the manifest uploaded last."""
-    url = url.rstrip("/")
-    fs, prefix = _remote_fs(url, storage_options)
-    try:
-        fs.invalidate_cache()
-        names = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(prefix, detail=False)]
-    except FileNotFoundError:
-        names = []
-    except Exception as exc:
-        raise WriteError(f"{url}: cannot list the sharded set's folder ({type(exc).__name__}: {exc})") from exc
-    counts = sorted({parsed[1] for parsed in map(_manifest.parse_shard_name, names) if parsed is not None})
-    if not counts:
-        raise RecordNotFoundError(f"{url}: holds no shard files; write them with torchrecord.write_shard")
-    if len(counts) > 1:
-        raise FormatError(f"{url}: holds shards of sets of {', '.join(map(str, counts))} shards; remove the others")
-    n = counts[0]
-    missing = [
-        i
-        for i in range(n)
-        if _manifest.shard_name(i, n) not in names or _manifest.shard_name(i, n) + ".json" not in names
-    ]
-    if missing:
-        raise IncompleteRecordSetError(
-            f"{url}: {len(missing)} of {n} shards missing or not completely uploaded (shard and note): "
-            f"{', '.join(map(str, missing))}. Run write_shard(..., shard=i) for each, then finalize_shards again"
-        )
-    entries: list[dict[str, Any]] = []
-    metas: list[dict[str, Any]] = []
-    for i in range(n):
-        name = _manifest.shard_name(i, n)
-        try:
-            note = json.loads(fs.cat_file(f"{prefix}/{name}.json"))
-            meta = note["meta"]
-            entry = {
-                "name": name,
-                "count": int(note["count"]),
-                "records": int(note["records"]),
-                "bytes": int(note["bytes"]),
-                "sha256": str(note["sha256"]),
-                "set_id": str(note["set_id"]),
-            }
-            size = int(fs.size(f"{prefix}/{name}"))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise FormatError(
-                f"{url}/{name}.json: not a shard note of write_shard ({exc}); write shard {i} again"
-            ) from exc
-        except Exception as exc:
-            raise WriteError(f"{url}/{name}: cannot read ({type(exc).__name__}: {exc})") from exc
-        info = meta.get("shard") if isinstance(meta, dict) else None
-        if not isinstance(info, dict) or info.get("index") != i or info.get("of") != n:
-            raise FormatError(f"{url}/{name}: not shard {i} of {n} written by write_shard (its note says {info!r})")
-        if size != entry["bytes"]:
-            raise FormatError(
-                f"{url}/{name}: {size} bytes, its note says {entry['bytes']}: it was replaced after its note; "
-                f"write shard {i} again"
-            )
-        entries.append(entry)
-        metas.append(meta)
-    manifest = _build_manifest(url, entries, metas)
-    if os.environ.get(_STOP_ENV):
-        os.kill(os.getpid(), signal.SIGKILL)  # as a writer killed between the shard uploads and the manifest
-    try:
-        fs.pipe_file(f"{prefix}/{_manifest.MANIFEST_NAME}", _json_bytes(manifest))  # last: the set is readable now
-    except Exception as exc:
-        raise WriteError(f"{url}: cannot upload the manifest ({type(exc).__name__}: {exc})") from exc
-    return ShardedSet(url, storage_options=storage_options)
+def _uploaded(names: list[str]) -> list[str]:
+    """The names in a remote folder, shards without their note left out (not completely uploaded)."""
+    present = set(names)
+    return [n for n in names if _manifest.parse_shard_name(n) is None or n + ".json" in present]
 
 
-def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
+def _finalized_remote_shard(
+    remote: RemoteFolder, dataset: Any, settings: WriteSettings, shard: int, num_shards: int
+) -> RecordFile:
+    """A retried writer of a finalized remote set: the existing shard (fetched) if the plans agree, else an error."""
+    name = _manifest.shard_name(shard, num_shards)
+    if is_map_style(dataset):
+        total = len(dataset)
+        plan = {"of": num_shards, "seed": settings.seed, "source": "map", "total": total}
+    else:
+        plan = {"of": num_shards, "seed": settings.seed, "source": "iterable", "total": None}
+    plan["options"] = _plan_options(settings)
+    try:
+        manifest = _manifest.check_manifest(remote.read_json(_manifest.MANIFEST_NAME), remote.where("manifest.json"))
+        entry, meta = remote.shard_entry(shard, num_shards)
+        listed = manifest["shards"][shard] if len(manifest["shards"]) == num_shards else None
+        same = {k: meta["shard"].get(k) for k in _PLAN_KEYS} == json.loads(json.dumps(plan))
+        if listed is not None and listed["set_id"] == entry["set_id"] and same:
+            return ShardedSet(remote.url, storage_options=remote.storage_options).shard(shard)
+    except (TorchRecordError, KeyError, TypeError, IndexError):
+        pass
+    raise RecordExistsError(
+        f"{remote.url}: holds a finalized sharded set written with another plan (or a damaged one; {name} "
+        "differs); pass overwrite=True to rewrite it (its manifest is removed until it is finalized again), "
+        "or write to another prefix"
+    )
 
 
 # -- helpers ----------------------------------------------------------------------------
