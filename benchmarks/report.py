@@ -16,16 +16,19 @@ __all__ = [
     "COLD_HEADERS",
     "MEASUREMENT_HEADERS",
     "TARGET_HEADERS",
+    "WORKER_HEADERS",
     "WRITE_HEADERS",
     "best_per_loader",
     "cold_json",
     "cold_rows",
     "format_table",
+    "handover_targets",
     "measurement_rows",
     "ratio_to_raw",
     "targets",
     "write_chart",
     "write_json",
+    "worker_rows",
     "write_rows",
 ]
 
@@ -263,3 +266,61 @@ def write_chart(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+WORKER_HEADERS = ["workload", "loader", "workers", "samples/s", "x 0 workers", "x in-memory"]
+_TORCHRECORD = ("torchrecord", "torchrecord-batch", "torchrecord-packed")
+IN_MEMORY = "in-memory-limit"
+
+
+def _at(ms: Sequence[Measurement], workload: str, loader: str, workers: int | None) -> float | None:
+    for m in ms:
+        if m.workload == workload and m.loader == loader and (m.workers or 0) == (workers or 0) and m.seconds:
+            return m.samples_per_second
+    return None
+
+
+def worker_rows(measurements: Sequence[Measurement]) -> list[list[str]]:
+    """The torchrecord loaders at each num_workers: samples/s, against 0 workers and the in-memory gather."""
+    rows = []
+    for m in measurements:
+        if m.loader not in _TORCHRECORD or not m.seconds:
+            continue
+        zero = _at(measurements, m.workload, m.loader, 0)
+        memory = _at(measurements, m.workload, IN_MEMORY, None)
+        rate = m.samples_per_second
+        rows.append(
+            [
+                m.workload,
+                m.loader,
+                str(m.workers or 0),
+                f"{rate:,.0f}",
+                "-" if not zero else f"{rate / zero:.2f}x",
+                "-" if not memory else f"{rate / memory:.2f}x",
+            ]
+        )
+    return rows
+
+
+def handover_targets(measurements: Sequence[Measurement], transform_us: float) -> list[list[str]]:
+    """Issue 28's figures against their targets, for what this run measured."""
+    rows: list[list[str] | None] = []
+    for workload in sorted({m.workload for m in measurements}):
+        batch0 = _at(measurements, workload, "torchrecord-batch", 0)
+        batch2 = _at(measurements, workload, "torchrecord-batch", 2)
+        sample0 = _at(measurements, workload, "torchrecord", 0)
+        sample2 = _at(measurements, workload, "torchrecord", 2)
+        memory = _at(measurements, workload, IN_MEMORY, None)
+        if transform_us:
+            if batch0 and batch2:
+                rows.append(_target_row(f"{workload}: batch mode, 2 workers / 0 workers", batch2 / batch0, 1.7))
+            if sample0 and sample2:
+                rows.append(_target_row(f"{workload}: per-sample, 2 workers / 0 workers", sample2 / sample0, 1.7))
+            continue
+        if batch0 and batch2:
+            rows.append(_target_row(f"{workload}: batch mode, 2 workers / 0 workers", batch2 / batch0, 0.9))
+        if batch0 and memory:
+            rows.append(_target_row(f"{workload}: batch mode, 0 workers / in-memory gather", batch0 / memory, 0.8))
+        if batch0 and sample0:
+            rows.append(_target_row(f"{workload}: per-sample / batch mode, 0 workers", sample0 / batch0, 0.5))
+    return [r for r in rows if r is not None]

@@ -27,6 +27,7 @@ import torch
 
 from benchmarks import cold, report
 from benchmarks.loaders import Epochs, LoaderOptions, disk_bytes, ensure_built, read_through, registry
+from benchmarks.loaders import base as loaders_base
 from benchmarks.machine import describe_machine, load_average, versions
 from benchmarks.timing import Measurement, run_rounds, time_epoch
 from benchmarks.workloads import WORKLOADS, WorkloadData, load_workload
@@ -48,7 +49,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every workload's size (0.1: quick run)")
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--loaders", nargs="+", choices=names, default=names)
-    p.add_argument("--workers", nargs="+", type=int, default=[0, 2], help="DataLoader num_workers settings")
+    p.add_argument("--workers", nargs="+", type=int, default=[0, 2, 4], help="DataLoader num_workers settings")
+    p.add_argument(
+        "--fresh-workers",
+        action="store_true",
+        help="start DataLoader workers afresh each epoch (default: persistent_workers=True, as in training)",
+    )
+    p.add_argument(
+        "--transform-us",
+        type=float,
+        default=0.0,
+        help="a per-sample transform spinning this many microseconds in the torchrecord loaders (0: none)",
+    )
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per configuration (median; >= 3)")
     p.add_argument("--batch-size", type=int, default=None, help="override every workload's batch size")
     p.add_argument("--shuffle-buffer", type=int, default=2048, help="torchrecord and WebDataset buffer")
@@ -100,7 +112,7 @@ def _prepare(
     data: WorkloadData, names: list[str], args: argparse.Namespace, rebuilt: set[str]
 ) -> tuple[list[tuple[Measurement, Epochs]], list[dict[str, str]]]:
     """Build (or find) every selected loader's format and open its configurations."""
-    loaders = registry(LoaderOptions(args.shuffle_buffer, args.samples_per_record))
+    loaders = registry(LoaderOptions(args.shuffle_buffer, args.samples_per_record, args.transform_us))
     configs: list[tuple[Measurement, Epochs]] = []
     skipped: list[dict[str, str]] = []
     warmed: set[str | None] = set()
@@ -137,7 +149,7 @@ def _run_cold(data: WorkloadData, args: argparse.Namespace, rebuilt: set[str]) -
     if why is not None:
         _log(f"  cold reads: skipped ({why})")
         return []
-    loaders = registry(LoaderOptions(args.shuffle_buffer, args.samples_per_record))
+    loaders = registry(LoaderOptions(args.shuffle_buffer, args.samples_per_record, args.transform_us))
     configs: list[tuple[cold.ColdResult, Any, Path]] = []
     for name in args.cold_loaders:
         loader = loaders[name]
@@ -224,7 +236,7 @@ def _measurement_json(m: Measurement, everything: list[Measurement]) -> dict[str
 Result = tuple[dict[str, Any], list[Measurement], WriteResult | None, list[cold.ColdResult]]
 
 
-def _summary(results: list[Result]) -> None:
+def _summary(results: list[Result], transform_us: float = 0.0) -> None:
     _log("\n== Summary: each loader's best configuration (median samples/s; x raw limit = ratio)")
     rows = []
     for info, ms, _, _ in results:
@@ -243,7 +255,17 @@ def _summary(results: list[Result]) -> None:
     if colds:
         _log("\n== Cold page cache (files evicted before each epoch, read in a fresh process)")
         _log(report.format_table(report.COLD_HEADERS, report.cold_rows(colds)))
-    targets = report.targets([m for _, ms, _, _ in results for m in ms], writes, colds)
+    everything = [m for _, ms, _, _ in results for m in ms]
+    workers = report.worker_rows(everything)
+    if workers:
+        _log("\n== Workers: each torchrecord loader by num_workers (x 0 workers; x in-memory = / in-memory-limit)")
+        _log(report.format_table(report.WORKER_HEADERS, workers))
+    handover = report.handover_targets(everything, transform_us)
+    if handover:
+        what = f"a {transform_us:g} us transform per sample" if transform_us else "no transform"
+        _log(f"\n== Issue 28 targets ({what})")
+        _log(report.format_table(report.TARGET_HEADERS, handover))
+    targets = report.targets(everything, writes, colds)
     if targets:
         _log("\n== Issue 17 targets (figure against its limit)")
         _log(report.format_table(report.TARGET_HEADERS, targets))
@@ -253,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit status."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    loaders_base.PERSISTENT_WORKERS = not args.fresh_workers
     if args.epochs < 3:
         _log(f"warning: --epochs {args.epochs}: medians of fewer than 3 epochs are not reported as such")
     machine, found = describe_machine(), versions()
@@ -261,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rebuilt: set[str] = set()
     results = [_run_workload(name, args, rebuilt) for name in args.workloads]
-    _summary(results)
+    _summary(results, args.transform_us)
     machine["load_average_at_end"] = load_average()
     config = {
         "scale": args.scale,
@@ -270,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size or "per workload",
         "shuffle_buffer": args.shuffle_buffer,
         "torch_threads": args.threads,
+        "transform_us": args.transform_us,
+        "persistent_workers": not args.fresh_workers,
         "samples_per_record": args.samples_per_record or "auto",
         "data_dir": str(args.data_dir),
         "cold_workloads": args.cold_workloads,

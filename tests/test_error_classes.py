@@ -337,8 +337,8 @@ def test_an_unstorable_sample_is_a_sample_error(tmp_path: Path) -> None:
     assert isinstance(kind.value, TypeError)
     with pytest.raises(errors.SampleTypeError, match="dict keys in a sample must be str"):
         normalize({1: 2})
-    # in a write, the source error names the sample and the kind
-    with pytest.raises(errors.SourceError, match="sample 1: SampleTypeError: field 'odd'"):
+    # in a write, the error names the file, the sample and the field
+    with pytest.raises(errors.SampleTypeError, match=r"s\.tr: sample 1, field 'odd'"):
         write_record([{"odd": 1}, {"odd": {1}}], tmp_path / "s.tr", progress=False)
 
 

@@ -376,7 +376,7 @@ def test_skip_does_not_hide_a_finished_generator(tmp_path: Path) -> None:
     [
         (object(), ["object"]),
         ({1, 2}, ["set"]),
-        (None, ["NoneType"]),
+        (None, ["is None", "give it a value"]),
         (1 + 2j, ["complex"]),
         (np.zeros(3, dtype=np.complex64), ["complex64"]),
         (np.array(["a", "b"]), ["<U1"]),

@@ -14,6 +14,7 @@ from torchrecord._core.schema import Field, Schema
 from torchrecord._memory.batches import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord._mix.dataset import MixedDataset
 from torchrecord._mix.position import loader_position
+from torchrecord._read.collate import collate
 from torchrecord._read.dataset import RecordDataset
 from torchrecord._robomimic.datasets import SequenceDataset, WindowDataset
 from torchrecord._shards.open import open_set
@@ -39,6 +40,7 @@ from torchrecord.errors import (
     IndexOutOfRangeError,
     InternalError,
     LoaderMismatchError,
+    MissingDatasetKeyWarning,
     MissingDependencyError,
     NotARecordSetError,
     RecordExistsError,
@@ -75,6 +77,7 @@ __all__ = [
     "IndexOutOfRangeError",
     "InternalError",
     "LoaderMismatchError",
+    "MissingDatasetKeyWarning",
     "MissingDependencyError",
     "MixedDataset",
     "NotARecordSetError",
@@ -109,6 +112,7 @@ __all__ = [
     "WriteSummary",
     "WriterClosedError",
     "__version__",
+    "collate",
     "finalize_shards",
     "load",
     "loader_position",

@@ -29,6 +29,7 @@ _USER_ERRORS = (TorchRecordError, OSError, ValueError, ImportError)
 _EPILOG = """examples:
   torchrecord convert data/train train.tr --workers 4   # class-per-folder images
   torchrecord convert arrays.npz train.tr --keys x,y
+  torchrecord convert demo.hdf5 demo.tr --dataset-keys actions,rewards,dones   # robomimic demos
   torchrecord convert data/train shards/ --shards 8 --shard 3   # one writer of a sharded set
   torchrecord info train.tr
   torchrecord head train.tr -n 3
@@ -147,35 +148,42 @@ def _add_convert(commands: Any) -> None:
         commands,
         "convert",
         _convert,
-        "convert image folders, list files, .npy/.npz, HDF5, Hugging Face datasets or WebDataset tars",
+        "convert image folders, list files, .npy/.npz, HDF5, robomimic, Hugging Face datasets or WebDataset tars",
         "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n"
-        "  folder  root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
-        "          'path': file path relative to SOURCE}, class names in the user metadata\n"
-        "          ('classes'); only files with an image extension (see --extensions)\n"
-        "  list    text file of '<path> <label>' lines, paths relative to the list file\n"
-        "  npy     one array; a sample is a row (first axis), memory-mapped\n"
-        "  npz     {name: row} over its arrays (compressed archives are streamed)\n"
-        "  hdf5    {name: row} over its datasets, which share their first dimension\n"
-        "  hf      a Hugging Face dataset saved with save_to_disk, or a folder of its\n"
-        "          parquet files: {column: value} per row (images stay encoded bytes);\n"
-        "          a dataset dict gives PATH/<split> per split unless --split\n"
-        "  webdataset  .tar shards (a file, or a folder of them): {'__key__': str,\n"
-        "          <ext>: bytes} per key, .cls as int, .json decoded\n\n"
+        "  folder     root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
+        "             'path': file path relative to SOURCE}, class names in the user metadata\n"
+        "             ('classes'); only files with an image extension (see --extensions)\n"
+        "  list       text file of '<path> <label>' lines, paths relative to the list file\n"
+        "  npy        one array; a sample is a row (first axis), memory-mapped\n"
+        "  npz        {name: row} over its arrays (compressed archives are streamed)\n"
+        "  hdf5       {name: row} over its datasets, which share their first dimension\n"
+        "  hf         a Hugging Face dataset saved with save_to_disk, or a folder of its\n"
+        "             parquet files: {column: value} per row (images stay encoded bytes);\n"
+        "             a dataset dict gives PATH/<split> per split unless --split\n"
+        "  webdataset .tar shards (a file, or a folder of them): {'__key__': str,\n"
+        "             <ext>: bytes} per key, .cls as int, .json decoded\n"
+        "  robomimic  robomimic demos (HDF5 with data/demo_N groups, detected by layout):\n"
+        "             one sample per time step, grouped by demo in robomimic's order (not\n"
+        "             shuffled), for torchrecord.SequenceDataset and WindowDataset; --keys\n"
+        "             chooses the obs keys, --dataset-keys the per-step arrays\n\n"
+        "An option that does not apply to the source's format is refused, naming it.\n"
         "Images stay encoded; decode them when reading with\n"
         "RecordDataset(path, transform=torchrecord.transforms.decode_image).",
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("source", metavar="SOURCE", help="image folder, list file, .npy, .npz or HDF5 file")
+    p.add_argument("source", metavar="SOURCE", help="image folder, list file, .npy, .npz, HDF5 or robomimic file")
     p.add_argument("path", metavar="PATH", help="the record set to create (a single file; a folder with --shards)")
     p.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source format (default: auto)")
     p.add_argument(
-        "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="pre-shuffle the samples (default: on)"
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pre-shuffle the samples (default: on; robomimic: keeps the demo order)",
     )
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="shuffle seed, stored in the metadata (default: 0)")
+    p.add_argument("--seed", type=int, metavar="S", help="shuffle seed, stored in the metadata (default: 0)")
     p.add_argument(
         "--workers",
         type=_non_negative,
-        default=0,
         metavar="N",
         help="worker processes reading the source (default: 0: none)",
     )
@@ -185,7 +193,13 @@ def _add_convert(commands: Any) -> None:
         "--keys",
         type=lambda s: [k for k in s.split(",") if k],
         metavar="NAMES",
-        help="npz/hdf5: comma-separated arrays to convert; hf: columns",
+        help="npz/hdf5: comma-separated arrays to convert; robomimic: obs keys (default: every key); hf: columns",
+    )
+    p.add_argument(
+        "--dataset-keys",
+        type=lambda s: [k for k in s.split(",") if k],
+        metavar="NAMES",
+        help="robomimic: comma-separated per-step arrays to convert (default: actions,rewards,dones)",
     )
     p.add_argument("--split", metavar="NAME", help="hf: convert only this split of a dataset dict, to PATH")
     p.add_argument(
@@ -306,10 +320,62 @@ def _extensions(text: str) -> list[str] | str:
     return names
 
 
+#: Options of ``convert`` that apply to some source formats only: flag -> (attribute, its value when not given,
+#: the formats it applies to).
+_FORMAT_FLAGS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
+    "--keys": ("keys", None, ("npz", "hdf5", "robomimic")),
+    "--dataset-keys": ("dataset_keys", None, ("robomimic",)),
+    "--no-check-images": ("check_images", True, ("folder", "list")),
+    "--no-paths": ("keep_paths", True, ("folder", "list")),
+    "--extensions": ("extensions", None, ("folder",)),
+}
+#: Options of ``convert`` that do not apply to a robomimic source: flag -> (attribute, its value when not
+#: given, the name of the option in ``torchrecord.convert``, whose reason is given).
+_NOT_ROBOMIMIC_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "--shuffle": ("shuffle", None, "seed"),
+    "--seed": ("seed", None, "seed"),
+    "--workers": ("workers", None, "num_workers"),
+    "--skip-bad": ("skip_bad", False, "on_error"),
+    "--max-skipped": ("max_skipped", None, "max_skipped"),
+    "--shards": ("shards", None, "num_shards"),
+    "--shard": ("shard", None, "shard"),
+    "--group-by": ("group_by", None, "group_by"),
+    "--schema": ("schema", None, "schema"),
+    "--multiprocessing-context": ("multiprocessing_context", None, "multiprocessing_context"),
+}
+
+
+def _refuse_options(args: argparse.Namespace, fmt: str) -> None:
+    """A one-line ArgumentError for the first option given that does not apply to a ``fmt`` source."""
+    from torchrecord.convert import _NOT_ROBOMIMIC
+
+    for flag, (attr, unset, formats) in _FORMAT_FLAGS.items():
+        if fmt not in formats and getattr(args, attr) != unset:
+            raise ArgumentError(
+                f"{flag} does not apply to a {fmt} source ({args.source}): it is for {_listed(formats)} sources; "
+                "leave it out"
+            )
+    if fmt != "robomimic":
+        return
+    for flag, (attr, unset, name) in _NOT_ROBOMIMIC_FLAGS.items():
+        value = getattr(args, attr)
+        if value != unset and not (flag == "--shuffle" and value is False):  # --no-shuffle is what it does
+            raise ArgumentError(
+                f"{flag} does not apply to a robomimic source ({args.source}): {_NOT_ROBOMIMIC[name]}; leave it out"
+            )
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def _convert(args: argparse.Namespace) -> int:
-    from torchrecord.convert import convert
+    from torchrecord.convert import convert, detect_format
     from torchrecord.convert.images import IMG_EXTENSIONS
 
+    fmt = detect_format(args.source) if args.format == "auto" else args.format
+    _refuse_options(args, fmt)
     if (args.shards is None) != (args.shard is None):
         raise ArgumentError("give both --shards N and --shard I, or neither")
     if args.shards is not None and args.shard >= args.shards:
@@ -323,15 +389,16 @@ def _convert(args: argparse.Namespace) -> int:
         result = convert(
             args.source,
             args.path,
-            format=args.format,
+            format=fmt,
             keys=args.keys,
             split=args.split,
+            dataset_keys=args.dataset_keys,
             check_images=args.check_images,
             extensions=extensions,
             keep_paths=args.keep_paths,
-            shuffle=args.shuffle,
-            seed=args.seed,
-            num_workers=args.workers,
+            shuffle=args.shuffle is not False,
+            seed=args.seed if args.seed is not None else 0,
+            num_workers=args.workers or 0,
             on_error="skip" if args.skip_bad else "raise",
             max_skipped=args.max_skipped,
             overwrite=args.overwrite,
@@ -360,12 +427,20 @@ def _convert(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, rf: Any, started: float) -> None:
     """What one converted set holds (a dataset dict gives one set per split)."""
     meta = rf.metadata
-    order = f"shuffled with seed {meta['seed']}" if meta.get("shuffled") else "in source order"
-    print(
-        f"wrote {rf.path}: {len(rf)} samples from {args.source} ({rf.user_metadata.get('source_format')}), "
-        f"{order}, {meta.get('skipped', 0)} skipped, {_size(os.path.getsize(rf.path))}, "
-        f"{time.perf_counter() - started:.1f} s"
-    )
+    took = f"{_size(os.path.getsize(rf.path))}, {time.perf_counter() - started:.1f} s"
+    robomimic = rf.user_metadata.get("robomimic")
+    if isinstance(robomimic, dict):
+        demos = len(robomimic.get("demos") or ())
+        print(
+            f"wrote {rf.path}: {len(rf)} steps from {demos} demos of {args.source} (robomimic), in robomimic's "
+            f"demo order, {took}"
+        )
+    else:
+        order = f"shuffled with seed {meta['seed']}" if meta.get("shuffled") else "in source order"
+        print(
+            f"wrote {rf.path}: {len(rf)} samples from {args.source} ({rf.user_metadata.get('source_format')}), "
+            f"{order}, {meta.get('skipped', 0)} skipped, {took}"
+        )
     compressed = {name: c["codec"] for name, c in (meta.get("compression") or {}).items() if c.get("applied")}
     if compressed:
         print("compressed: " + ", ".join(f"{name} ({codec})" for name, codec in compressed.items()))
@@ -411,6 +486,7 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
     if scan is None:  # a sharded (perhaps remote) set is never scanned unless asked
         scan = size <= SCAN_LIMIT and rf.num_shards == 1
     payload = payload_bytes(rf, scan=scan)
+    compression = meta.get("compression") or {}
     fields = [
         {
             "name": f.name,
@@ -418,10 +494,16 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
             "dtype": f.dtype,
             "shape": list(f.shape),
             "fixed": f.is_fixed,
-            "compression": f.compression,
+            # a sharded set's schema does not say it: its manifest's compression map does
+            "compression": f.compression or _applied(compression.get(f.name)),
+            "compression_level": (compression.get(f.name) or {}).get("level"),
         }
         for f in rf.schema.fields
     ]
+    for f in fields:
+        if f["compression"] is None:
+            f["compression_level"] = None
+    groups = meta.get("groups")
     from torchrecord._write.autopack import choose
 
     auto = choose(rf.schema, 4096, meta.get("checksum") is not None) if len(rf) else 1
@@ -436,8 +518,11 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
         "payload_bytes": payload,
         "size_ratio": round(size / payload, 3) if payload else None,
         "shards": rf.num_shards,
+        "groups": int(groups) if groups is not None else None,
+        "group_by": meta.get("group_by"),
         "set_id": rf.set_id,
         "format_version": meta.get("format_version"),
+        "manifest_version": meta.get("manifest_version"),
         "library_version": meta.get("library_version"),
         "shuffled": meta.get("shuffled"),
         "seed": meta.get("seed"),
@@ -446,6 +531,13 @@ def _describe_set(path: str, cache_dir: str | None = None, scan: bool | None = N
         "skipped": meta.get("skipped", 0),
         "user_metadata": rf.user_metadata,
     }
+
+
+def _applied(report: Any) -> str | None:
+    """The codec of a compression report (metadata or manifest) when it was applied, else None."""
+    if isinstance(report, dict) and report.get("applied") and isinstance(report.get("codec"), str):
+        return str(report["codec"])
+    return None
 
 
 def _jsonable(value: Any) -> Any:
@@ -484,6 +576,19 @@ def _size_line(d: dict[str, Any]) -> str:
     return line
 
 
+def _format_line(d: dict[str, Any]) -> str:
+    """The format versions: of the record set, or of a sharded set's manifest and its shards."""
+    written = f"torchrecord {d['library_version']}"
+    if d["manifest_version"] is None:  # one record-set file
+        return f"version {d['format_version']}, written by {written}"
+    shards = (
+        f"shards of format version {d['format_version']}"
+        if d["format_version"] is not None
+        else "the shards' format version is not in the manifest (finalized by an older torchrecord)"
+    )
+    return f"sharded-set manifest version {d['manifest_version']}, {shards}, finalized by {written}"
+
+
 def _info(args: argparse.Namespace) -> int:
     d = _describe_set(args.path, args.cache_dir, args.scan)
     if args.json:
@@ -494,19 +599,21 @@ def _info(args: argparse.Namespace) -> int:
         ("path", d["path"]),
         ("samples", f"{d['count']}{per_record}" + (f" ({d['skipped']} skipped at write)" if d["skipped"] else "")),
         ("shards", f"{d['shards']} (a sharded set: one manifest, one record-set file per shard)"),
+        ("groups", f"{d['groups']} (group_by {d['group_by']!r}; torchrecord head --group G shows one)"),
         ("size on disk", _size_line(d)),
-        ("format", f"version {d['format_version']}, written by torchrecord {d['library_version']}"),
+        ("format", _format_line(d)),
         ("order", f"shuffled with seed {d['seed']}" if d["shuffled"] else f"source order (seed {d['seed']})"),
         ("created", d["created"]),
         ("checksums", d["checksum"] or "none"),
     ]
     for label, value in rows:
-        if label != "shards" or d["shards"] > 1:
+        if (label != "shards" or d["shards"] > 1) and (label != "groups" or d["groups"] is not None):
             print(f"{label + ':':<14}{value}")
     print("fields:")
     width = max([len(f["name"]) for f in d["fields"]] + [4])
     for f in d["fields"]:
-        codec = f" ({f['compression']}-compressed)" if f.get("compression") else ""
+        level = f", level {f['compression_level']}" if f.get("compression_level") is not None else ""
+        codec = f" ({f['compression']}-compressed{level})" if f.get("compression") else ""
         print(f"  {f['name']:<{width}}  {f['kind']:<7} {f['dtype']:<9} {_field_shape(f)}{codec}")
     print("user metadata:" + ("" if d["user_metadata"] else " none"))
     for key, value in d["user_metadata"].items():
@@ -524,11 +631,20 @@ def _add_head(commands: Any) -> None:
         _head,
         "show the first samples: per field dtype, shape and a preview of values",
         "Show N samples from index I in stored (shuffled) order: for each field its kind, "
-        "dtype, shape and a short preview of its values.",
+        "dtype, shape and a short preview of its values. With --group G, the samples of group G "
+        "of a grouped set (I then counts within the group).",
     )
     p.add_argument("path", metavar="PATH", help=_PATH_HELP)
     p.add_argument("-n", type=_positive, default=5, metavar="N", help="how many samples (default: 5)")
     p.add_argument("--index", type=int, default=0, metavar="I", help="first sample index; negative counts from the end")
+    p.add_argument(
+        "--group",
+        type=int,
+        default=None,
+        metavar="G",
+        help="show the samples of group G (its stored index, as RecordFile.group takes; negative counts from "
+        "the end) of a set written with group_by",
+    )
     _add_cache(p)
 
 
@@ -554,16 +670,28 @@ def _head(args: argparse.Namespace) -> int:
     from torchrecord._shards.open import open_set
 
     rf = open_set(args.path, cache_dir=args.cache_dir)
-    n = len(rf)
+    first, n = 0, len(rf)
+    where = "the set"
+    if args.group is not None:
+        offsets = rf.groups
+        if offsets is None:
+            raise ArgumentError(f"{rf.path}: has no groups (it was written without group_by); leave --group out")
+        count = len(offsets) - 1
+        g = args.group + count if args.group < 0 else args.group
+        if not 0 <= g < count:
+            raise ArgumentError(f"{rf.path}: group {args.group} is out of range; the set holds {count} groups")
+        first, n = int(offsets[g]), int(offsets[g + 1] - offsets[g])
+        where = f"group {g}"
+        print(f"group {g}: {n} sample{'s' if n != 1 else ''}, stored at {first} .. {first + n - 1}")
     if n == 0:  # an empty listing, like head of an empty file
         print(f"{rf.path}: no samples", file=sys.stderr)
         return 0
     start = args.index + n if args.index < 0 else args.index
     if not 0 <= start < n:
-        raise ArgumentError(f"{rf.path}: index {args.index} is out of range; the set holds {n} samples")
+        raise ArgumentError(f"{rf.path}: index {args.index} is out of range; {where} holds {n} samples")
     names = rf.schema.names
     width = max(len(name) for name in names)
-    for index in range(start, min(n, start + args.n)):
+    for index in range(first + start, first + min(n, start + args.n)):
         print(f"sample {index}:")
         for name, leaf in zip(names, flatten(rf[index])[1]):
             print(f"  {name:<{width}}  {_preview(leaf)}")

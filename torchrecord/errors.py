@@ -34,8 +34,9 @@ or ``except ValueError`` keeps working::
                                                             user's, writable by others, a symlink)
 
     TorchRecordWarning           (a UserWarning)
-    ├── VariableShapeWarning                               a field's shape changed during a write
-    └── IgnoredOptionWarning                               an option has no effect on this source
+    ├── VariableShapeWarning                               a field's shape changed during a write, or differs in a mix
+    ├── IgnoredOptionWarning                               an option has no effect on this source
+    └── MissingDatasetKeyWarning                           a robomimic dataset key the source lacks reads as zeros
 
 Messages name the file, the record (or sample) index and the field where they
 are known, and say what to do about it.
@@ -61,6 +62,7 @@ __all__ = [
     "IndexOutOfRangeError",
     "InternalError",
     "LoaderMismatchError",
+    "MissingDatasetKeyWarning",
     "MissingDependencyError",
     "NotARecordSetError",
     "RecordExistsError",
@@ -132,15 +134,19 @@ class SampleValueError(TorchRecordError, ValueError):
     """A sample holds a value the format cannot store, named by its field.
 
     For example an int beyond int64, an array of rank above 32, bool data that
-    holds bytes other than 0 and 1, or no value for the ``group_by`` field.
+    holds bytes other than 0 and 1, or no value for the ``group_by`` field. A
+    write raises it itself, naming the file, the sample and the field
+    (``on_error="skip"`` leaves such samples out), never as a SourceError.
     """
 
 
 class SampleTypeError(TorchRecordError, TypeError):
     """A sample holds a leaf of a type the format cannot store, named by its field.
 
-    For example a set, an unsupported dtype, a dict with keys that are not str,
-    nesting deeper than 32 levels, or a group key that is not one hashable value.
+    For example None, a set, an unsupported dtype, a dict with keys that are not
+    str, nesting deeper than 32 levels, or a group key that is not one hashable
+    value. A write raises it itself, naming the file, the sample and the field
+    (``on_error="skip"`` leaves such samples out), never as a SourceError.
     """
 
 
@@ -201,8 +207,9 @@ class SchemaError(TorchRecordError, ValueError):
 
 
 class SourceError(TorchRecordError):
-    """The source failed: it raised at sample i (the cause is chained), or as a whole
-    it cannot be read (missing path, empty folder, arrays of different lengths)."""
+    """The source failed: it raised at sample i (its exception is the ``__cause__``, with its
+    traceback; not in the message), or as a whole it cannot be read (missing path, empty folder,
+    arrays of different lengths), or too many samples failed under ``on_error="skip"``."""
 
 
 class WriteError(TorchRecordError, OSError):
@@ -239,14 +246,25 @@ class TorchRecordWarning(UserWarning):
 
 
 class VariableShapeWarning(TorchRecordWarning):
-    """A field's shape changed during a write that did not state it (``schema=``).
+    """A field's shape changed during a write that did not state it (``schema=``),
+    or differs between the sources of a ``MixedDataset``.
 
-    The set is written with that dimension variable (``None``): batch mode then
-    gives lists for the field instead of one stacked tensor, and the fast path
-    is off. State the shape with ``schema=`` to accept it silently, or fix the
-    source.
+    The set is written (or the mix read) with that dimension variable (``None``):
+    batch mode then gives lists for the field instead of one stacked tensor, and
+    the fast path is off. State the shape with ``schema=`` to accept it silently,
+    or fix the source. A mix's warning names the field and each source's shape;
+    a DataLoader batching single samples of such a mix fails in ``torch.stack``.
     """
 
 
 class IgnoredOptionWarning(TorchRecordWarning):
     """An option was given that has no effect on this source (e.g. ``num_workers`` with an iterator)."""
+
+
+class MissingDatasetKeyWarning(TorchRecordWarning):
+    """A dataset key asked of a converted robomimic set is absent from its source file.
+
+    ``SequenceDataset`` and ``WindowDataset`` then give float32 zeros ``[T, 1]``
+    for it under a frame cache mode, as robomimic 0.3.0 does; leave the key out
+    of ``dataset_keys`` to silence it.
+    """

@@ -30,10 +30,13 @@ class LoaderOptions:
         shuffle_buffer: samples held by the shuffle buffer of torchrecord and WebDataset.
         samples_per_record: K for the ``torchrecord-packed`` variant; ``0`` picks K
             from the sample size (records of about 16 KiB).
+        transform_us: a per-sample transform that spins this many microseconds, given
+            to the torchrecord loaders (0: none): the stand-in for decoding or augmenting.
     """
 
     shuffle_buffer: int = 2048
     samples_per_record: int = 0
+    transform_us: float = 0.0
 
 
 def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
@@ -43,13 +46,18 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
         NpyFolderLoader(),
         LmdbPickleLoader(),
         WebDatasetLoader(opts.shuffle_buffer),
-        TorchRecordLoader("torchrecord", batch_mode=False, shuffle_buffer=opts.shuffle_buffer),
-        TorchRecordLoader("torchrecord-batch", batch_mode=True, shuffle_buffer=opts.shuffle_buffer),
+        TorchRecordLoader(
+            "torchrecord", batch_mode=False, shuffle_buffer=opts.shuffle_buffer, transform_us=opts.transform_us
+        ),
+        TorchRecordLoader(
+            "torchrecord-batch", batch_mode=True, shuffle_buffer=opts.shuffle_buffer, transform_us=opts.transform_us
+        ),
         TorchRecordLoader(
             "torchrecord-packed",
             batch_mode=True,
             samples_per_record=opts.samples_per_record,
             shuffle_buffer=opts.shuffle_buffer,
+            transform_us=opts.transform_us,
         ),
         RawLmdbLimit(),
         RawLmdbLimit(fresh=True),

@@ -11,7 +11,16 @@ from typing import Any, TypeVar
 
 from benchmarks.workloads import WorkloadData
 
-__all__ = ["Epochs", "Loader", "disk_bytes", "ensure_built", "progress", "read_through"]
+__all__ = [
+    "PERSISTENT_WORKERS",
+    "Epochs",
+    "Loader",
+    "disk_bytes",
+    "ensure_built",
+    "progress",
+    "read_through",
+    "worker_options",
+]
 
 T = TypeVar("T")
 
@@ -118,3 +127,13 @@ def disk_bytes(path: Path) -> int:
     if path.is_file():
         return path.stat().st_blocks * 512
     return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+#: DataLoaders with workers keep them across epochs (``persistent_workers=True``), as a training
+#: loop would; ``python -m benchmarks.run --fresh-workers`` starts them afresh each epoch.
+PERSISTENT_WORKERS = True
+
+
+def worker_options(num_workers: int) -> dict[str, Any]:
+    """The DataLoader keywords for ``num_workers``: the count, and whether workers persist across epochs."""
+    return {"num_workers": num_workers, "persistent_workers": num_workers > 0 and PERSISTENT_WORKERS}

@@ -19,7 +19,7 @@ import lmdb
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.loaders.base import Epochs, Loader, progress
+from benchmarks.loaders.base import Epochs, Loader, progress, worker_options
 from benchmarks.workloads import WorkloadData
 
 __all__ = ["LmdbPickleLoader"]
@@ -117,5 +117,5 @@ class LmdbPickleLoader(Loader):
         assert path is not None
         file = str(path / "data.lmdb")
         dataset = PickledLmdb(file, data.count)
-        loader = DataLoader(dataset, batch_size=data.batch_size, shuffle=True, num_workers=num_workers)
+        loader = DataLoader(dataset, batch_size=data.batch_size, shuffle=True, **worker_options(num_workers))
         return _Epochs(loader, file)

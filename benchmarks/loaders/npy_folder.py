@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.loaders.base import Epochs, Loader, progress
+from benchmarks.loaders.base import Epochs, Loader, progress, worker_options
 from benchmarks.workloads import WorkloadData
 
 __all__ = ["NpyFolderLoader"]
@@ -63,5 +63,5 @@ class NpyFolderLoader(Loader):
 
     def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
         assert path is not None
-        loader = DataLoader(NpyFiles(path), batch_size=data.batch_size, shuffle=True, num_workers=num_workers)
+        loader = DataLoader(NpyFiles(path), batch_size=data.batch_size, shuffle=True, **worker_options(num_workers))
         return _Epochs(loader)

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import inspect
 import math
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 import torchrecord
-from benchmarks.loaders.base import Epochs, Loader
+from benchmarks.loaders.base import Epochs, Loader, worker_options
 from benchmarks.workloads import ArraySamples, WorkloadData
 
 __all__ = [
@@ -72,6 +73,19 @@ def write_records(data: WorkloadData, dest: Path, samples_per_record: int = 1) -
     return path
 
 
+class BusyTransform:
+    """A per-sample transform that spins ``us`` microseconds and returns the sample: decoding's stand-in."""
+
+    def __init__(self, us: float) -> None:
+        self.seconds = us / 1e6
+
+    def __call__(self, sample: Any) -> Any:
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return sample
+
+
 class _Epochs(Epochs):
     def __init__(self, dataset: torchrecord.RecordDataset, loader: DataLoader[Any]) -> None:
         self.dataset = dataset
@@ -93,22 +107,33 @@ class TorchRecordLoader(Loader):
             from the sample size; needs a write_record with ``samples_per_record``).
             ``None`` stores one sample per record.
         shuffle_buffer: RecordDataset's ``shuffle_buffer``.
+        transform_us: a per-sample :class:`BusyTransform` of this many microseconds (0: none).
+
+    Per-sample mode collates with ``torchrecord.collate`` (what the docs recommend with workers).
     """
 
     def __init__(
-        self, name: str, *, batch_mode: bool, samples_per_record: int | None = None, shuffle_buffer: int = 2048
+        self,
+        name: str,
+        *,
+        batch_mode: bool,
+        samples_per_record: int | None = None,
+        shuffle_buffer: int = 2048,
+        transform_us: float = 0.0,
     ) -> None:
         self.name = name
         self.batch_mode = batch_mode
         self.samples_per_record = samples_per_record
         self.shuffle_buffer = shuffle_buffer
+        self.transform_us = transform_us
         mode = (
             "RecordDataset(batch_size=B), DataLoader(batch_size=None)"
             if batch_mode
-            else ("RecordDataset, DataLoader(batch_size=B)")
+            else ("RecordDataset, DataLoader(batch_size=B, collate_fn=torchrecord.collate)")
         )
         packing = "; K samples per record" if samples_per_record is not None else ""
-        self.description = mode + packing
+        busy = f"; a {transform_us:g} us transform per sample" if transform_us else ""
+        self.description = mode + packing + busy
 
     def packing(self, data: WorkloadData) -> int:
         """K, the samples per record this loader stores for ``data`` (1: unpacked)."""
@@ -137,8 +162,17 @@ class TorchRecordLoader(Loader):
     def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
         assert path is not None
         batch = data.batch_size if self.batch_mode else None
+        transform = BusyTransform(self.transform_us) if self.transform_us else None
         dataset = torchrecord.RecordDataset(
-            path / "data.tr", shuffle=True, shuffle_buffer=self.shuffle_buffer, seed=0, batch_size=batch
+            path / "data.tr",
+            shuffle=True,
+            shuffle_buffer=self.shuffle_buffer,
+            seed=0,
+            batch_size=batch,
+            transform=transform,
         )
-        loader_batch = None if self.batch_mode else data.batch_size
-        return _Epochs(dataset, DataLoader(dataset, batch_size=loader_batch, num_workers=num_workers))
+        if self.batch_mode:
+            return _Epochs(dataset, DataLoader(dataset, batch_size=None, **worker_options(num_workers)))
+        collate = getattr(torchrecord, "collate", None)  # older torchrecords (benchmarked as baselines) lack it
+        loader = DataLoader(dataset, batch_size=data.batch_size, collate_fn=collate, **worker_options(num_workers))
+        return _Epochs(dataset, loader)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, default_collate
 
-from benchmarks.loaders.base import Epochs, Loader, progress
+from benchmarks.loaders.base import Epochs, Loader, progress, worker_options
 from benchmarks.workloads import WorkloadData
 
 __all__ = ["WebDatasetLoader"]
@@ -85,4 +85,4 @@ class WebDatasetLoader(Loader):
             .to_tuple("npy", "cls")
             .batched(data.batch_size, collation_fn=default_collate)
         )
-        return _Epochs(DataLoader(dataset, batch_size=None, num_workers=num_workers))
+        return _Epochs(DataLoader(dataset, batch_size=None, **worker_options(num_workers)))

@@ -91,7 +91,9 @@ def test_info_text_and_json(run: Run, make_record: Callable[..., str]) -> None:
         "shape": [3, 4, 4],
         "fixed": True,
         "compression": None,
+        "compression_level": None,
     }
+    assert info["groups"] is None and info["manifest_version"] is None
     assert info["user_metadata"] == {"split": "train", "blob": "\x00\\xff"}  # bytes: UTF-8, backslash-escaped
     assert info["size_bytes"] == os.path.getsize(path)
     assert info["format_version"] == 1 and info["library_version"] == torchrecord.__version__
@@ -295,10 +297,14 @@ def test_convert_takes_the_write_options(run: Run, tmp_path: Path) -> None:
         (None, ["missing_dir", "o.tr"], ["missing_dir: no such file or directory"]),
         ("empty_dir", ["empty_dir", "o.tr"], ["empty_dir: no class folders"]),
         ("empty_dir", ["empty_dir", "o.tr", "--format", "npy"], ["empty_dir: is a directory"]),
-        ("npy", ["x.npy", "o.tr", "--keys", "a"], ["keys (--keys) choose arrays of npz and hdf5 sources"]),
+        (
+            "npy",
+            ["x.npy", "o.tr", "--keys", "a"],
+            ["--keys does not apply to a npy source", "npz, hdf5 and robomimic sources"],
+        ),
         ("npy", ["x.npy", "o.tr", "--format", "folder"], ["x.npy: not a directory"]),
         ("npy", ["x.npy", "no_such_dir/o.tr"], ["parent directory", "does not exist"]),
-        ("empty_dir", ["empty_dir", "o.tr", "--keys", "a"], ["keys (--keys) choose arrays of npz and hdf5"]),
+        ("empty_dir", ["empty_dir", "o.tr", "--keys", "a"], ["--keys does not apply to a folder source"]),
     ],
 )
 def test_convert_errors(

@@ -94,3 +94,65 @@ def test_number_arguments_say_what_they_expect(run: Run, argv: list[str], expect
     code, out, err = run(*argv)
     assert code == 2 and out == ""
     assert expected in err and "_positive" not in err and "_non_negative" not in err
+
+
+# -- issue 27: info on sharded and grouped sets, the compression level, head of one group ------------------
+
+
+def test_info_on_a_sharded_set_gives_the_versions(run: Run, tmp_path: os.PathLike[str]) -> None:
+    import torchrecord
+
+    folder = os.path.join(tmp_path, "shards")
+    for i in range(2):
+        torchrecord.write_shard([{"x": i} for i in range(10)], folder, shard=i, num_shards=2, progress=False)
+    code, out, _ = run("info", folder)
+    assert code == 0 and "None" not in out
+    assert "format:       sharded-set manifest version 1, shards of format version 1, finalized by" in out
+    info = json.loads(run("info", folder, "--json")[1])
+    assert info["format_version"] == 1 and info["manifest_version"] == 1 and info["groups"] is None
+
+
+def test_info_shows_the_groups_and_head_shows_one_group(run: Run, tmp_path: os.PathLike[str]) -> None:
+    import torchrecord
+
+    path = os.path.join(tmp_path, "g.tr")
+    with torchrecord.RecordWriter(path, group_by="episode", progress=False) as w:
+        for episode in range(4):
+            for step in range(episode + 1):
+                w.append({"episode": episode, "step": step})
+    code, out, _ = run("info", path)
+    assert code == 0 and "groups:       4 (group_by 'episode'" in out
+    assert json.loads(run("info", path, "--json")[1])["groups"] == 4
+    rf = torchrecord.RecordFile(path)
+    g = next(i for i in range(4) if len(rf.group(i)) == 3)  # episode 2, wherever the shuffle put it
+    start = int(rf.groups[g])
+    code, out, _ = run("head", path, "--group", str(g))
+    assert code == 0 and f"group {g}: 3 samples, stored at {start} .. {start + 2}" in out
+    assert [line for line in out.splitlines() if line.startswith("sample ")] == [
+        f"sample {start + k}:" for k in range(3)
+    ]
+    assert out.count("episode  int     2") == 3
+    code, out, _ = run("head", path, "--group", str(g), "--index", "-1")
+    assert out.count("sample ") == 1 and f"sample {start + 2}:" in out
+    code, _, err = run("head", path, "--group", "4")
+    assert code == 1 and "group 4 is out of range; the set holds 4 groups" in err
+    plain = torchrecord.write_record([1, 2, 3], os.path.join(tmp_path, "p.tr"), progress=False)
+    code, _, err = run("head", plain.path, "--group", "0")
+    assert code == 1 and "has no groups (it was written without group_by); leave --group out" in err
+
+
+def test_info_shows_the_compression_level(run: Run, tmp_path: os.PathLike[str]) -> None:
+    pytest.importorskip("cramjam")
+    import torchrecord
+
+    rows = [{"x": np.zeros(2000, np.uint8), "s": "text"} for _ in range(20)]
+    path = os.path.join(tmp_path, "c.tr")
+    torchrecord.write_record(rows, path, compression="zstd", compression_level=7, progress=False)
+    out = run("info", path)[1]
+    assert "(zstd-compressed, level 7)" in out
+    fields = {f["name"]: f for f in json.loads(run("info", path, "--json")[1])["fields"]}
+    assert fields["x"]["compression_level"] == 7 and fields["s"]["compression_level"] is None
+    folder = os.path.join(tmp_path, "shards")
+    for i in range(2):
+        torchrecord.write_shard(rows, folder, shard=i, num_shards=2, compression="zstd", progress=False)
+    assert "(zstd-compressed, level 3)" in run("info", folder)[1]  # zstd's default level, from the manifest

@@ -395,7 +395,9 @@ def test_npz_fortran_order_and_keys(tmp_path: Path) -> None:
 def test_numpy_bad_sources(tmp_path: Path) -> None:
     out = tmp_path / "out.tr"
     np.savez(tmp_path / "mismatch.npz", a=np.zeros((5, 2)), b=np.zeros(4))
-    with pytest.raises(SourceError, match=r"disagree in their first \(sample\) dimension: 'a' has 5, 'b' has 4"):
+    with pytest.raises(
+        SourceError, match=r"disagree in their first \(sample\) dimension: 'a' has 5 rows, 'b' has 4 rows"
+    ):
         from_numpy(tmp_path / "mismatch.npz", out)
     rf = from_numpy(tmp_path / "mismatch.npz", out, keys=["a"], progress=False)
     assert len(rf) == 5

@@ -39,9 +39,9 @@ def check_against_source(hdf5: Path, path: Path, obs_keys: list[str] | None = No
                 if "next_obs" not in g:
                     continue
                 if robo.next_obs[k] == "shift":
-                    assert robo.tail_first is not None
-                    tail = records[robo.tail_first + d]
-                    nxt = np.stack([s["obs"][k] for s in steps[1:]] + [tail["obs"][k]])
+                    assert robo.finals is not None and robo.tail_first == len(rf)
+                    final = robo.finals.read(np.array([d]), [f"obs.{k}"], verify=True)[f"obs.{k}"][0]
+                    nxt = np.stack([s["obs"][k] for s in steps[1:]] + [final])
                 else:
                     nxt = np.stack([s["next_obs"][k] for s in steps])
                 np.testing.assert_array_equal(nxt, g[f"next_obs/{k}"][()])
@@ -61,11 +61,11 @@ def test_layout_order_and_metadata(tmp_path: Path, compression: str | None) -> N
     robo = check_against_source(hdf5, tmp_path / "out.tr")
     assert robo.demos == ("demo_0", "demo_3", "demo_5", "demo_12")
     assert robo.lengths.tolist() == [1, 6, 4, 13]
-    # every next_obs is a shift here: stored once, one tail record per demo in a last group
+    # every next_obs is a shift here: stored once, each demo's final frame beside the samples
     assert robo.next_obs == dict.fromkeys(OBS, "shift")
     assert not [n for n in rf.schema.names if n.startswith("next_obs")]
-    assert len(rf) == sum(LENGTHS) + len(LENGTHS)
-    assert rf.groups.tolist() == [0, 1, 7, 11, 24, 28]
+    assert len(rf) == sum(LENGTHS)
+    assert rf.groups.tolist() == [0, 1, 7, 11, 24]
     meta = rf.user_metadata
     assert meta["source_format"] == "robomimic"
     info = meta["robomimic"]
@@ -200,3 +200,117 @@ def test_compressed_conversion_reads_the_same(tmp_path: Path, codec: str) -> Non
     assert every.metadata["compression"]["obs.cam"]["level"] == 5
     with pytest.raises(ValueError, match="unknown compression"):
         from_robomimic(hdf5, tmp_path / "bad.tr", compression="gzip")
+
+
+def _columns(items: list[Any]) -> dict[str, np.ndarray]:
+    """Nested dicts of tensors or arrays (samples [..] or batches [B, ..]) as one array per dotted field."""
+
+    def flat(node: Any, prefix: str, out: dict[str, list[np.ndarray]], batched: bool) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                flat(v, f"{prefix}{k}.", out, batched)
+            return
+        array = np.asarray(node)
+        out.setdefault(prefix[:-1], []).append(array if batched else array[None])
+
+    parts: dict[str, list[np.ndarray]] = {}
+    for item, batched in items:
+        flat(item, "", parts, batched)
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _file_steps(hdf5: Path) -> dict[str, np.ndarray]:
+    """Every step of the file in robomimic's demo order: the demo position, obs keys and dataset keys."""
+    out: dict[str, list[np.ndarray]] = {}
+    with h5py.File(hdf5, "r") as f:
+        for d, demo in enumerate(sorted(f["data"].keys(), key=lambda n: int(n[5:]))):
+            g = f["data"][demo]
+            n = int(g.attrs["num_samples"])
+            out.setdefault("demo", []).append(np.full(n, d, np.int64))
+            for k in OBS:
+                out.setdefault(f"obs.{k}", []).append(g[f"obs/{k}"][()])
+            for k in ("actions", "rewards", "dones"):
+                out.setdefault(k, []).append(g[k][()])
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def _assert_same_steps(got: dict[str, np.ndarray], want: dict[str, np.ndarray], reader: str) -> None:
+    """The same steps, in any order: rows matched by (demo, step) ("pos" holds the step)."""
+    assert sorted(got) == sorted(want), reader
+    assert len(got["demo"]) == len(want["demo"]), (
+        f"{reader}: {len(got['demo'])} steps, the file has {len(want['demo'])}"
+    )
+    order = np.lexsort((got["obs.pos"][:, 1], got["demo"]))
+    for name, column in want.items():
+        np.testing.assert_array_equal(got[name][order], column, err_msg=f"{reader}: {name}")
+
+
+def test_every_reader_gives_exactly_the_files_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No fake steps: the final next_obs frames are kept where no generic reader takes them for steps."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from torchrecord import BatchIter, MixedDataset, RecordDataset, StreamDataset, load
+
+    hdf5 = tmp_path / "demo.hdf5"
+    write_demo_file(hdf5, LENGTHS, ids=IDS)
+    want = _file_steps(hdf5)
+    path = tmp_path / "out.tr"
+    assert main(["convert", str(hdf5), str(path), "-q"]) == 0
+    assert f"{sum(LENGTHS)} steps from {len(LENGTHS)} demos" in capsys.readouterr().out
+    rf = RecordFile(path)
+    assert len(rf) == sum(LENGTHS) and rf.num_groups == len(LENGTHS)
+    _assert_same_steps(_columns([(s, False) for s in rf]), want, "RecordFile")
+    loader = DataLoader(RecordDataset(path, batch_size=5, seed=1), batch_size=None, num_workers=2)
+    _assert_same_steps(_columns([(b, True) for b in loader]), want, "RecordDataset")
+    columns = load(path)
+    _assert_same_steps(_columns([(columns, True)]), want, "load")
+    _assert_same_steps(_columns([(b, True) for b in BatchIter(columns, batch_size=7)]), want, "BatchIter")
+    _assert_same_steps(_columns([(b, True) for b in MixedDataset([path], batch_size=6)]), want, "MixedDataset")
+    frames = []
+    for batch in StreamDataset(path, batch_size=2, steps=3):
+        mask = batch["mask"].bool()
+        frames.append((_map(batch["data"], lambda t: t[mask]), True))  # noqa: B023
+    _assert_same_steps(_columns(frames), want, "StreamDataset")
+    assert isinstance(columns["actions"], torch.Tensor)
+
+
+def _map(node: Any, fn: Any) -> Any:
+    return {k: _map(v, fn) for k, v in node.items()} if isinstance(node, dict) else fn(node)
+
+
+def test_convert_takes_dataset_keys_and_packing_and_refuses_options_of_other_formats(tmp_path: Path) -> None:
+    hdf5 = tmp_path / "demo.hdf5"
+    write_demo_file(hdf5, LENGTHS, ids=IDS)
+    rf = convert(hdf5, tmp_path / "out.tr", dataset_keys=["actions", "states"], samples_per_record=4, progress=False)
+    assert rf.schema.names[-2:] == ["actions", "states"] and rf.samples_per_record == 4
+    check_against_source(hdf5, tmp_path / "out.tr")
+    for option, value in (("keep_paths", False), ("check_images", False), ("extensions", [".png"])):
+        with pytest.raises(ValueError, match=f"{option}=.* does not apply to a robomimic source"):
+            convert(hdf5, tmp_path / "bad.tr", progress=False, **{option: value})
+    np.save(tmp_path / "a.npy", np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"dataset_keys=.* does not apply to a npy source.*robomimic"):
+        convert(tmp_path / "a.npy", tmp_path / "bad.tr", dataset_keys=["actions"])
+    assert not (tmp_path / "bad.tr").exists()
+
+
+def test_packed_and_unpacked_sets_give_the_same_windows(tmp_path: Path) -> None:
+    """Steps packed several per record (the default) read exactly as one per record."""
+    from torchrecord import SequenceDataset
+
+    hdf5 = tmp_path / "demo.hdf5"
+    write_demo_file(hdf5, LENGTHS, ids=IDS, next_obs="noshift")
+    packed = from_robomimic(hdf5, tmp_path / "packed.tr", progress=False)
+    one = from_robomimic(hdf5, tmp_path / "one.tr", progress=False, samples_per_record=1)
+    assert packed.samples_per_record > 1 and one.samples_per_record == 1
+    for cache in (None, "low_dim"):
+        kw: dict[str, Any] = dict(seq_length=3, goal_mode="last", frame_cache=cache)
+        a = SequenceDataset(packed, list(OBS), ["actions", "dones"], **kw)
+        b = SequenceDataset(one, list(OBS), ["actions", "dones"], **kw)
+        assert len(a) == len(b) == sum(LENGTHS)
+        for i in range(len(a)):
+            x, y = a[i], b[i]
+            for group in ("obs", "next_obs", "goal_obs"):
+                for k in OBS:
+                    np.testing.assert_array_equal(x[group][k], y[group][k])
+            np.testing.assert_array_equal(x["actions"], y["actions"])

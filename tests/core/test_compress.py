@@ -195,10 +195,17 @@ def test_bad_options(tmp_path: Path, kwargs: dict[str, Any], error: type[Excepti
 
 
 def test_strings_named_for_compression_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="field 'w' is str"):
+    with pytest.raises(ValueError, match=r"field 'w' is str; only numeric .*leave 'w' out of the dict"):
         write_record([{"w": "abc"}] * 3, tmp_path / "s.tr", compression={"w": "zstd"}, progress=False)
     rf = write_record([{"w": "abc" * 100, "x": np.zeros(500, np.uint8)}] * 3, tmp_path / "t.tr", compression="zstd")
     assert [f.compression for f in rf.schema.fields] == [None, "zstd"]
+
+
+def test_compression_for_every_field_leaves_strings_out_of_the_report(tmp_path: Path) -> None:
+    rows = [{"w": "abc" * 100, "b": b"x" * 300, "x": np.zeros(500, np.uint8)}] * 3
+    rf = write_record(rows, tmp_path / "t.tr", compression="zstd", progress=False)
+    assert list(rf.metadata["compression"]) == ["x"]  # not candidates: not reported as "not applied"
+    assert rf.metadata["compression"]["x"]["applied"]
 
 
 def _damage(path: str, record: int) -> None:

@@ -21,7 +21,7 @@ from torchrecord import MixedDataset, RecordFile, loader_position, write_record
 from torchrecord._mix.mixer import window_target
 from torchrecord._mix.source import Chunk, FileSource
 from torchrecord._order.mix_plan import order_block, reader_units, source_seed, stream_runs
-from torchrecord.errors import SchemaError
+from torchrecord.errors import SchemaError, VariableShapeWarning
 
 SIZES = [37, 100, 64, 150]
 TOTAL = sum(SIZES)
@@ -224,6 +224,70 @@ def test_until_all_and_first_exhausted(sets: list[str]) -> None:
     ds = MixedDataset(sets, weights="uniform", stop="first_exhausted", draw_size=4)
     got = Counter(x // 10_000 for x in _epoch(ds))
     assert got == {0: 37, 1: 37, 2: 37, 3: 37}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_all_once_with_uniform_weights_reads_every_sample_once(sets: list[str], workers: int) -> None:
+    """issue 27 item 6: stop="all_once" does what its name says for any weights (uniform gave equal counts)."""
+    seen: list[int] = []
+    for rank in range(2):
+        ds = MixedDataset(sets, weights="uniform", rank=rank, world_size=2, batch_size=8, draw_size=4)
+        assert ds.counts == SIZES
+        extra: dict[str, Any] = {"multiprocessing_context": "fork"} if workers else {}
+        seen += _epoch(DataLoader(ds, batch_size=None, num_workers=workers, **extra))
+    assert_exactly_once(_as_index(seen), TOTAL, pad=TOTAL % 2)
+    # the uniform rates: the smallest source (37) is used up within the first ~40% of the epoch
+    order = _epoch(MixedDataset(sets, weights="uniform", draw_size=4, shuffle=False))
+    first = [x // 10_000 for x in order[: 4 * 37 + 8]]
+    assert Counter(first)[0] >= 30
+
+
+def test_all_once_with_weights_resumes_elastically(sets: list[str]) -> None:
+    kw: dict[str, Any] = dict(weights=[3, 1, 1, 1], batch_size=8, draw_size=4, shuffle_buffer=32)
+    states, before = [], []
+    for rank in range(2):
+        ds = MixedDataset(sets, rank=rank, world_size=2, **kw)
+        it = iter(ds)
+        for _ in range(4):
+            before += _labels(next(it))
+        states.append(ds.state_dict())
+    position = json.loads(json.dumps(loader_position(states)))
+    assert position["rates"] == ["1/2", "1/6", "1/6", "1/6"]
+    ds = MixedDataset(sets, **kw)
+    ds.load_state_dict(position)
+    assert_exactly_once(_as_index(before + _epoch(ds)), TOTAL)
+    with pytest.raises(ValueError, match="rates"):
+        MixedDataset(sets, **{**kw, "weights": [1, 1, 1, 1]}).load_state_dict(position)
+
+
+@pytest.mark.parametrize(
+    ("context", "batch_size", "persistent"), [("fork", 8, False), ("fork", None, False), ("spawn", 8, True)]
+)
+def test_stats_in_the_main_process_add_up_the_workers(
+    sets: list[str], context: str, batch_size: int | None, persistent: bool
+) -> None:
+    """issue 27 item 7: stats() after an epoch through DataLoader workers holds the workers' figures."""
+    ds = MixedDataset(sets, weights=[1, 0, 2, 1], epoch_size=200, draw_size=4, batch_size=batch_size)
+    assert ds.stats()["samples"] == {} and ds.stats()["workers"] == 0
+    loader = DataLoader(
+        ds,
+        batch_size=None if batch_size else 5,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=persistent,
+    )
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        assert sum(len(b[1]) for b in loader) == 200
+        stats = ds.stats()
+        assert stats["workers"] == 2
+        assert stats["samples"] == dict(zip(ds.names, [50, 0, 100, 50]))
+        assert stats["share"][ds.names[2]] == pytest.approx(0.5)
+        assert sum(stats["draws_read"].values()) >= 200 // 4 and stats["draws_read"][ds.names[1]] == 0
+        assert stats["first_batch_seconds"] is not None and stats["first_batch_seconds"] > 0
+    # the main process iterating the dataset itself afterwards: its own figures again
+    first = next(iter(ds))
+    assert first is not None and ds.stats()["workers"] == 0
 
 
 # -- reproducibility --------------------------------------------------------------------------
@@ -460,9 +524,12 @@ def test_state_is_small_plain_and_checked(sets: list[str], tmp_path: Path) -> No
         ds.load_state_dict({**state, "version": 99})
     with pytest.raises(ValueError, match=r"set_epoch\(4\)"):
         ds.load_state_dict({**state, "epoch": 4})
-    reweighted = MixedDataset(sets, weights="uniform", batch_size=8, draw_size=4)
-    with pytest.raises(ValueError, match="counts="):
+    reweighted = MixedDataset(sets, weights="uniform", batch_size=8, draw_size=4)  # all_once: same counts, rates
+    with pytest.raises(ValueError, match="rates="):
         reweighted.load_state_dict(state)
+    longer = MixedDataset(sets, weights="uniform", stop="until_all", batch_size=8, draw_size=4)
+    with pytest.raises(ValueError, match="counts="):
+        longer.load_state_dict(state)
     with pytest.raises(ValueError, match="rank 0, worker 1"):
         loader_position([{**state, "num_workers": 2}])
 
@@ -486,10 +553,30 @@ def test_schema_mismatch_names_both_files_and_the_field(sets: list[str], tmp_pat
 def test_sizes_that_differ_become_variable(sets: list[str], tmp_path: Path) -> None:
     bigger = tmp_path / "bigger.tr"
     write_record([(torch.full((3, 8, 8), 9, dtype=torch.uint8), 90_000 + i) for i in range(6)], bigger, progress=False)
-    ds = MixedDataset([sets[0], str(bigger)], batch_size=5, draw_size=2)
+    with pytest.warns(VariableShapeWarning, match="shapes differ"):
+        ds = MixedDataset([sets[0], str(bigger)], batch_size=5, draw_size=2)
     batches = list(ds)
     images = [im for b in batches for im in b[0]]
     assert sorted(tuple(im.shape) for im in images) == [(3, 4, 4)] * 37 + [(3, 8, 8)] * 6
+
+
+def test_sources_whose_shapes_differ_are_named_in_a_warning(tmp_path: Path) -> None:
+    """issue 27 item 5: a field float32[4] in one source and float32[5] in another is not merged silently."""
+    paths = {}
+    for name, width in (("four", 4), ("also_four", 4), ("five", 5)):
+        paths[name] = str(tmp_path / f"{name}.tr")
+        samples = [{"x": np.full(width, i, np.float32), "y": i} for i in range(20)]
+        write_record(samples, paths[name], progress=False)
+    for mode in ({"batch_size": 8}, {}):
+        with pytest.warns(VariableShapeWarning) as caught:
+            MixedDataset(paths, **mode)  # type: ignore[arg-type]
+        assert len(caught) == 1  # one warning for the one field that differs ("y" agrees)
+        message = str(caught[0].message)
+        assert "field 'x'" in message and "four [4]" in message and "five [5]" in message
+        assert "also_four [4]" in message and "[None]" in message and "torch.stack" in message
+        assert caught[0].filename == __file__  # points at the user's line
+    # sources that agree: no warning (pytest turns warnings into errors here)
+    MixedDataset({k: paths[k] for k in ("four", "also_four")}, batch_size=8)
 
 
 def test_arguments_are_checked(sets: list[str]) -> None:
@@ -684,6 +771,23 @@ def test_mixed_len_loader_is_exact_per_sample_with_workers(
     batches = list(loader)
     assert len(batches) == promised == len(loader) == -(-229 // loader_batch)
     assert sum(len(b[1]) for b in batches) == 229
+
+
+@pytest.mark.parametrize(("workers", "loader_batch"), [(2, 6), (3, 10), (3, 4)])
+@pytest.mark.parametrize("loader_drop_last", [False, True])
+def test_mixed_len_loader_equals_the_batches_yielded_on_every_rank(
+    sets: list[str], workers: int, loader_batch: int, loader_drop_last: bool
+) -> None:
+    """issue 27 item 4: per-sample mode with workers, len(loader) was 57 and the loader yielded 58."""
+    for rank in range(2):
+        ds = MixedDataset(
+            sets, rank=rank, world_size=2, draw_size=4, shuffle_buffer=64, loader_batch_size=loader_batch, seed=rank
+        )
+        loader = DataLoader(ds, batch_size=loader_batch, num_workers=workers, drop_last=loader_drop_last)
+        batches = list(loader)
+        assert len(batches) == len(loader) == ds.check_loader(loader), (rank, len(batches), len(loader))
+        per_rank = -(-TOTAL // 2)
+        assert len(batches) == (per_rank // loader_batch if loader_drop_last else -(-per_rank // loader_batch))
 
 
 def test_mixed_check_loader_refuses_a_loader_that_miscounts(sets: list[str]) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers import assert_exactly_once
 from torchrecord._order.mix_plan import (
+    draw_rates,
     epoch_counts,
     normalize_weights,
     order_block,
@@ -57,11 +58,35 @@ def test_all_once_with_size_weights_is_every_sample_once() -> None:
     assert epoch_counts(SIZES, _w("size"), "all_once") == SIZES
 
 
-def test_all_once_with_other_weights_keeps_the_length() -> None:
-    weights = _w("uniform")
-    counts = epoch_counts(SIZES, weights, "all_once")
-    _check_largest_remainder(counts, weights, sum(SIZES))
-    assert max(counts) - min(counts) <= 1
+def test_all_once_reads_every_sample_once_for_any_weights() -> None:
+    """issue 27 item 6: uniform weights over 300/600/900 gave 600/600/600."""
+    assert epoch_counts([300, 600, 900], _w("uniform", [300, 600, 900]), "all_once") == [300, 600, 900]
+    assert epoch_counts(SIZES, _w([1, 0, 2, 5, 1]), "all_once") == [37, 0, 64, 250, 1]  # weight 0: left out
+
+
+def test_all_once_with_other_weights_draws_at_the_weights_rates_while_sources_last() -> None:
+    sizes = [300, 600, 900]
+    weights = _w("uniform", sizes)
+    counts = epoch_counts(sizes, weights, "all_once")
+    rates = draw_rates(counts, weights)
+    assert rates == ["1/3", "1/3", "1/3"]
+    plan = plan_epoch(counts, block=10, seed=4, epoch=2, rates=rates)
+    by_position = np.repeat(plan.source, plan.length)
+    assert plan.total == 1800 and Counter(by_position.tolist()) == {0: 300, 1: 600, 2: 900}
+    # thirds until the 300 run out (after 900 samples), then halves until 600 more, then the last source alone
+    for lo, hi, want in ((0, 900, [300, 300, 300]), (900, 1500, [0, 300, 300]), (1500, 1800, [0, 0, 300])):
+        got = np.bincount(by_position[lo:hi], minlength=3)
+        assert np.abs(got - want).max() <= 10, (lo, hi, got)  # one draw of jitter at each end
+    for s in range(3):  # each source's draws still come in stream order
+        mine = plan.stream[plan.source == s]
+        assert mine.tolist() == sorted(mine.tolist())
+
+
+def test_size_weights_and_other_stops_keep_the_even_plan() -> None:
+    assert draw_rates(SIZES, _w("size")) is None
+    assert draw_rates([0, 10, 20], _w([0, 1, 2], [5, 10, 20])) is None  # proportional to the counts
+    even = plan_epoch(SIZES, block=4, seed=1, epoch=0)
+    assert plan_epoch(SIZES, block=4, seed=1, epoch=0, rates=None).source.tolist() == even.source.tolist()
 
 
 @pytest.mark.parametrize("case", range(60))

@@ -87,11 +87,13 @@ def test_for_parent_picks_by_size() -> None:
     assert type(pickle.loads(ForkingPickler.dumps(marked))) is dict
     assert type(for_parent([torch.zeros(2), torch.ones(2)])).__name__ == "_ByValue"
     middle = {"a": torch.zeros(BY_VALUE_LIMIT // 4 + 1), "b": torch.ones(2)}
-    packed = for_parent(middle)
-    assert isinstance(packed, dict)
-    assert packed["a"].untyped_storage().data_ptr() == packed["b"].untyped_storage().data_ptr()
-    big = {"a": torch.zeros(PACK_LIMIT // 4 + 1), "b": torch.zeros(3)}
-    assert for_parent(big)["a"] is big["a"]
+    slotted = for_parent(middle)  # above the limit: a shared-memory slot (a dict still)
+    assert isinstance(slotted, dict) and type(slotted).__name__ == "_SlotDict"
+    back = pickle.loads(ForkingPickler.dumps(slotted))
+    assert type(back) is dict and torch.equal(back["a"], middle["a"]) and torch.equal(back["b"], middle["b"])
+    big = {"a": torch.arange(PACK_LIMIT // 4 + 1, dtype=torch.float32), "b": torch.zeros(3)}
+    back = pickle.loads(ForkingPickler.dumps(for_parent(big)))
+    assert torch.equal(back["a"], big["a"])
     assert for_parent({"n": 1, "s": "text"}) == {"n": 1, "s": "text"}  # no tensors: as it is
 
 

@@ -13,7 +13,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from tests.helpers import assert_exactly_once
 from torchrecord import RecordDataset, loader_position, write_record
 from torchrecord._read.reader import ShareReader
-from torchrecord.errors import ResumeStateError
+from torchrecord.errors import ArgumentError, ResumeStateError
 
 COUNT = 301
 
@@ -158,6 +158,25 @@ def test_plain_dataloader_position_after(sets: dict[int, str]) -> None:
             ds2.load_state_dict(ds2.position_after(step, num_workers=3, loader_batch_size=loader_batch))
             rest = _epoch(DataLoader(ds2, batch_size=loader_batch, num_workers=3))
             assert full[:step] + rest == full, (batch_size, step)
+
+
+def test_position_after_per_sample_refuses_a_count_without_its_unit(sets: dict[int, str]) -> None:
+    """issue 27 item 3: per-sample mode with no loader_batch_size anywhere would read the step as samples."""
+    ds = RecordDataset(sets[1], shuffle_buffer=64)
+    with pytest.raises(ArgumentError, match=r"loader_batch_size=B") as info:
+        ds.position_after(4, num_workers=2)
+    assert sets[1] in str(info.value) and "DataLoader's batch_size" in str(info.value)
+    with pytest.raises(ArgumentError, match="leave loader_batch_size out"):
+        RecordDataset(sets[1], batch_size=16).position_after(4, num_workers=2, loader_batch_size=16)
+    with pytest.raises(ArgumentError, match="differs from the dataset's loader_batch_size=16"):
+        RecordDataset(sets[1], loader_batch_size=16).position_after(4, num_workers=2, loader_batch_size=8)
+    with pytest.raises(ArgumentError, match="integer >= 1"):
+        ds.position_after(4, num_workers=2, loader_batch_size=0)
+    # a DataLoader that yields single samples: loader_batch_size=1 counts them
+    full = [int(x[1]) for x in DataLoader(ds, batch_size=None, num_workers=2)]
+    ds2 = RecordDataset(sets[1], shuffle_buffer=64)
+    ds2.load_state_dict(ds2.position_after(37, num_workers=2, loader_batch_size=1))
+    assert full[:37] + [int(x[1]) for x in DataLoader(ds2, batch_size=None, num_workers=2)] == full
 
 
 # -- elastic -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from tests.robomimic_files import DATASET, IMAGES, LOW_DIM, write_demo_file
 from torchrecord import SequenceDataset
 from torchrecord.convert import from_robomimic
+from torchrecord.errors import MissingDatasetKeyWarning
 
 robomimic_dataset = pytest.importorskip("robomimic.utils.dataset")
 obs_utils = pytest.importorskip("robomimic.utils.obs_utils")
@@ -152,10 +153,41 @@ def test_missing_dataset_key_reads_zeros_under_a_cache(demo_set: tuple[str, str]
     """A key no demo has: robomimic gives float32 zeros [T, 1] under a cache mode and fails without one."""
     params = _params(1, 3, True, True, False, None, True, cache, None)
     params["dataset_keys"] = ["actions", "absent"]
-    check_against_oracle(demo_set, **params)
+    with pytest.warns(MissingDatasetKeyWarning, match="no dataset key 'absent'") if cache else _no_warning():
+        check_against_oracle(demo_set, **params)
     if cache is not None:
-        item = SequenceDataset(demo_set[1], **params)[0]
+        with pytest.warns(MissingDatasetKeyWarning):
+            item = SequenceDataset(demo_set[1], **params)[0]
         assert item["absent"].dtype == np.float32 and item["absent"].shape == (3, 1) and not item["absent"].any()
+
+
+@contextlib.contextmanager
+def _no_warning() -> Any:
+    yield
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_a_dataset_key_the_source_lacks_reads_zeros_like_robomimic(
+    demo_set: tuple[str, str], cache: str | None
+) -> None:
+    """A key named only when reading, absent from the file: robomimic's zeros (with a warning), not "convert again"."""
+    params = _params(2, 4, True, True, True, "last", True, cache, None)
+    params["dataset_keys"] = ["never_there", "actions"]
+    with (
+        pytest.warns(MissingDatasetKeyWarning, match="source file has no dataset key 'never_there'")
+        if cache
+        else (_no_warning())
+    ):
+        check_against_oracle(demo_set, **params)
+    if cache is None:
+        with pytest.raises(ValueError, match=r"source file has no dataset key 'never_there'.*frame_cache='low_dim'"):
+            SequenceDataset(demo_set[1], **params)
+
+
+def test_a_dataset_key_in_the_source_but_not_converted_says_convert_again(demo_set: tuple[str, str]) -> None:
+    """ "states" is in every demo of the file but was not converted: robomimic would read it, so convert again."""
+    with pytest.raises(ValueError, match=r"'states' is in the source file but was not converted.*convert again"):
+        SequenceDataset(demo_set[1], OBS_KEYS, ["actions", "states"])
 
 
 def test_too_short_demo_names_demo_and_minimum(demo_set: tuple[str, str]) -> None:

@@ -30,6 +30,14 @@ def demo_set(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(root / "demo.tr")
 
 
+@pytest.fixture(scope="module")
+def unpacked_set(demo_set: str) -> str:
+    """The same demos with one step per record, so that records read count frames."""
+    root = Path(demo_set).parent
+    from_robomimic(root / "demo.hdf5", root / "unpacked.tr", progress=False, samples_per_record=1)
+    return str(root / "unpacked.tr")
+
+
 def window_ids(batch: dict[str, Any], frame_stack: int) -> list[tuple[int, int]]:
     """(demo, centre frame) of each window of a batch: "pos" holds (demo, step) and the centre is never padding."""
     pos = batch["obs"]["pos"]
@@ -165,9 +173,10 @@ def test_order_changes_per_epoch_and_repeats_for_a_seed(demo_set: str) -> None:
     assert abs(np.corrcoef(shuffled, np.arange(len(shuffled)))[0, 1]) < 0.3
 
 
-def test_each_frame_read_once_per_buffer(demo_set: str) -> None:
+def test_each_frame_read_once_per_buffer(unpacked_set: str) -> None:
     """cache=None, seq_length 10: about one read per frame, not one per window it appears in."""
-    frames = sum(LENGTHS) + len(LENGTHS)  # steps and tail records
+    demo_set = unpacked_set
+    frames = sum(LENGTHS) + len(LENGTHS)  # steps and each demo's final frames
     whole = WindowDataset(
         demo_set, OBS_KEYS, DATASET_KEYS, seq_length=10, frame_cache=None, batch_size=16, shuffle_buffer=10_000
     )
@@ -182,12 +191,17 @@ def test_each_frame_read_once_per_buffer(demo_set: str) -> None:
     assert frames < small.records_read < 2 * frames < windows * 10 // 4
 
 
-def test_cache_all_reads_nothing_while_iterating(demo_set: str) -> None:
-    ds = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=5, frame_cache="all", batch_size=16)
+def test_cache_all_reads_nothing_while_iterating(demo_set: str, unpacked_set: str) -> None:
+    ds = WindowDataset(unpacked_set, OBS_KEYS, DATASET_KEYS, seq_length=5, frame_cache="all", batch_size=16)
     filled = ds.records_read
-    assert filled == sum(LENGTHS) + len(LENGTHS)
+    assert filled == sum(LENGTHS) + len(LENGTHS)  # each step and each final frame once
     list(ds)
     assert ds.records_read == filled
+    packed = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=5, frame_cache="all", batch_size=16)
+    filled = packed.records_read
+    assert filled < sum(LENGTHS)  # several steps per record
+    list(packed)
+    assert packed.records_read == filled
     low = WindowDataset(demo_set, OBS_KEYS, DATASET_KEYS, seq_length=5, frame_cache="low_dim", batch_size=16)
     assert low.core.file_fields == ["obs.cam"]
 

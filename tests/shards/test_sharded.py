@@ -31,7 +31,13 @@ from torchrecord import (
     write_shard,
 )
 from torchrecord._order.partition import reader_runs
-from torchrecord.errors import FormatError, IncompleteRecordSetError, RecordExistsError, SchemaError, SourceError
+from torchrecord.errors import (
+    ArgumentError,
+    FormatError,
+    IncompleteRecordSetError,
+    SchemaError,
+    SourceError,
+)
 
 COUNT = 103  # not a multiple of 4: shards of 25 and 26
 
@@ -179,7 +185,7 @@ def test_failed_writer_is_named_at_finalize(tmp_path: Path) -> None:
         __getitem__ = staticmethod(bad)  # type: ignore[assignment]
 
     with pytest.raises(torchrecord.errors.SourceError):
-        write_shard(Broken(COUNT), directory, shard=1, num_shards=2, progress=False)
+        write_shard(Broken(COUNT), directory, shard=1, num_shards=2, seed=3, progress=False)
     with pytest.raises(IncompleteRecordSetError, match=r"shard 1 .* never written, or its writer failed"):
         finalize_shards(directory)
 
@@ -198,14 +204,11 @@ def test_retried_shard_is_idempotent(tmp_path: Path) -> None:
     _write(directory, 1)  # retried after the set was finalized: a no-op
     assert Path(directory, "manifest.json").read_bytes() == manifest
     assert RecordFile(first.path).set_id == kept
-    with pytest.raises(RecordExistsError, match="overwrite=True"):
-        _write(directory, 1, count=50)  # another plan: refused
-    with pytest.raises(torchrecord.errors.FormatError, match="shard 1 was written with total=50"):
-        _write(directory, 1, count=50, overwrite=True)  # written; the set cannot be finalized with it
-    assert os.path.exists(os.path.join(directory, "shard-00001-of-00004.tr"))
-    assert not os.path.exists(os.path.join(directory, "manifest.json"))
-    with pytest.raises(torchrecord.errors.FormatError, match="shard 1 was written with total=50"):
-        finalize_shards(directory)
+    for overwrite in (False, True):  # another plan: refused before anything is written or removed
+        with pytest.raises(ArgumentError, match=r"len\(dataset\)=50, but the finalized set .* len\(dataset\)=103"):
+            _write(directory, 1, count=50, overwrite=overwrite)
+    assert Path(directory, "manifest.json").read_bytes() == manifest
+    assert RecordFile(first.path).set_id == kept
 
 
 def test_schema_mismatch_between_shards_names_the_shard(tmp_path: Path) -> None:
@@ -307,8 +310,16 @@ def test_group_by_is_refused_with_the_reason(tmp_path: Path) -> None:
 def test_shards_written_with_other_options_are_refused(tmp_path: Path, option: str, value: Any) -> None:
     directory = str(tmp_path / "shards")
     _write(directory, 0, n=2)
+    with pytest.raises(ArgumentError, match=rf"shard 1 has {option}=.*, but shard 0 was written with {option}="):
+        _write(directory, 1, n=2, **{option: value})  # refused when it starts
+    assert sorted(os.listdir(directory)) == ["shard-00000-of-00002.tr", "shard-00000-of-00002.tr.json"]
+    # writers that started at once are refused by finalize_shards
+    elsewhere = str(tmp_path / "elsewhere")
+    _write(elsewhere, 1, n=2, finalize=False, **{option: value})
+    for name in ("shard-00001-of-00002.tr", "shard-00001-of-00002.tr.json"):
+        os.rename(os.path.join(elsewhere, name), os.path.join(directory, name))
     with pytest.raises(FormatError, match=rf"shard 1 was written with {option}=.*, shard 0 with"):
-        _write(directory, 1, n=2, **{option: value})  # this last writer finalizes
+        finalize_shards(directory)
     assert not os.path.exists(os.path.join(directory, "manifest.json"))
 
 
@@ -316,9 +327,9 @@ def test_shards_compressed_otherwise_are_refused(tmp_path: Path) -> None:
     pytest.importorskip("cramjam")
     directory = str(tmp_path / "shards")
     _write(directory, 0, n=2, compression="zstd")
-    with pytest.raises(FormatError, match=r"shard 1 was written with compression='lz4', shard 0 with 'zstd'"):
+    with pytest.raises(ArgumentError, match=r"compression='lz4', but shard 0 was written with compression='zstd'"):
         _write(directory, 1, n=2, compression="lz4")
-    with pytest.raises(FormatError, match=r"compression_level=9, shard 0 with None"):
+    with pytest.raises(ArgumentError, match=r"compression_level=9, but shard 0 .* compression_level=None"):
         _write(directory, 1, n=2, compression="zstd", compression_level=9)
 
 

@@ -214,12 +214,28 @@ def test_every_frame_is_read_once_over_workers(stream_set: str) -> None:
     assert valid == sum(LENGTHS)
 
 
-def test_drop_tail_counts_dropped_frames(stream_set: str) -> None:
-    ds = StreamDataset(stream_set, batch_size=B, steps=2, drop_last=True)
+@pytest.mark.parametrize("steps", [1, 2, 3, 5, 7, 16])
+def test_drop_last_yielded_plus_dropped_is_every_frame(stream_set: str, steps: int) -> None:
+    """issue 27 item 2: the frames cut off to whole ``steps`` are counted in ``dropped`` too."""
+    ds = StreamDataset(stream_set, batch_size=B, steps=steps, drop_last=True)
     batches = list(ds)
     kept = sum(int(b["mask"].sum()) for b in batches)
+    assert len(batches) == len(ds)
     assert all(bool(b["mask"].all()) for b in batches)
-    assert kept + ds.dropped + (ds.plan().steps_per_epoch % 2) * B == sum(LENGTHS)
+    assert kept + ds.dropped == sum(LENGTHS)
+    # two ranks: the frames of both ranks' batches plus dropped are every frame
+    ranks = [StreamDataset(stream_set, batch_size=2, steps=steps, drop_last=True, rank=r, world_size=2) for r in (0, 1)]
+    both = sum(int(b["mask"].sum()) for r in ranks for b in r)
+    assert both + ranks[0].dropped == sum(LENGTHS) and ranks[0].dropped == ranks[1].dropped
+
+
+@pytest.mark.parametrize("steps", [3, 5])
+def test_drop_last_yielded_plus_dropped_with_workers(stream_set: str, steps: int) -> None:
+    ds = StreamDataset(stream_set, batch_size=B, steps=steps, drop_last=True, seed=4)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    batches = list(loader)
+    assert len(batches) == len(loader) == ds.check_loader(loader)
+    assert sum(int(b["mask"].sum()) for b in batches) + ds.dropped == sum(LENGTHS)
 
 
 def test_transform_runs_per_frame(stream_set: str) -> None:

@@ -164,3 +164,38 @@ def test_writer_summary_of_a_clean_write(tmp_path: Path) -> None:
     assert w.result is not None
     assert w.result.write_summary == WriteSummary(count=1, skipped=0, skipped_samples=(), variable_fields={})
     assert torchrecord.WriteSummary is WriteSummary
+
+
+# -- issue 27: skip covers samples that do not fit the schema; the first failures by source index --------
+
+
+def test_record_writer_skips_a_sample_whose_field_changes_kind(tmp_path: Path) -> None:
+    with RecordWriter(tmp_path / "w.tr", on_error="skip", shuffle=False, progress=False) as w:
+        for sample in ({"a": 1}, {"a": "x"}, {"a": 2}, {"b": 3}, {"a": 4}):
+            w.append(sample)
+    rf = w.result
+    assert rf is not None and [int(s["a"]) for s in rf] == [1, 2, 4]
+    skipped = rf.write_summary.skipped_samples
+    assert [s.index for s in skipped] == [1, 3]
+    assert skipped[0].error.startswith("SchemaError: field 'a': str of str differs")
+    assert str(rf.schema) == "a: int int64[]"
+
+
+def test_a_skipped_sample_leaves_nothing_in_the_schema(tmp_path: Path) -> None:
+    rows = [{"x": torch.zeros(3), "y": 1}, {"x": torch.zeros(4), "y": "s"}, {"x": torch.zeros(3), "y": 2}]
+    rf = write_record(rows, tmp_path / "s.tr", on_error="skip", shuffle=False, progress=False)
+    assert len(rf) == 2 and rf.schema.fields[0].shape == (3,)  # the refused sample widened nothing
+    assert rf.write_summary.variable_fields == {}
+
+
+def test_the_first_failures_are_listed_by_source_index(tmp_path: Path) -> None:
+    bad = set(range(3, 100, 10))
+    with pytest.raises(SourceError) as info:
+        write_record(Flaky(100, bad), tmp_path / "a.tr", on_error="skip", max_skipped=3, shuffle=False, progress=False)
+    assert "the first failures, by source index:\n  sample 3:" in str(info.value)
+    with pytest.raises(SourceError) as info:
+        write_record(Flaky(100, bad), tmp_path / "b.tr", on_error="skip", max_skipped=3, seed=1, progress=False)
+    message = str(info.value)
+    assert "the failures met before the write stopped, by source index" in message and "shuffled" in message
+    listed = [int(line.split(":")[0].split()[-1]) for line in message.splitlines() if line.startswith("  sample ")]
+    assert len(listed) == 4 and listed == sorted(listed)

@@ -113,3 +113,12 @@ def test_chunked_records_refuse_a_stated_variable_shape(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="samples_per_record"):
         write_record(images(8), tmp_path / "c.tr", samples_per_record=4, schema={"image": (3, 32, None)},
                      progress=False)  # fmt: skip
+
+
+def test_a_stated_dtype_is_checked_not_converted(tmp_path: Path) -> None:
+    with pytest.raises(
+        SchemaError, match=r"field 'ids': tensor of int64 differs from the stated int32: schema= checks"
+    ):
+        write_record([{"ids": [1, 2]}], tmp_path / "i.tr", schema={"ids": "int32"}, progress=False)
+    rf = write_record([{"ids": np.asarray([1, 2], dtype="int32")}], tmp_path / "j.tr", schema={"ids": "int32"})
+    assert rf.schema.fields[0].dtype == "int32"

@@ -107,7 +107,7 @@ def test_nested_number_lists_are_refused_with_a_hint(tmp_path: Path) -> None:
 
 
 def test_int_lists_out_of_int64_are_named(tmp_path: Path) -> None:
-    from torchrecord.errors import SourceError
+    from torchrecord.errors import SampleValueError
 
-    with pytest.raises(SourceError, match=r"sample 0.*field 'big'.*int64"):
+    with pytest.raises(SampleValueError, match=r"sample 0.*field 'big'.*int64"):
         write_record([{"big": [1, 2**70]}], tmp_path / "b.tr", progress=False)

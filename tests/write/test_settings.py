@@ -18,7 +18,7 @@ import torch
 import torchrecord.convert as convert_module
 from torchrecord import RecordFile, RecordWriter, write_record, write_shard
 from torchrecord._write.settings import WriteSettings
-from torchrecord.errors import IgnoredOptionWarning, SchemaError, SourceError
+from torchrecord.errors import IgnoredOptionWarning, SampleTypeError, SampleValueError, SchemaError
 
 
 class Untouchable(torch.utils.data.Dataset[Any]):
@@ -83,7 +83,7 @@ def test_bool_arrays_must_hold_zero_or_one(tmp_path: Path, bad: Any, first: bool
     samples.insert(0 if first else 3, {"mask": bad()})
     path = tmp_path / "s.tr"
     index = 0 if first else 3
-    with pytest.raises(SourceError, match=rf"sample {index}.*field 'mask'.*bool.*0 and 1"):
+    with pytest.raises(SampleValueError, match=rf"sample {index}, field 'mask'.*bool.*0 and 1"):
         write_record(samples, path, shuffle=False, progress=False)
     assert os.listdir(tmp_path) == []
     rf = write_record(samples, path, shuffle=False, on_error="skip", progress=False)
@@ -93,7 +93,7 @@ def test_bool_arrays_must_hold_zero_or_one(tmp_path: Path, bad: Any, first: bool
 
 def test_rank_above_32_is_refused(tmp_path: Path) -> None:
     deep = np.zeros((1,) * 33, dtype=np.float32)
-    with pytest.raises(SourceError, match=r"sample 0.*field 'x'.*rank 33.*32"):
+    with pytest.raises(SampleValueError, match=r"sample 0, field 'x'.*rank 33.*32"):
         write_record([{"x": deep}], tmp_path / "s.tr", progress=False)
     rf = write_record([{"x": np.zeros((1,) * 32, dtype=np.float32)}], tmp_path / "ok.tr", progress=False)
     assert rf[0]["x"].ndim == 32
@@ -128,7 +128,7 @@ def test_workers_with_an_iterable_source_are_not_silently_ignored(tmp_path: Path
 
 
 def test_unknown_leaf_types_name_the_field(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match=r"sample 0.*field 'meta\.x'.*cannot store a leaf of type set"):
+    with pytest.raises(SampleTypeError, match=r"sample 0, field 'meta\.x'.*cannot store a leaf of type set"):
         write_record([{"meta": {"x": {1}}}], tmp_path / "s.tr", progress=False)
 
 
@@ -165,7 +165,6 @@ ENTRY_POINTS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "multiprocessing_context": "no reader workers",
             "on_error": "a bad demo stops the conversion",
             "max_skipped": "nothing is skipped",
-            "samples_per_record": "one time step per record (the window datasets read frames by record)",
             "group_by": "grouped by demo, always",
             "schema": "the schema is built from the file",
         },
@@ -239,7 +238,7 @@ def test_settings_of_takes_the_named_options_and_checks_them() -> None:
 
 
 def test_robomimic_refuses_the_options_that_do_not_apply(tmp_path: Path) -> None:
-    for options in ({"seed": 1}, {"on_error": "skip"}, {"samples_per_record": 4}, {"num_shards": 2, "shard": 0}):
+    for options in ({"seed": 1}, {"on_error": "skip"}, {"group_by": "demo"}, {"num_shards": 2, "shard": 0}):
         name = next(iter(options))
         with pytest.raises(ValueError, match=rf"{name}=.* does not apply to a robomimic source"):
             convert_module.convert(tmp_path / "demo.hdf5", tmp_path / "o.tr", format="robomimic", **options)

@@ -34,7 +34,7 @@ from tests.write.test_reliability import (
     temporaries,
 )
 from torchrecord import RecordFile, RecordWriter
-from torchrecord.errors import RecordExistsError, SchemaError, SourceError, WriteError
+from torchrecord.errors import RecordExistsError, SampleTypeError, SchemaError, WriteError
 
 
 def _push(path: str | os.PathLike[str], samples: Any, **kwargs: Any) -> RecordFile:
@@ -177,11 +177,11 @@ def test_exception_in_the_block_keeps_the_previous_set(tmp_path: Path, shuffle: 
 
 def test_an_unstorable_sample_aborts_and_names_the_sample(tmp_path: Path) -> None:
     path = tmp_path / "set.tr"
-    message = r"sample 3: SampleTypeError: field '1': cannot store a leaf of type set"
-    with pytest.raises(SourceError, match=message) as info, RecordWriter(path, progress=False) as w:
+    message = r"set\.tr: sample 3, field '1': cannot store a leaf of type set"
+    with pytest.raises(SampleTypeError, match=message) as info, RecordWriter(path, progress=False) as w:
         for i in range(10):
             w.append((torch.zeros(2), {1, 2}) if i == 3 else (torch.zeros(2), i))
-    assert str(path) in str(info.value) and "append" in str(info.value)
+    assert "on_error='skip'" in str(info.value)  # samples before it were good: skipping may be what is meant
     assert entries(tmp_path) == []
     with pytest.raises(ValueError, match="aborted"):
         w.append((torch.zeros(2), 0))

@@ -235,14 +235,22 @@ class FieldCompressor:
 
     @classmethod
     def build(cls, fields: Sequence[Any], option: dict[str, str] | str, level: int | None) -> FieldCompressor:
-        """A compressor for a schema's ``fields``; string fields are never compressed."""
+        """A compressor for a schema's ``fields``.
+
+        Only numeric fields are candidates: ``"zstd"`` or ``"lz4"`` for every
+        field leaves str and bytes fields out (they are not in the report), and a
+        dict that names one is an ArgumentError.
+        """
         names = [f.name for f in fields]
         made = cls(names, option, level)
         for state, f in zip(made.states, fields):
             if not f.is_numeric and state.codec is not None:
                 if not isinstance(option, str):
                     raise ArgumentError(
-                        f"compression: field {f.name!r} is {f.kind}; only numeric fields are compressed"
+                        f"compression: field {f.name!r} is {f.kind}; only numeric fields are compressed "
+                        f"(compression={option!r} names it): leave {f.name!r} out of the dict. "
+                        "compression='zstd' or 'lz4' compresses every numeric field and leaves str and bytes "
+                        "fields out"
                     )
                 state.codec, state.decided, state.trying = None, True, False
         return made
@@ -285,7 +293,7 @@ class FieldCompressor:
         asked = self.option
         for name, state in zip(self.names, self.states):
             want = asked if isinstance(asked, str) else asked.get(name)
-            if want is None:
+            if want is None or state.codec is None:  # not asked for, or not a candidate (a str or bytes field)
                 continue
             ratio = round(state.stored / state.raw, 4) if state.raw else None
             level = self.level if self.level is not None or want != "zstd" else ZSTD_DEFAULT_LEVEL

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from torchrecord._mix import resume as _mix_resume
 from torchrecord._mix.mixer import Mixer, Picked, Placement
@@ -19,11 +22,11 @@ from torchrecord._order import mix_plan as _mix_plan
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
 from torchrecord._read import resume as _resume
-from torchrecord._read.base import Reader, ReaderDataset, check_choice
+from torchrecord._read.base import Reader, ReaderDataset, check_choice, in_worker
 from torchrecord._read.items import Items
 from torchrecord._shards.open import SetLike
 from torchrecord._store.checked import Check
-from torchrecord.errors import ArgumentError, ResumeStateError
+from torchrecord.errors import ArgumentError, ResumeStateError, TorchRecordWarning
 
 __all__ = ["MixedDataset"]
 
@@ -76,10 +79,15 @@ class MixedDataset(ReaderDataset):
             (tests and benchmarks use it to throttle or gate a set).
         weights: ``"size"`` (each source's sample count), ``"uniform"``, or one
             number >= 0 per source (a list, or a dict by name); 0 leaves a source out.
-        stop: the epoch's length when ``epoch_size`` is None: ``"all_once"`` (the
-            sum of the sizes: every sample once with size weights), ``"until_all"``
-            (until every source was read whole at least once) or
-            ``"first_exhausted"`` (until the first source is read whole).
+        stop: the epoch's length when ``epoch_size`` is None: ``"all_once"``
+            (every sample of every source with a weight > 0 exactly once, for any
+            weights: with weights other than ``"size"`` the weights set the rates
+            at which the sources are drawn while they last, so a small source with
+            a large weight is used up early in the epoch and the rest mixes the
+            others), ``"until_all"`` (until every source was read whole at least
+            once) or ``"first_exhausted"`` (until the first source is read whole).
+            With ``"until_all"``, ``"first_exhausted"`` and ``epoch_size`` the
+            weights are the exact shares of the epoch, spread evenly over it.
         epoch_size: the epoch's length in samples (overrides ``stop``).
         policy: ``"exact"`` or ``"ready"`` (see above).
         draw_size: samples per draw: consecutive samples of one source read together.
@@ -196,10 +204,13 @@ class MixedDataset(ReaderDataset):
         with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
             self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
         self.names = names or [info.name for info in self.infos]
-        self.schema, self.fixed = shared_schema(self.infos)
+        self.schema, self.fixed = shared_schema(self.infos, self.names)
         sizes = [info.count for info in self.infos]
         fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
         self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
+        # all_once with weights other than the sizes: the weights are the rates of the draws while sources last
+        all_once = stop == "all_once" and epoch_size is None
+        self._rates = _mix_plan.draw_rates(self.counts, fractions) if all_once else None
         self.weights = [float(w) for w in fractions]
         self.stop, self.epoch_size, self.policy, self.draw_size = stop, epoch_size, policy, int(draw_size)
         self.tag_source = tag_source
@@ -212,6 +223,7 @@ class MixedDataset(ReaderDataset):
         self._yielded = 0
         self._unyielded = 0  # samples of the current chunk not yet yielded (sample mode)
         self._iter_epoch: int | None = None
+        self._board = _StatsBoard(len(self.sources))  # the workers' figures, for stats() in the main process
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -226,7 +238,7 @@ class MixedDataset(ReaderDataset):
         if self._plan_cache is None or self._plan_cache[0] != epoch:
             self._plan_cache = (
                 epoch,
-                _mix_plan.plan_epoch(self.counts, block=self.draw_size, seed=self.seed, epoch=epoch),
+                _mix_plan.plan_epoch(self.counts, block=self.draw_size, seed=self.seed, epoch=epoch, rates=self._rates),
             )
         return self._plan_cache[1]
 
@@ -255,6 +267,7 @@ class MixedDataset(ReaderDataset):
         return {
             "sizes": [info.count for info in self.infos],
             "counts": list(self.counts),
+            "rates": self._rates,
             "draw_size": self.draw_size,
             "seed": int(self.seed),
             "shuffle": bool(self.shuffle),
@@ -325,21 +338,36 @@ class MixedDataset(ReaderDataset):
         self._live = {
             "mixer": mixer,
             "started": started,
+            "wall": time.time(),
             "first": None,
             "base": base,
             "reader": (rank, worker, num_workers),
         }
         self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
-        return self._counted(items)
+        return self._handed_over(self._counted(items))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
         live = self._live
+        info = get_worker_info()
+        post = None
+        if info is not None and live is not None:  # a DataLoader worker: its figures go on the board
+            row = self._board.row(info.id, info.seed - info.id, self.epoch, info.num_workers, live["wall"])
+            every = 1 if self.batch_size is not None else _SAMPLE_MODE_BATCH
+
+            def post() -> None:
+                if row is not None:
+                    self._board.post(row, self._figures(live))
+
         for item in items:
             self._yielded += 1
             if live is not None and live["first"] is None:
                 live["first"] = time.perf_counter() - live["started"]
+            if post is not None and (self._yielded % every == 0 or self._yielded == 1):
+                post()
             yield item
+        if post is not None:
+            post()
 
     def _items(self) -> Items:
         """How this dataset turns mixed chunks into samples or batches: the one path of every reader."""
@@ -375,19 +403,32 @@ class MixedDataset(ReaderDataset):
 
     # -- statistics ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Figures of this process's current (or last) iteration; with DataLoader workers, call it in a worker.
+        """Figures of the current (or last) iteration: this process's, or its DataLoader workers' together.
 
-        Keys: ``first_batch_seconds`` (from ``iter()`` to the first item),
-        ``draws_read`` and ``reads`` per source name, ``waits`` (times the mixer
-        waited for a read) and ``wait_seconds``, ``deferrals`` (draws placed ahead
-        of an unread planned one), ``samples`` handed out per source, ``share``
-        (their realised fractions) and ``planned_share`` (the epoch's counts as
-        fractions).
+        With DataLoader workers (fork or spawn) each worker posts its figures to
+        shared memory as it goes, and ``stats()`` in the main process adds up those
+        of the workers of the latest iteration (the latest ``iter(loader)`` and
+        epoch); when the main process iterated the dataset itself more recently,
+        its own figures. Called in a worker, the worker's own. Up to 64 workers
+        per process are counted (a warning says when more ran).
+
+        Keys: ``first_batch_seconds`` (from ``iter()`` to the first item; with
+        workers, the earliest worker's), ``draws_read`` and ``reads`` per source
+        name, ``waits`` (times the mixer waited for a read) and ``wait_seconds``,
+        ``deferrals`` (draws placed ahead of an unread planned one), ``samples``
+        handed out per source, ``share`` (their realised fractions),
+        ``planned_share`` (the epoch's counts as fractions) and ``workers`` (the
+        DataLoader workers whose figures are counted; 0 for this process's own).
         """
         total = max(1, self.epoch_length)
         planned = {n: c / total for n, c in zip(self.names, self.counts)}
         live = self._live
-        if live is None:
+        board = None if in_worker() else self._board.gather(after=live["wall"] if live is not None else None)
+        if board is not None:
+            figures = board
+        elif live is not None:
+            figures = self._figures(live)
+        else:
             return {
                 "first_batch_seconds": None,
                 "draws_read": {},
@@ -398,21 +439,36 @@ class MixedDataset(ReaderDataset):
                 "samples": {},
                 "share": {},
                 "planned_share": planned,
+                "workers": 0,
             }
-        mixer: Mixer = live["mixer"]
-        handed = mixer.handed.tolist()
+        handed = figures.handed
         out = max(1, sum(handed))
         return {
-            "first_batch_seconds": live["first"],
-            "draws_read": dict(zip(self.names, mixer.reader.units_read)),
-            "reads": dict(zip(self.names, mixer.reader.reads)),
-            "waits": mixer.reader.waits,
-            "wait_seconds": mixer.reader.wait_seconds,
-            "deferrals": mixer.deferrals,
+            "first_batch_seconds": figures.first,
+            "draws_read": dict(zip(self.names, figures.draws)),
+            "reads": dict(zip(self.names, figures.reads)),
+            "waits": figures.waits,
+            "wait_seconds": figures.wait_seconds,
+            "deferrals": figures.deferrals,
             "samples": dict(zip(self.names, handed)),
             "share": {n: h / out for n, h in zip(self.names, handed)},
             "planned_share": planned,
+            "workers": figures.workers,
         }
+
+    def _figures(self, live: dict[str, Any]) -> _Figures:
+        """This process's figures of its current iteration."""
+        mixer: Mixer = live["mixer"]
+        return _Figures(
+            first=live["first"],
+            draws=[int(x) for x in mixer.reader.units_read],
+            reads=[int(x) for x in mixer.reader.reads],
+            waits=int(mixer.reader.waits),
+            wait_seconds=float(mixer.reader.wait_seconds),
+            deferrals=int(mixer.deferrals),
+            handed=[int(x) for x in mixer.handed.tolist()],
+            workers=0,
+        )
 
     # -- resume -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -457,7 +513,7 @@ class MixedDataset(ReaderDataset):
             state,
             kinds=(MIX_STATE_KIND, MIX_POSITION_KIND),
             plan=self._settings(1),
-            plan_keys=("sizes", "counts", "draw_size", "seed", "shuffle"),
+            plan_keys=("sizes", "counts", "rates", "draw_size", "seed", "shuffle"),
             advice="resume with the same sources, weights, stop rule, draw_size, seed and shuffle",
         )
         if self._resume is not None:
@@ -484,7 +540,7 @@ class MixedDataset(ReaderDataset):
             r.refuse(where, kind, "base", state, f"must be None or a {MIX_POSITION_KIND} position")
         mine = self._settings(1)
         rules: dict[str, r.Rule] = {key: r.anything for key in ("kind", "version", "set_id", "epoch")}
-        for key in ("sizes", "counts", "draw_size", "seed", "shuffle", "window", "drop_last", "batch_size"):
+        for key in ("sizes", "counts", "rates", "draw_size", "seed", "shuffle", "window", "drop_last", "batch_size"):
             rules[key] = r.equal(mine[key], f"its {key}")
         rules.update(
             policy=r.equal(self.policy, "its policy"),
@@ -499,7 +555,9 @@ class MixedDataset(ReaderDataset):
             rules["readers"] = r.rows(r.integer(0), r.integer(0), r.anything, names=("rank", "worker", "placement"))
         else:
             rules.update(rank=r.integer(0), worker=r.integer(0), yielded=r.integer(0), placement=r.anything)
-        r.check_state(state, rules, where=where, what=kind)
+        # states saved before draw rates existed have no "rates": fine where this mix has none either
+        optional = ("rates",) if mine["rates"] is None else ()
+        r.check_state(state, rules, where=where, what=kind, optional=optional)
         if depth:  # a base: the same set and epoch as the state resting on it
             r.check_state(
                 state,
@@ -635,3 +693,96 @@ def _chunk_of(picked: Picked) -> tuple[Any, bool]:
         return picked.columns, True
     assert picked.samples is not None
     return picked.samples, False
+
+
+@dataclass
+class _Figures:
+    """One reader's (or several workers' added) statistics."""
+
+    first: float | None
+    draws: list[int]
+    reads: list[int]
+    waits: int
+    wait_seconds: float
+    deferrals: int
+    handed: list[int]
+    workers: int
+
+
+#: DataLoader workers per process whose figures the board holds (a row each).
+_BOARD_ROWS = 64
+_HEAD = 6  # int columns before the per-source ones: key, epoch + 1, workers, waits, deferrals, posted
+
+
+class _StatsBoard:
+    """Shared memory where each DataLoader worker posts its figures, for ``stats()`` in the main process.
+
+    Made in the main process with the dataset, so forked workers share it and
+    spawned ones receive it (torch's multiprocessing pickler passes shared
+    tensors by handle). Row w belongs to worker w and is written only by it:
+    ints ``[key, epoch + 1, num_workers, waits, deferrals, posted, draws_read[S],
+    reads[S], handed[S]]`` and floats ``[wall-clock start, first batch seconds
+    (NaN before it), wait seconds]``. ``key`` is the DataLoader's base seed of
+    the iteration (the same in every worker of one ``iter(loader)``), so the main
+    process adds up the rows of the latest iteration only.
+    """
+
+    def __init__(self, sources: int) -> None:
+        self.sources = sources
+        self.ints = torch.zeros((_BOARD_ROWS, _HEAD + 3 * sources), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.floats = torch.zeros((_BOARD_ROWS, 3), dtype=torch.float64).share_memory_()  # type: ignore[no-untyped-call]
+        self.warned = False
+
+    def row(self, worker: int, key: int, epoch: int, num_workers: int, wall: float) -> int | None:
+        """Claim worker ``worker``'s row for an iteration (None past the board's rows)."""
+        if worker >= _BOARD_ROWS:
+            return None
+        ints, floats = self.ints.numpy(), self.floats.numpy()
+        ints[worker, :] = 0
+        floats[worker] = (wall, np.nan, 0.0)
+        ints[worker, :3] = (key & 0x3FFFFFFFFFFFFFFF, epoch + 1, num_workers)
+        return worker
+
+    def post(self, row: int, figures: _Figures) -> None:
+        """Write one worker's figures to its row (only that worker writes there)."""
+        ints, floats = self.ints.numpy(), self.floats.numpy()
+        s = self.sources
+        ints[row, 3:6] = (figures.waits, figures.deferrals, 1)
+        ints[row, _HEAD : _HEAD + s] = figures.draws
+        ints[row, _HEAD + s : _HEAD + 2 * s] = figures.reads
+        ints[row, _HEAD + 2 * s :] = figures.handed
+        floats[row, 1:] = (np.nan if figures.first is None else figures.first, figures.wait_seconds)
+
+    def gather(self, after: float | None) -> _Figures | None:
+        """The added figures of the workers of the latest iteration started after ``after``, or None."""
+        ints, floats = self.ints.numpy(), self.floats.numpy()
+        used = np.flatnonzero(ints[:, 1] > 0)
+        if not len(used):
+            return None
+        latest = used[np.argmax(floats[used, 0])]
+        if after is not None and floats[latest, 0] < after:
+            return None  # this process iterated the dataset itself since
+        rows = used[(ints[used, 0] == ints[latest, 0]) & (ints[used, 1] == ints[latest, 1])]
+        rows = rows[ints[rows, 5] > 0]  # the workers that posted
+        if int(ints[latest, 2]) > _BOARD_ROWS and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"MixedDataset.stats(): {int(ints[latest, 2])} DataLoader workers ran, the figures count the "
+                f"first {_BOARD_ROWS}",
+                TorchRecordWarning,
+                stacklevel=3,
+            )
+        s = self.sources
+        added = ints[rows].sum(axis=0)
+        firsts = floats[rows, 1]
+        firsts = firsts[~np.isnan(firsts)]
+        return _Figures(
+            first=float(firsts.min()) if len(firsts) else None,
+            draws=[int(x) for x in added[_HEAD : _HEAD + s]],
+            reads=[int(x) for x in added[_HEAD + s : _HEAD + 2 * s]],
+            waits=int(added[3]),
+            wait_seconds=float(floats[rows, 2].sum()),
+            deferrals=int(added[4]),
+            handed=[int(x) for x in added[_HEAD + 2 * s :]],
+            workers=len(rows),
+        )

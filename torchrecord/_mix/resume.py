@@ -49,6 +49,7 @@ MIX_POSITION_KIND = "torchrecord.MixedDataset.position"
 MIX_PLAN_KEYS = (
     "sizes",
     "counts",
+    "rates",
     "draw_size",
     "seed",
     "shuffle",
@@ -66,7 +67,11 @@ MIX_PLAN_KEYS = (
 def plan_of(position: Mapping[str, Any]) -> MixPlan:
     """The mix plan of a state's or position's epoch (pure)."""
     return plan_epoch(
-        position["counts"], block=int(position["draw_size"]), seed=int(position["seed"]), epoch=int(position["epoch"])
+        position["counts"],
+        block=int(position["draw_size"]),
+        seed=int(position["seed"]),
+        epoch=int(position["epoch"]),
+        rates=position.get("rates"),
     )
 
 

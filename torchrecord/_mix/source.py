@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,7 @@ from torchrecord._store.checked import Check, checks_crc, parse_check
 from torchrecord._store.forkgate import lmdb_calls
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
-from torchrecord.errors import ArgumentError, SchemaError
+from torchrecord.errors import ArgumentError, SchemaError, VariableShapeWarning
 
 __all__ = ["Chunk", "FileSource", "Source", "SourceInfo", "shared_schema"]
 
@@ -240,11 +241,15 @@ class FileSource(Source):
         self.file.close()
 
 
-def shared_schema(infos: Sequence[SourceInfo]) -> tuple[Schema, bool]:
+def shared_schema(infos: Sequence[SourceInfo], names: Sequence[str] | None = None) -> tuple[Schema, bool]:
     """The schema every source shares (sizes that differ become variable), and whether it is fixed.
 
-    Raises SchemaError naming both files and the field where two sources differ.
+    A field whose shape differs between sources gives a :class:`VariableShapeWarning`
+    naming the field and each source's shape (``names``: how to call the sources,
+    default their paths). Raises SchemaError naming both files and the field where
+    two sources differ in kind, dtype or rank.
     """
+    names = list(names) if names is not None else [info.name for info in infos]
     first = infos[0]
     fields = list(first.schema.fields)
     for info in infos[1:]:
@@ -262,5 +267,25 @@ def shared_schema(infos: Sequence[SourceInfo]) -> tuple[Schema, bool]:
             if a.shape != b.shape:
                 shape = tuple(x if x == y else None for x, y in zip(a.shape, b.shape))
                 fields[i] = Field(a.name, a.kind, a.dtype, shape)
+    for i, field in enumerate(fields):
+        shapes = [info.schema.fields[i].shape for info in infos]
+        if len(set(shapes)) > 1:
+            _warn_mixed_shapes(field, names, shapes)
     schema = Schema(first.schema.tree, fields)
     return schema, bool(fields) and schema.is_fixed and all(i.schema.is_fixed for i in infos)
+
+
+def _warn_mixed_shapes(field: Field, names: Sequence[str], shapes: Sequence[tuple[int | None, ...]]) -> None:
+    def dims(shape: tuple[int | None, ...]) -> str:
+        return "[" + ", ".join("None" if d is None else str(d) for d in shape) + "]"
+
+    each = ", ".join(f"{name} {dims(shape)}" for name, shape in zip(names, shapes))
+    warnings.warn(
+        f"MixedDataset, field {field.name!r}: the sources' shapes differ ({each}); the mix reads it with the "
+        f"variable shape {dims(field.shape)}, so batch mode gives a list for it instead of one tensor, and a "
+        "DataLoader batching single samples (per-sample mode) fails in torch.stack at the first batch that mixes "
+        "two shapes. Make the shapes agree (rewrite a source, or pad or crop the field in transform=), or give "
+        "a collate_fn that accepts them",
+        VariableShapeWarning,
+        stacklevel=4,
+    )

@@ -46,6 +46,7 @@ __all__ = [
     "MixPlan",
     "STOPS",
     "Units",
+    "draw_rates",
     "epoch_counts",
     "normalize_weights",
     "order_block",
@@ -111,8 +112,9 @@ def epoch_counts(
 
     The epoch's length is ``epoch_size`` when given, else set by ``stop``:
 
-    * ``"all_once"``: the sum of the sizes of the sources with a weight > 0 (with
-      size weights, every sample of every source exactly once);
+    * ``"all_once"``: every sample of every source with a weight > 0 exactly once,
+      for any weights: each such source's count is its size (the weights then set
+      the rates at which the sources are drawn while they last: see :func:`draw_rates`);
     * ``"until_all"``: the shortest epoch in which every source is read at least
       once whole: ``ceil(max over s of size_s / share_s)``;
     * ``"first_exhausted"``: the longest epoch in which no source is read past its
@@ -130,7 +132,7 @@ def epoch_counts(
             raise ArgumentError(f"epoch_size must be >= 0, got {epoch_size}")
         length = int(epoch_size)
     elif stop == "all_once":
-        length = sum(int(sizes[s]) for s in used)
+        return [int(sizes[s]) if weights[s] > 0 else 0 for s in range(len(sizes))]
     elif stop == "until_all":
         length = max(math.ceil(Fraction(int(sizes[s])) * total_w / weights[s]) for s in used)
     elif stop == "first_exhausted":
@@ -150,6 +152,52 @@ def source_seed(seed: int, source: int) -> int:
     """The seed of source ``source``'s own block order (a pure function)."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, source, _TAG_SOURCE]).generate_state(2)
     return int(state[0]) << 32 | int(state[1])
+
+
+def draw_rates(counts: Sequence[int], weights: Sequence[Fraction]) -> list[str] | None:
+    """The rates of a mix whose counts are not the weights' shares (``stop="all_once"``), or None.
+
+    ``None`` when the counts are proportional to the weights (size weights, or
+    any stop rule but ``"all_once"``): every source is then spread evenly over the
+    whole epoch. Otherwise the weights (as exact fractions, ``"p/q"`` strings so
+    that a resume state keeps them) are the rates at which the sources are drawn
+    while they last: see :func:`plan_epoch`.
+    """
+    used = [s for s, n in enumerate(counts) if n > 0]
+    if not used:
+        return None
+    ratio = Fraction(int(counts[used[0]])) / weights[used[0]] if weights[used[0]] > 0 else None
+    if ratio is not None and all(weights[s] > 0 and Fraction(int(counts[s])) / weights[s] == ratio for s in used):
+        return None
+    total = sum(weights, Fraction(0))
+    return [str(Fraction(w) / total) for w in weights]
+
+
+def _rate_times(counts: Sequence[int], rates: Sequence[Fraction]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per source with samples: (samples drawn, time) at the ends of the phases of a mix drawn at ``rates``.
+
+    The mix draws one sample per unit of time; while a set of sources lasts, each
+    takes the share ``rate / (sum of their rates)``. A phase ends when a source
+    runs out; the next phase shares the time among the sources left (exact).
+    """
+    left = {s: Fraction(int(n)) for s, n in enumerate(counts) if n > 0}
+    for s in left:
+        if rates[s] <= 0:
+            raise ArgumentError(f"source {s} has {counts[s]} samples to draw but rate {rates[s]}")
+    drawn = {s: [Fraction(0)] for s in left}
+    times = {s: [Fraction(0)] for s in left}
+    t = Fraction(0)
+    active = sorted(left)
+    while active:
+        total = sum((rates[s] for s in active), Fraction(0))
+        dt = min(left[s] * total / rates[s] for s in active)
+        t += dt
+        for s in active:
+            left[s] -= rates[s] / total * dt
+            drawn[s].append(Fraction(int(counts[s])) - left[s])
+            times[s].append(t)
+        active = [s for s in active if left[s] > 0]
+    return {s: (np.array([float(x) for x in drawn[s]]), np.array([float(x) for x in times[s]])) for s in drawn}
 
 
 @dataclass(frozen=True)
@@ -173,10 +221,22 @@ class MixPlan:
     total: int
 
 
-def plan_epoch(counts: Sequence[int], *, block: int, seed: int, epoch: int) -> MixPlan:
-    """The draws of mix epoch ``epoch`` (see the module docstring, step 2)."""
+def plan_epoch(
+    counts: Sequence[int], *, block: int, seed: int, epoch: int, rates: Sequence[str] | None = None
+) -> MixPlan:
+    """The draws of mix epoch ``epoch`` (see the module docstring, step 2).
+
+    Without ``rates`` every source's draws are spread evenly over the whole epoch
+    (draw ``i`` of ``m`` at key ``(i + u) / m``). With ``rates`` (from
+    :func:`draw_rates`: ``stop="all_once"`` with weights other than the sizes)
+    the sources are drawn at those rates while they last: a draw's key is the time
+    at which the mix, drawing each remaining source at its share of the rates,
+    reaches that draw's samples (``_rate_times``), so a source that runs out early
+    leaves the rest of the epoch to the others.
+    """
     if block < 1:
         raise ArgumentError(f"block must be >= 1, got {block}")
+    timeline = _rate_times(counts, [Fraction(r) for r in rates]) if rates is not None else None
     sources, streams, lengths, keys = [], [], [], []
     rng = np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, _TAG_DRAWS]))
     for s, n in enumerate(counts):
@@ -188,7 +248,11 @@ def plan_epoch(counts: Sequence[int], *, block: int, seed: int, epoch: int) -> M
         sources.append(np.full(m, s, np.int64))
         streams.append(int(epoch) * int(n) + i * block)
         lengths.append(np.minimum(block, int(n) - i * block))
-        keys.append((i + jitter) / m)
+        if timeline is None:
+            keys.append((i + jitter) / m)
+        else:
+            drawn, times = timeline[s]
+            keys.append(np.interp((i + jitter) / m * int(n), drawn, times))
     if not sources:
         empty = np.zeros(0, np.int64)
         return MixPlan(tuple(int(c) for c in counts), empty, empty, empty, empty, 0)

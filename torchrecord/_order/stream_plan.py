@@ -51,8 +51,10 @@ class StreamPlan:
         order: per stream, the group indices it plays, in order.
         lengths: frames per stream.
         steps_per_epoch: time steps every rank runs (the longest stream with
-            ``tail="pad"``, the shortest with ``"drop"``).
-        dropped: frames past ``steps_per_epoch`` that no batch holds.
+            ``tail="pad"``; with ``"drop"`` the shortest, cut to a whole number of
+            ``steps``).
+        dropped: frames past ``steps_per_epoch``, on every stream of every rank,
+            that no batch holds: the cells played plus ``dropped`` are every frame.
     """
 
     offsets: np.ndarray
@@ -142,9 +144,23 @@ class _StreamTable:
 
 
 def plan_streams(
-    offsets: np.ndarray, *, streams: int, seed: int, epoch: int, shuffle: bool = True, tail: str = "pad"
+    offsets: np.ndarray,
+    *,
+    streams: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    tail: str = "pad",
+    steps: int = 1,
 ) -> StreamPlan:
-    """Deal the sequences of ``offsets`` to ``streams`` streams for one epoch (see the module docstring)."""
+    """Deal the sequences of ``offsets`` to ``streams`` streams for one epoch (see the module docstring).
+
+    ``steps`` is the time steps of one batch: ``tail="drop"`` ends the epoch at the
+    shortest stream's last whole batch, so every batch is whole and every frame
+    past it is counted in ``dropped``.
+    """
+    if steps < 1:
+        raise ArgumentError(f"steps must be an integer >= 1, got {steps!r}")
     offsets = np.asarray(offsets, dtype=np.int64)
     count = len(offsets) - 1
     if shuffle:
@@ -166,10 +182,12 @@ def plan_streams(
     order = tuple(np.split(by_stream, np.cumsum(counts)[:-1]))
     lengths = np.bincount(owners, weights=sizes[visit], minlength=streams).astype(np.int64)
     if tail == "pad":
-        steps = int(lengths.max()) if streams else 0
+        total = int(lengths.max()) if streams else 0
     elif tail == "drop":
-        steps = int(lengths.min()) if streams else 0
+        total = int(lengths.min()) if streams else 0
     else:
         raise ArgumentError(f"tail must be 'pad' or 'drop', got {tail!r}")
-    dropped = int(np.maximum(lengths - steps, 0).sum())
-    return StreamPlan(offsets, order, lengths, steps, dropped)
+    if tail == "drop":
+        total -= total % steps  # whole batches only: the frames of a partial last batch are dropped too
+    dropped = int(np.maximum(lengths - total, 0).sum())
+    return StreamPlan(offsets, order, lengths, total, dropped)

@@ -24,7 +24,7 @@ The order itself stays in the pure functions of ``torchrecord._order``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,6 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchrecord._order import partition as _partition
 from torchrecord._read import glue as _glue
 from torchrecord._read import resume as _resume
+from torchrecord._read.ipc import for_parent
 from torchrecord._store.checked import Check, parse_check
 from torchrecord.errors import ArgumentError, ArgumentTypeError, LoaderMismatchError, ResumeStateError
 
@@ -301,6 +302,14 @@ class ReaderDataset(IterableDataset[Any]):
         return len(loader)
 
     # -- the state header ------------------------------------------------------------------
+    def _handed_over(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items`` as they leave this process: in a DataLoader worker in batch mode, each batch through the
+        one handover (:func:`torchrecord._read.ipc.for_parent`); samples and the main process's items as they are.
+        """
+        if getattr(self, "batch_size", None) is None or not in_worker():
+            return items
+        return (for_parent(item) for item in items)
+
     def _state_header(self, reader: Reader, epoch: int) -> dict[str, Any]:
         """The keys every state of this dataset starts with: what, which version, which set, when, who."""
         return {

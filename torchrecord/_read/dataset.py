@@ -13,6 +13,7 @@ from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
 from torchrecord._read import resume as _resume
 from torchrecord._read.base import ReaderDataset
+from torchrecord._read.ipc import slot_allocator
 from torchrecord._read.items import SAMPLE_CHUNK, Items
 from torchrecord._read.reader import Share, ShareReader
 from torchrecord._shards.open import SetLike, open_set
@@ -20,7 +21,7 @@ from torchrecord._store.checked import Check, checks_crc
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.subset import Subset
 from torchrecord._store.subset import resolve as resolve_subset
-from torchrecord.errors import ResumeStateError
+from torchrecord.errors import ArgumentError, ResumeStateError
 
 __all__ = ["RecordDataset", "collate_samples"]
 
@@ -391,12 +392,43 @@ class RecordDataset(ReaderDataset):
         :func:`torchrecord.loader_position`) to :meth:`load_state_dict`. The
         DataLoader takes one batch from each worker in turn, so the position of
         every worker follows from the count. ``loader_batch_size`` is the
-        DataLoader's ``batch_size`` in per-sample mode (None in batch mode;
-        default: the dataset's ``loader_batch_size``).
+        DataLoader's ``batch_size`` in per-sample mode (default: the dataset's
+        ``loader_batch_size``; 1 for a DataLoader that yields single samples);
+        leave it out in batch mode.
+
+        Raises:
+            ArgumentError: per-sample mode with no ``loader_batch_size`` here nor
+                on the dataset (``batches`` could not be turned into samples), one
+                that differs from the dataset's, or one given in batch mode.
         """
         self._refresh_distributed()
-        if loader_batch_size is None:
+        where = self.file.path
+        if self.batch_size is not None:
+            if loader_batch_size is not None:
+                raise ArgumentError(
+                    f"{where}: position_after(loader_batch_size={loader_batch_size}) is for per-sample mode; this "
+                    f"dataset yields whole batches (batch_size={self.batch_size}), so `batches` counts them: leave "
+                    "loader_batch_size out"
+                )
+        elif loader_batch_size is None:
+            if self.loader_batch_size is None:
+                raise ArgumentError(
+                    f"{where}: position_after({batches}, ...) in per-sample mode needs the DataLoader's batch size "
+                    "to turn batches into samples: pass position_after(step, num_workers=..., loader_batch_size=B) "
+                    "with B the DataLoader's batch_size (1 if it yields single samples), or make the dataset with "
+                    "loader_batch_size=B"
+                )
             loader_batch_size = self.loader_batch_size
+        elif self.loader_batch_size is not None and loader_batch_size != self.loader_batch_size:
+            raise ArgumentError(
+                f"{where}: position_after(loader_batch_size={loader_batch_size}) differs from the dataset's "
+                f"loader_batch_size={self.loader_batch_size}, which cuts its worker shares: pass the DataLoader's "
+                "batch_size, the same as the dataset's"
+            )
+        if loader_batch_size is not None and (
+            isinstance(loader_batch_size, bool) or not isinstance(loader_batch_size, int) or loader_batch_size < 1
+        ):
+            raise ArgumentError(f"{where}: loader_batch_size must be an integer >= 1, got {loader_batch_size!r}")
         readers = max(1, num_workers)
         plan = self._plan(readers)
         per_worker: list[int] = []
@@ -516,7 +548,12 @@ class RecordDataset(ReaderDataset):
         share, start = self.share(worker, num_workers), 0
         if self._resume is not None:  # a loaded resume point: used by this iteration only
             share, start = self._resume_share(share, worker, num_workers)
-        reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check))
+        allocate = None
+        # in a worker, batches made of the gathered columns are gathered straight into a handover slot
+        plain = self.transform is None and self.collate_fn is None
+        if layout is not None and self.batch_size is not None and who.in_worker and plain:
+            allocate = slot_allocator(self.batch_size * sum(layout.sample_bytes))
+        reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check), allocate=allocate)
         self._iter_epoch = self.epoch
         self._yielded = start
         items = Items(
@@ -528,7 +565,7 @@ class RecordDataset(ReaderDataset):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
         )
-        return self._counted(items.of(reader, start))
+        return self._handed_over(self._counted(items.of(reader, start)))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
         """Count each item before it is yielded, so state_dict() always says what was handed out.

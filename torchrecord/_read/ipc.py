@@ -1,4 +1,11 @@
-"""How a batch crosses from a DataLoader worker: by value for small batches, one shared block for mid-sized ones.
+"""How a batch crosses from a DataLoader worker: the one handover every torchrecord dataset uses.
+
+:func:`for_parent` picks, by the batch's bytes of tensors: by value through the
+worker's pipe up to :data:`BY_VALUE_LIMIT`, above it a shared-memory slot of the
+worker (``torchrecord._read.slots``: the main process maps it once and takes the
+batch without a copy; where the platform has no ``memfd_create``, one shared
+block per batch instead). The rule a user sees is in docs/performance.md
+("Workers: how batches reach the main process").
 
 A worker sends each CPU tensor of a batch through its own shared-memory
 segment (and, with torch's default ``file_descriptor`` strategy, its own file
@@ -17,21 +24,33 @@ worker's pipe, and unpickles in the main process as the plain batch again
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from torchrecord._core.structure import flatten, unflatten
+from torchrecord._read import slots
+from torchrecord.errors import ArgumentError
 
-__all__ = ["BY_VALUE_LIMIT", "PACK_LIMIT", "by_value", "for_parent", "one_storage"]
+__all__ = [
+    "BY_VALUE_LIMIT",
+    "HANDOVER_ENV",
+    "PACK_LIMIT",
+    "by_value",
+    "for_parent",
+    "handover_choice",
+    "one_storage",
+    "slot_allocator",
+]
 
 #: batches up to this many bytes of tensors are repacked (above it, the copy costs more than it saves)
 PACK_LIMIT = 4 << 20
-#: batches up to this many bytes of tensors cross by value, through the pipe. ``python -m
-#: benchmarks.handover_sizes`` (two workers, project machine, 2026-11-26): by value took 0.28x the time of one
-#: shared block at 80 KB, 0.62x at 256 KB, 1.10x at 1 MB, 2.27x at 4 MB.
-BY_VALUE_LIMIT = 512 << 10
+#: batches up to this many bytes of tensors cross by value, through the pipe; larger ones in a slot
+#: (``python -m benchmarks.handover_sizes`` compares the two by size).
+BY_VALUE_LIMIT = 64 << 10
 
 _ALIGN = 64
 
@@ -63,14 +82,47 @@ def one_storage(batch: Any) -> Any:
     return unflatten(tree, out)
 
 
+#: the environment variable that overrides the choice: ``slot``, ``value`` or ``torch`` (torch's own
+#: handover, one shared segment per tensor); unset or ``auto``: by size
+HANDOVER_ENV = "TORCHRECORD_HANDOVER"
+_CHOICES = ("auto", "slot", "value", "torch")
+
+
 def for_parent(batch: Any) -> Any:
-    """``batch`` ready to leave a DataLoader worker: :func:`by_value`, :func:`one_storage`, or as it is, by size."""
+    """``batch`` ready to leave a DataLoader worker: :func:`by_value`, a slot, or :func:`one_storage`, by size
+    (or as :data:`HANDOVER_ENV` says)."""
     _, leaves = flatten(batch)
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
+    if not tensors:
+        return batch
+    choice = handover_choice()
+    if choice == "torch":
+        return batch
     size = sum(t.numel() * t.element_size() for t in tensors)
-    if tensors and size <= BY_VALUE_LIMIT:
+    if choice == "value" or (choice == "auto" and size <= BY_VALUE_LIMIT):
         return by_value(batch)
+    if slots.available():
+        return slots.into_slot(batch)
     return one_storage(batch)
+
+
+def slot_allocator(batch_bytes: int) -> Callable[[int, list[int]], list[np.ndarray]] | None:
+    """Where a worker should gather a batch of ``batch_bytes`` so that :func:`for_parent` need not copy it:
+    :func:`torchrecord._read.slots.allocate` when the batch will cross in a slot, else None (fresh arrays)."""
+    if not slots.available():
+        return None
+    choice = handover_choice()
+    if choice == "slot" or (choice == "auto" and batch_bytes > BY_VALUE_LIMIT):
+        return slots.allocate
+    return None
+
+
+def handover_choice() -> str:
+    """The handover :data:`HANDOVER_ENV` asks for (``auto`` when unset); an unknown value is an error."""
+    choice = os.environ.get(HANDOVER_ENV, "auto") or "auto"
+    if choice not in _CHOICES:
+        raise ArgumentError(f"{HANDOVER_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
+    return choice
 
 
 def by_value(batch: Any) -> Any:

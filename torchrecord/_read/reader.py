@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,13 +86,24 @@ class ShareReader:
             thread per shard, ``torchrecord._store.advise``); False for one-off reads
             made on a read-ahead thread (MixedDataset's sources), which must not
             wait for another thread of their own.
+        allocate: where the fixed path gathers each chunk: ``allocate(rows, row_bytes)``
+            gives one uint8 array [rows, b] per field (a DataLoader worker's
+            shared-memory slot, ``torchrecord._read.slots.allocate``); None: fresh arrays.
     """
 
     def __init__(
-        self, file: RecordSet, share: Share, *, layout: FixedLayout | None, verify: bool = False, advise: bool = True
+        self,
+        file: RecordSet,
+        share: Share,
+        *,
+        layout: FixedLayout | None,
+        verify: bool = False,
+        advise: bool = True,
+        allocate: Callable[[int, list[int]], list[np.ndarray]] | None = None,
     ) -> None:
         self.file, self.share, self.layout, self.verify = file, share, layout, verify
         self.advise = advise
+        self.allocate = allocate
         self.offsets = file.shard_offsets
         self.records_read = 0
 
@@ -265,12 +276,17 @@ class _Chunk:
     def take(self, taker: _Taken) -> None:
         """Take as many samples from ``taker`` as this chunk still needs."""
         n = min(self.n - self.held, taker.remaining)
-        if self.reader.layout is None or (self.held == 0 and n == self.n and self.out is None):
+        layout, allocate = self.reader.layout, self.reader.allocate
+        if layout is None or (self.held == 0 and n == self.n and self.out is None and allocate is None):
             part, indices = taker.take(n)
             self.parts.append(part)
         else:
             if self.out is None:
-                self.out = [np.empty((self.n, size), np.uint8) for size in self.reader.layout.sample_bytes]
+                sizes = list(layout.sample_bytes)
+                if allocate is not None:
+                    self.out = list(allocate(self.n, sizes))
+                else:
+                    self.out = [np.empty((self.n, size), np.uint8) for size in sizes]
             indices = taker.take_into(n, self.out, self.held)
         self.indices.append(indices)
         self.held += n

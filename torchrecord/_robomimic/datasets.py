@@ -372,6 +372,9 @@ class WindowDataset(ReaderDataset):
 
     # -- iteration --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        return self._handed_over(self._iter_items())
+
+    def _iter_items(self) -> Iterator[Any]:
         who = self.reader()
         worker, workers = who.worker, who.num_workers
         self._yielded = 0

@@ -11,6 +11,10 @@ repeats: padding repeats frames, neighbouring windows share them). A
   buffer of windows) needs, each record once, through the read layer
   (``ShareReader`` over runs of consecutive records), then every request is a
   gather from it.
+
+Records are sample indices. Past the samples, index ``len(file) + d`` is demo
+``d``'s final ``next_obs`` frames (``torchrecord._robomimic.episodes.FinalFrames``,
+kept outside the samples), when the store is given them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.structure import flatten
 from torchrecord._read.reader import Share, ShareReader
+from torchrecord._robomimic.episodes import FinalFrames
 from torchrecord._store.record_set import RecordSet
 
 __all__ = ["Block", "FrameStore", "record_runs_of"]
@@ -65,15 +70,25 @@ class FrameStore:
         cached: field name -> dtype to cache it as (None: its stored dtype).
         cache_records: the records whose cached fields are held (sorted, unique).
         verify: check each record's CRC-32 as it is read.
+        finals: the final frames, read as the records past the samples (fields
+            without a final frame read as zeros there).
 
     The cache is filled on first use in each process (:meth:`fill` fills it
     now); the store pickles without it.
     """
 
     def __init__(
-        self, file: RecordSet, cached: dict[str, np.dtype[Any] | None], cache_records: np.ndarray, *, verify: bool
+        self,
+        file: RecordSet,
+        cached: dict[str, np.dtype[Any] | None],
+        cache_records: np.ndarray,
+        *,
+        verify: bool,
+        finals: FinalFrames | None = None,
     ) -> None:
-        self.file, self.cached, self.verify = file, dict(cached), verify
+        self.file, self.cached, self.verify, self.finals = file, dict(cached), verify, finals
+        self.samples = len(file)
+        self.size = self.samples + (finals.demos if finals is not None else 0)  # indices: samples, then finals
         self.cache_records = np.asarray(cache_records, dtype=np.int64)
         self.fields = {f.name: i for i, f in enumerate(file.schema.fields)}
         self._layout: tuple[FixedLayout | None] | None = None
@@ -107,7 +122,7 @@ class FrameStore:
             return
         n = len(self.cache_records)
         cache = {name: np.empty((n, *self.shape(name)), self.dtype(name)) for name in self.cached}
-        row_of = np.full(len(self.file), -1, np.int64)
+        row_of = np.full(self.size, -1, np.int64)
         row_of[self.cache_records] = np.arange(n, dtype=np.int64)
         if cache and n:
             frame = sum(
@@ -134,8 +149,10 @@ class FrameStore:
         wanted = np.unique(np.concatenate(parts)) if parts and names else np.zeros(0, np.int64)
         if not len(wanted):
             return Block(wanted, {})
-        (columns,) = list(self._read(record_runs_of(wanted), names, len(wanted)))
-        return Block(wanted, columns)
+        chunks = list(self._read(record_runs_of(wanted), names, len(wanted)))
+        if len(chunks) == 1:
+            return Block(wanted, chunks[0])
+        return Block(wanted, {name: np.concatenate([c[name] for c in chunks]) for name in names})
 
     def take(self, name: str, rec: np.ndarray, block: Block | None) -> np.ndarray:
         """Field ``name`` at records ``rec``: an array of shape ``rec.shape + frame shape``."""
@@ -150,7 +167,24 @@ class FrameStore:
         return out
 
     def _read(self, runs: tuple[Run, ...], names: Sequence[str], step: int) -> Iterable[dict[str, np.ndarray]]:
-        """Fields ``names`` of the records in ``runs``, ``step`` records at a time, in run order."""
+        """Fields ``names`` of the records in ``runs`` (sorted), ``step`` records at a time, in run order."""
+        n = self.samples
+        stored = tuple((a, min(b, n)) for a, b in runs if a < n)
+        finals = np.concatenate([np.arange(max(a, n), b) for a, b in runs if b > n] or [np.zeros(0, np.int64)])
+        if stored:
+            yield from self._read_stored(stored, names, step)
+        for at in range(0, len(finals), step):
+            demos = finals[at : at + step] - n
+            assert self.finals is not None, "a record past the samples without final frames"
+            got = self.finals.read(demos, [m for m in names if m in self.finals.spans], verify=self.verify)
+            self.records_read += len(demos)
+            yield {m: self._cast(m, got[m] if m in got else self._zeros(m, len(demos))) for m in names}
+
+    def _zeros(self, name: str, k: int) -> np.ndarray:
+        field = self.file.schema.fields[self.fields[name]]
+        return np.zeros((k, *self.shape(name)), _dtypes.by_name(field.dtype).numpy)
+
+    def _read_stored(self, runs: tuple[Run, ...], names: Sequence[str], step: int) -> Iterable[dict[str, np.ndarray]]:
         file = self.file
         if self._layout is None:
             self._layout = (FixedLayout.of_file(file),)

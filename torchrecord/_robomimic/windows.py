@@ -10,6 +10,7 @@ axis, every array gathered in one step per key.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from torchrecord._robomimic.episodes import SHIFT, STORED, RoboSet, field_name
 from torchrecord._robomimic.frame_store import Block, FrameStore
 from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.checked import Check, checks_crc
-from torchrecord.errors import ArgumentError
+from torchrecord.errors import ArgumentError, MissingDatasetKeyWarning
 
 __all__ = ["CACHE_MODES", "Leaf", "RoboWindows"]
 
@@ -83,31 +84,51 @@ class RoboWindows:
         for k in self.obs_keys:
             if k not in robo.obs_keys:
                 raise ArgumentError(f"{self.path}: no obs key {k!r} (its obs keys: {', '.join(robo.obs_keys)})")
-        self.zero_keys: set[str] = set()  # keys no demo had: robomimic reads zeros under a cache mode
+        self.zero_keys: set[str] = set()  # keys the source file lacks: robomimic reads zeros under a cache mode
         for k in self.dataset_keys:
-            if k in robo.dataset_keys:
-                continue
-            if k not in robo.missing_dataset_keys:
-                raise ArgumentError(
-                    f"{self.path}: dataset key {k!r} was not converted (converted: {', '.join(robo.dataset_keys)}); "
-                    "convert again with it in dataset_keys"
-                )
-            if cache is None:
-                raise ArgumentError(
-                    f"{self.path}: the source's demos have no {k!r}; robomimic reads zeros for it only under a "
-                    "cache mode (and fails without one): leave it out or use frame_cache='low_dim'"
-                )
-            self.zero_keys.add(k)
+            if k not in robo.dataset_keys:
+                self._absent_key(k, cache)
         if load_next_obs and self.obs_keys and not robo.next_obs:
             raise ArgumentError(f"{self.path}: the source had no next_obs; pass load_next_obs=False")
         self.selected = robo.select(filter_by_attribute)
         names = [robo.demos[i] for i in self.selected]
         self.windows = Windows(spec, robo.lengths[self.selected], names, self.path)
-        self.store = FrameStore(file, self._cached_fields(), self._cache_records(), verify=checks_crc(check))
+        self.store = FrameStore(
+            file, self._cached_fields(), self._cache_records(), verify=checks_crc(check), finals=robo.finals
+        )
         file.close()
 
     def __len__(self) -> int:
         return len(self.windows)
+
+    def _absent_key(self, key: str, cache: str | None) -> None:
+        """A dataset key that was not converted: an error, or zeros with a warning where robomimic gives zeros."""
+        robo = self.robo
+        converted = ", ".join(robo.dataset_keys) or "none"
+        source = robo.source_dataset_keys
+        if source is not None and key in source:
+            raise ArgumentError(
+                f"{self.path}: dataset key {key!r} is in the source file but was not converted (converted: "
+                f"{converted}); convert again with it in dataset_keys"
+            )
+        if source is None and key not in robo.missing_dataset_keys:
+            raise ArgumentError(
+                f"{self.path}: dataset key {key!r} was not converted (converted: {converted}), and this set, "
+                "converted by an older torchrecord, does not say whether the source file has it: convert again "
+                "(with it in dataset_keys if the file has it)"
+            )
+        if cache is None:
+            raise ArgumentError(
+                f"{self.path}: the source file has no dataset key {key!r}; robomimic reads zeros for it only under "
+                "a cache mode (and fails without one): leave it out or use frame_cache='low_dim'"
+            )
+        warnings.warn(
+            f"{self.path}: the source file has no dataset key {key!r}: it reads as float32 zeros [T, 1], "
+            "as robomimic does",
+            MissingDatasetKeyWarning,
+            stacklevel=4,
+        )
+        self.zero_keys.add(key)
 
     # -- cache modes --------------------------------------------------------------
     def is_low_dim(self, key: str) -> bool:

@@ -157,13 +157,18 @@ class StreamDataset(ReaderDataset):
                 epoch=self.epoch,
                 shuffle=self.shuffle,
                 tail="drop" if self.drop_last else "pad",
+                steps=self.steps,
             )
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
 
     @property
     def dropped(self) -> int:
-        """Frames of this epoch no batch holds (``drop_last=True``; 0 without)."""
+        """Frames of this epoch no batch of any rank holds (``drop_last=True``; 0 without).
+
+        The frames the ranks' batches hold plus ``dropped`` are every frame of the set:
+        the frames past the shortest stream's end, and those of a last partial batch.
+        """
         return self.plan().dropped
 
     def __len__(self) -> int:

@@ -23,8 +23,8 @@ from torchrecord._core.structure import field_names
 from torchrecord._store.summary import MAX_ERROR_CHARS, SkippedSample, WriteSummary
 from torchrecord._write.declared import Declared
 from torchrecord._write.grouping import GroupTracker
-from torchrecord._write.sources import Encoded, Failed, Item, Normalized, Outcome
-from torchrecord.errors import SchemaError, SourceError, VariableShapeWarning
+from torchrecord._write.sources import Encoded, Failed, Item, Normalized, Outcome, add_note
+from torchrecord.errors import SampleValueError, SchemaError, SourceError, TorchRecordError, VariableShapeWarning
 
 __all__ = ["Admission", "ON_ERROR"]
 
@@ -75,6 +75,8 @@ class Admission:
         self.variable_fields: dict[str, int] = {}
         self._first = "the first sample"
         self._lists: set[int] = set()  # positions of fields the first sample gave as lists
+        #: the samples come in a shuffled order of source indices (a map-style source read pre-shuffled)
+        self.shuffled_read = False
 
     @property
     def has_lists(self) -> bool:
@@ -116,16 +118,31 @@ class Admission:
                 yield admitted
 
     def admit(self, index: int, outcome: Outcome, key: Hashable = None) -> bytes | Normalized | None:
-        """One sample: the sample to store, None if skipped; raises under ``"raise"``."""
+        """One sample: the sample to store, None if skipped; raises under ``"raise"``.
+
+        With ``"skip"``, a sample that does not fit the schema (a field that
+        changes kind, dtype or rank, another structure, a break of the stated
+        ``schema=``) is left out like one the source failed to give, and the
+        schema stays as it was.
+        """
         if isinstance(outcome, Failed):
             self._failed(index, outcome)
             return None
         if isinstance(outcome, Normalized):
             where = f"{self.target}: sample {index}"
-            if self.schema is None:
-                self._establish(index, outcome, where)
-            else:
-                self._merge(index, outcome, where)
+            first = self.schema is None
+            try:
+                if first:
+                    self._establish(index, outcome, where)
+                else:
+                    self._merge(index, outcome, where)
+            except SchemaError as exc:
+                if self.on_error != "skip":
+                    raise
+                self._skip(index, "SchemaError: " + str(exc).removeprefix(where).lstrip(",: "))
+                return None
+            if first and self.chunk > 1:
+                self._require_fixed(index)  # a stated variable shape with chunked records: never skipped
         if self.groups is not None:
             self.groups.add(index, key)
         self.admitted += 1
@@ -164,8 +181,6 @@ class Admission:
             )
         self._lists = {i for i, sig in enumerate(sample.signatures) if sig.from_list}
         self.schema = schema
-        if self.chunk > 1:
-            self._require_fixed(index)
 
     def _merge(self, index: int, sample: Normalized, where: str) -> None:
         schema = self.schema
@@ -177,9 +192,13 @@ class Admission:
             if self.declared is not None:
                 self.declared.check(sample.signatures, where)
         before = list(schema.fields)
-        widened = schema.merge(sample.tree, sample.signatures, where, self._first)
-        if widened and self.chunk > 1:
-            self._require_fixed(index)
+        try:
+            widened = schema.merge(sample.tree, sample.signatures, where, self._first)
+            if widened and self.chunk > 1:
+                self._require_fixed(index)
+        except SchemaError:
+            schema.fields[:] = before  # nothing of a refused sample stays in the schema
+            raise
         for i in widened:
             name = before[i].name
             if name in self.variable_fields or i in self._lists or sample.signatures[i].from_list:
@@ -202,36 +221,77 @@ class Admission:
     # -- failures --------------------------------------------------------------------
     def _failed(self, index: int, outcome: Failed) -> None:
         if outcome.fatal:
-            raise SourceError(
-                f"{self.target}: the source generator raised at sample {index}: {outcome.message}\n"
-                "(a generator cannot go on after raising, so the sample cannot be skipped)\n"
-                f"{outcome.detail}"
+            raise self._chained(
+                SourceError(
+                    f"{self.target}: the source generator raised at sample {index}: {outcome.message}\n"
+                    "(a generator cannot go on after raising, so the sample cannot be skipped)"
+                ),
+                outcome,
             )
         if self.on_error != "skip":
-            raise SourceError(
-                f"{self.target}: {self.source} failed at sample {index}: {outcome.message}\n"
-                "(pass on_error='skip' to leave bad samples out, with max_skipped= to bound how many "
-                f"may be left out, e.g. max_skipped=0.01 for 1%)\n{outcome.detail}"
+            if outcome.invalid:
+                raise self._refused(index, outcome)
+            raise self._chained(
+                SourceError(
+                    f"{self.target}: {self.source} failed at sample {index}: {outcome.message}\n"
+                    "(pass on_error='skip' to leave bad samples out, with max_skipped= to bound how many "
+                    "may be left out, e.g. max_skipped=0.01 for 1%)"
+                ),
+                outcome,
             )
-        lines = outcome.message.strip().splitlines() or ["(no message)"]
+        self._skip(index, outcome.message)
+
+    def _refused(self, index: int, outcome: Failed) -> TorchRecordError:
+        """The library's own error for a sample it cannot store, naming the file and the sample."""
+        error = outcome.error
+        kind = type(error) if isinstance(error, TorchRecordError) else SampleValueError
+        text = str(error) if error is not None else outcome.message
+        hint = " (or pass on_error='skip' to leave such samples out)" if self.admitted else ""
+        refused = kind(f"{self.target}: sample {index}, {text}{hint}")
+        refused.__suppress_context__ = True  # the message says it all: no internal traceback
+        return refused
+
+    @staticmethod
+    def _chained(error: SourceError, outcome: Failed) -> SourceError:
+        """``error`` with the source's exception as its ``__cause__`` (its traceback, not in the text)."""
+        if outcome.error is not None:
+            error.__cause__ = outcome.error
+        else:  # it did not pickle out of a DataLoader worker: its formatted traceback as a note
+            add_note(error, outcome.detail.rstrip())
+        return error
+
+    def _skip(self, index: int, message: str) -> None:
+        """Leave sample ``index`` out and record why; raises when more than ``max_skipped`` are."""
+        lines = message.strip().splitlines() or ["(no message)"]
         self.skipped_samples.append(SkippedSample(index, lines[0][:MAX_ERROR_CHARS]))
         bound = self.max_skipped
         if bound is None:
             return
         if isinstance(bound, float):
             if self.total is not None and self.skipped > bound * self.total:
-                self._too_many(f"{self.skipped} of {self.total} samples failed, more than max_skipped={bound!r}")
+                self._too_many(
+                    f"{self.skipped} of {self.total} samples failed, more than max_skipped={bound!r}", midway=True
+                )
         elif self.skipped > bound:
-            self._too_many(f"{self.skipped} samples failed, more than max_skipped={bound!r}")
+            self._too_many(f"{self.skipped} samples failed, more than max_skipped={bound!r}", midway=True)
 
-    def _too_many(self, what: str) -> None:
+    def _too_many(self, what: str, midway: bool = False) -> None:
+        """SourceError listing the failures by source index; ``midway``: the write stopped before the end."""
         shown = sorted(self.skipped_samples, key=_by_index)[:_SHOWN_FAILURES]
         first = shown[0]
         listed = "\n".join(f"  sample {s.index}: {s.error}" for s in shown)
         more = f"\n  ... and {self.skipped - len(shown)} more" if self.skipped > len(shown) else ""
+        if midway and self.shuffled_read:  # the samples met so far are a shuffled pick, not the first ones
+            raise SourceError(
+                f"{self.target}: {what}; nothing was written (e.g. sample {first.index}: {first.error})\n"
+                "the failures met before the write stopped, by source index (the source is read in the "
+                "shuffled write order, so other samples, lower ones too, may fail as well):\n"
+                f"{listed}{more}\n"
+                "fix the source, or raise max_skipped if leaving these samples out is intended"
+            )
         raise SourceError(
             f"{self.target}: {what}; nothing was written (first failure: sample {first.index}: {first.error})\n"
-            f"the first failures:\n{listed}{more}\n"
+            f"the first failures, by source index:\n{listed}{more}\n"
             "fix the source, or raise max_skipped if leaving these samples out is intended"
         )
 

@@ -12,6 +12,8 @@ Two forms:
 
 A sample breaking a stated fixed size or dtype is a SchemaError naming it; a
 stated ``None`` is kept in the schema even when every sample has the same size.
+A stated dtype is checked, never converted to: samples must already have it
+(only an empty list of numbers, which has no dtype of its own, takes it).
 """
 
 from __future__ import annotations
@@ -124,7 +126,9 @@ class Declared:
             if stated.dtype is not None and sig.dtype != stated.dtype:
                 raise SchemaError(
                     f"{where}, field {name!r}: {sig.kind} of {sig.dtype} differs from the stated "
-                    f"{stated.dtype} (schema=); convert it before writing"
+                    f"{stated.dtype}: schema= checks a dtype, it does not convert to it. Convert the field "
+                    f"in the source (e.g. numpy.asarray(value, dtype={stated.dtype!r})), or state "
+                    f"{sig.dtype!r}"
                 )
             shape = stated.shape
             if shape is None:

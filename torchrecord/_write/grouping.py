@@ -8,6 +8,7 @@ the order inside each group.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -54,8 +55,10 @@ class FieldKey:
         try:
             position = names.index(self.name)
         except ValueError:
+            close = difflib.get_close_matches(self.name, names, n=1)
             raise SampleValueError(
                 f"group_by field {self.name!r}: the sample has no such field (its fields: {', '.join(names)})"
+                + (f"; did you mean group_by={close[0]!r}?" if close else "; pass group_by= one of them")
             ) from None
         return scalar_key(leaves[position], f"group_by field {self.name!r}")
 

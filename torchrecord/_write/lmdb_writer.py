@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import lmdb
 
@@ -146,6 +146,27 @@ class LmdbAppender:
         self.bytes_written += self._pending_bytes
         self._pending.clear()
         self._pending_bytes = 0
+
+    def put_entries(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Store ``entries`` (key, value) in the ``meta`` database now, in commits of about ``commit_bytes``.
+
+        The caller keeps the format's own keys (the metadata, the group offsets) out of them.
+        """
+        batch: list[tuple[bytes, bytes]] = []
+        held = 0
+
+        def put(txn: lmdb.Transaction) -> None:
+            for key, value in batch:
+                txn.put(key, value, db=self._meta)
+
+        for key, value in entries:
+            batch.append((key, value))
+            held += len(key) + len(value)
+            if held >= self._commit_bytes:
+                self._commit(put)
+                batch, held = [], 0
+        if batch:
+            self._commit(put)
 
     def finish(self, metadata: bytes, extra: dict[bytes, bytes] | None = None) -> None:
         """Commit what is pending, then ``extra`` meta entries and the metadata in one

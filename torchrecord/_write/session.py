@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from torchrecord._write.publish import Publisher
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import Encoded, Item, KeyFunction
 from torchrecord._write.spool import Spool
+from torchrecord.errors import InternalError
 
 __all__ = ["WriteSession"]
 
@@ -158,6 +159,22 @@ class WriteSession:
         else:
             self.packer.add(sample)
         self._bar.update(1)
+
+    def put_entries(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Store more (key, value) entries in the set's ``meta`` database, beside its records.
+
+        For data that belongs to the set but is no sample (no reader's index
+        reaches it): the robomimic converter's final frames. The format's own
+        keys (``metadata``, ``groups``) are refused.
+        """
+
+        def checked() -> Iterator[tuple[bytes, bytes]]:
+            for key, value in entries:
+                if key in (_format.META_KEY, GROUPS_KEY):
+                    raise InternalError(f"{self.target}: meta entry {key!r} is the format's own")
+                yield key, value
+
+        self.appender.put_entries(checked())
 
     # -- ending ------------------------------------------------------------------------
     def close(self, before_publish: Callable[[str], None] | None = None) -> RecordFile:

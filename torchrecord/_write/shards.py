@@ -103,10 +103,13 @@ def write_shard(
     after its own publishes the manifest (:func:`finalize_shards`; concurrent
     finalizers publish the same bytes).
 
-    Every writer of one set must pass the same ``shuffle``, ``seed``,
-    ``checksums``, ``samples_per_record``, ``schema``, ``compression`` and
-    ``compression_level``: :func:`finalize_shards` refuses shards written with
-    different ones, naming the shard and the option.
+    Every writer of one set must pass the same ``num_shards``, ``shuffle``,
+    ``seed``, ``checksums``, ``samples_per_record``, ``schema``, ``compression``
+    and ``compression_level`` (and, for a map-style source, one of the same
+    length). A writer checks this when it starts, against the finalized set's
+    shards or the other shards already in ``directory``, and refuses to start
+    (``ArgumentError`` naming the option and the shard) before anything is
+    written or removed; :func:`finalize_shards` checks every shard again.
 
     Args:
         dataset: the whole map-style data set, or this shard's iterable.
@@ -120,8 +123,11 @@ def write_shard(
             environment variables).
         shard, num_shards: which shard of how many; default: the rank and world
             size of ``torch.distributed`` (torchrun).
-        overwrite: rewrite the shard of a finalized set (its manifest is removed
-            until the set is finalized again).
+        overwrite: write the shard of a finalized set again, with the set's
+            settings (never another set's: write that into another folder). The
+            old shard and manifest stay in place until the new shard is complete
+            and fits the set; readers then refuse the rewritten shard until the
+            set is finalized again (by this writer with ``finalize=True``).
         finalize: finalize the set when this writer finds every shard done.
         samples_per_record: as for :func:`torchrecord.write_record`; None (the
             default) lets each shard choose from its first sample. A sharded set
@@ -144,8 +150,14 @@ def write_shard(
         reader's shard cache.
 
     Raises:
-        RecordExistsError: the set is finalized with another plan (``overwrite``
-            rewrites it).
+        ArgumentError: ``directory`` holds shards of another ``num_shards``, or
+            shards (or a finalized set) written with other settings; nothing is
+            written or removed.
+        RecordExistsError: the set's manifest is damaged (``overwrite`` writes
+            the shard again and finalizing replaces it).
+        SchemaError, FormatError: with ``overwrite``, the new shard's fields or
+            packing do not fit the finalized set; it is not published, and the
+            set stays as it was.
         SourceError, SchemaError, WriteError: as for :func:`write_record`; the
             shard is then absent and :func:`finalize_shards` names it.
         ValueError, TypeError: an option cannot work (checked before reading).
@@ -193,12 +205,14 @@ def write_shard_source(
         mixed = np.random.SeedSequence([seed, shard, 0x73686172]).generate_state(1)[0]
         settings = dataclasses.replace(settings, seed=int(mixed))
     info["options"] = options
-    existing = _finalized_shard(folder, shard, info, settings.overwrite)
+    # the settings must agree with the set already there before anything is written or removed
+    existing, found = _check_folder(folder, shard, info, settings.overwrite)
     if existing is not None:
         return existing
     digest: dict[str, Any] = {}
 
     def take_digest(temp: str) -> None:
+        found.check_before_publish(folder, shard, temp)  # a finalized set stays readable if it cannot hold it
         digest["sha256"], digest["bytes"] = _manifest.file_digest(temp)
 
     rf = write_source(
@@ -291,6 +305,8 @@ def finalize_shards(directory: str | os.PathLike[str], *, storage_options: dict[
         "format": _manifest.MANIFEST_FORMAT,
         "manifest_version": _manifest.MANIFEST_VERSION,
         "library_version": __version__,
+        # the newest format among the shards (2 where a field is compressed), for `torchrecord info`
+        "format_version": max(int(m.get("format_version", 1)) for m in metas),
         "set_id": _manifest.manifest_set_id([e["set_id"] for e in entries]),
         "count": sum(e["count"] for e in entries),
         "samples_per_record": int(first.get("samples_per_record", 1)),
@@ -304,6 +320,9 @@ def finalize_shards(directory: str | os.PathLike[str], *, storage_options: dict[
         "user": first.get("user") or {},
         "shards": entries,
     }
+    compression = _compression_levels(metas)
+    if compression:
+        manifest["compression"] = compression
     if remote is not None:
         stop_for_test("before-manifest")
         remote.put_json(_manifest.MANIFEST_NAME, manifest)  # last: readers see the set from now on
@@ -398,29 +417,140 @@ def _who(shard: int | None, num_shards: int | None) -> tuple[int, int]:
     return shard, num_shards
 
 
-def _finalized_shard(folder: str, shard: int, plan: dict[str, Any], overwrite: bool) -> RecordFile | None:
-    """For a finalized set: the existing shard (a retry with the same plan), or an error, or None."""
+#: How a plan key is named to the user (the option that sets it).
+_PLAN_NAMES = {"of": "num_shards", "total": "len(dataset)", "source": "the source's kind"}
+
+
+def _plan_of(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """A shard's plan from its metadata, the options spread out (None: not a shard of write_shard)."""
+    info = meta.get("shard")
+    if not isinstance(info, dict):
+        return None
+    plan = {k: info.get(k) for k in _PLAN_KEYS if k != "options"}
+    options = info.get("options")
+    if isinstance(options, dict):  # a shard of an older writer has no options: they are unknown
+        plan.update(options)
+    return plan
+
+
+def _plan_conflict(mine: dict[str, Any], theirs: dict[str, Any], where: str) -> str | None:
+    """The first setting two plans disagree on, in words (``"seed=1, but shard 0 ... seed=0"``), or None."""
+    for key, value in mine.items():
+        if key in theirs and theirs[key] != value:
+            name = _PLAN_NAMES.get(key, key)
+            return f"{name}={value!r}, but {where} was written with {name}={theirs[key]!r}"
+    return None
+
+
+class _SetInFolder:
+    """What a shard writer found in its set's folder when it started (see :func:`_check_folder`)."""
+
+    def __init__(self, manifest: dict[str, Any] | None) -> None:
+        #: the finalized set's checked manifest, or None (not finalized, or a damaged manifest)
+        self.manifest = manifest
+
+    def check_before_publish(self, folder: str, shard: int, temp: str) -> None:
+        """Refuse to replace a shard of a finalized set with one the set cannot hold (before the rename).
+
+        The set stays readable (the old shard, the old manifest) when the new
+        shard's fields or packing differ from the set's.
+        """
+        manifest = self.manifest
+        if manifest is None:
+            return
+        meta = RecordFile(temp).read_header()
+        name = _manifest.shard_name(shard, len(manifest["shards"]))
+        where = os.path.join(folder, _manifest.MANIFEST_NAME)
+        _manifest.merge_schemas([(where, manifest.get("schema")), (name, meta.get("schema"))])
+        packed, theirs = int(meta.get("samples_per_record", 1)), int(manifest.get("samples_per_record", 1))
+        if packed != theirs and meta.get("count"):
+            raise FormatError(
+                f"{folder}: the new {name} holds {packed} samples per record, the finalized set {theirs}; a "
+                f"sharded set is read with one packing: pass samples_per_record={theirs} (the set and its "
+                "manifest are unchanged)"
+            )
+
+
+def _check_folder(
+    folder: str, shard: int, plan: dict[str, Any], overwrite: bool
+) -> tuple[RecordFile | None, _SetInFolder]:
+    """Check this writer's plan against the set already in ``folder``, before anything is written or removed.
+
+    Returns ``(existing, found)``: ``existing`` is the shard of a finalized set
+    that a retry with the same plan returns unchanged (None: write it), and
+    ``found`` what :meth:`_SetInFolder.check_before_publish` checks the new
+    shard against. Raises ArgumentError when the folder holds shards of another
+    number of shards, or shards (or a finalized set) written with other
+    settings: nothing is removed then, and the set stays as it was.
+    """
+    n = plan["of"]
+    names = sorted(os.listdir(folder))
+    shards = [(name, parsed) for name, parsed in ((x, _manifest.parse_shard_name(x)) for x in names) if parsed]
+    others = sorted({parsed[1] for _, parsed in shards if parsed[1] != n})
+    if others:
+        example = next(name for name, parsed in shards if parsed[1] == others[0])
+        raise ArgumentError(
+            f"{folder}: holds shards of a set of {others[0]} shards ({example}...); this writer has "
+            f"num_shards={n}: every writer of a set passes the same num_shards. Pass num_shards={others[0]} to "
+            "write a shard of that set, or write the new set into another folder (or remove the old one first)"
+        )
     manifest_path = os.path.join(folder, _manifest.MANIFEST_NAME)
-    if not os.path.exists(manifest_path):
-        return None
-    if overwrite:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(manifest_path)  # the set changes: it is not readable until finalized again
-        return None
+    manifest: dict[str, Any] | None = None
+    if os.path.exists(manifest_path):
+        try:
+            manifest = _manifest.check_manifest(_manifest.read_json(manifest_path), manifest_path)
+        except (TorchRecordError, OSError):
+            if not overwrite:
+                raise RecordExistsError(
+                    f"{folder}: holds a damaged finalized sharded set ({manifest_path} cannot be read); pass "
+                    "overwrite=True to write its shards again (finalizing replaces the manifest), or write to "
+                    "another folder"
+                ) from None
+        if manifest is not None and len(manifest["shards"]) != n:
+            raise ArgumentError(
+                f"{folder}: holds a finalized set of {len(manifest['shards'])} shards; this writer has "
+                f"num_shards={n}: pass num_shards={len(manifest['shards'])}, or write the new set into another "
+                "folder (or remove the old one first)"
+            )
+    mine = {**{k: plan[k] for k in _PLAN_KEYS if k != "options"}, **plan["options"]}
+    # the other shards' metadata: one speaks for a finalized set (finalize checked that they agree);
+    # without a manifest, every shard present (a stale one of an earlier attempt is named)
+    present = [i for _, (i, _) in shards if i != shard]
+    if manifest is not None:
+        present = present[:1] or [shard]
+    for i in present:
+        path = os.path.join(folder, _manifest.shard_name(i, n))
+        try:
+            theirs = _plan_of(RecordFile(path).read_header())
+        except (TorchRecordError, OSError):
+            continue  # unreadable, or replaced meanwhile: finalize_shards names it
+        where = f"the finalized set (its shard {i})" if manifest is not None else f"shard {i}"
+        conflict = _plan_conflict(mine, theirs, where) if theirs is not None else None
+        if conflict is None:
+            continue
+        if manifest is not None:
+            raise ArgumentError(
+                f"{folder}: this writer of shard {shard} has {conflict}: every shard of a set is written "
+                "with the same settings, so nothing was written or removed and the set is unchanged. Pass "
+                "the set's settings to write one of its shards again; to write a new set, use another "
+                "folder (or remove this one first)"
+            )
+        raise ArgumentError(
+            f"{folder}: this writer of shard {shard} has {conflict}: every shard of a set is written with "
+            f"the same settings, so nothing was written. Pass the other shards' settings; if shard {i} is "
+            f"left from an earlier attempt, remove {path} and write it again"
+        )
+    found = _SetInFolder(manifest)
+    if manifest is None or overwrite:
+        return None, found  # the old manifest stays until finalizing replaces it
+    entry = manifest["shards"][shard]
     try:
-        manifest = _manifest.check_manifest(_manifest.read_json(manifest_path), manifest_path)
-        entry = manifest["shards"][shard] if len(manifest["shards"]) == plan["of"] else None
-        if entry is not None:
-            rf = RecordFile(os.path.join(folder, entry["name"]))
-            same = {k: rf.metadata.get("shard", {}).get(k, rf.metadata.get(k)) for k in _PLAN_KEYS}
-            if rf.set_id == entry["set_id"] and same == {k: plan[k] for k in _PLAN_KEYS}:
-                return rf
-    except (TorchRecordError, OSError, KeyError, TypeError):
-        pass
-    raise RecordExistsError(
-        f"{folder}: holds a finalized sharded set written with another plan (or a damaged one); pass "
-        "overwrite=True to rewrite it, or write to another folder"
-    )
+        rf = RecordFile(os.path.join(folder, entry["name"]))
+        if rf.set_id == entry["set_id"]:
+            return rf, found  # a retry of a finalized set's shard: unchanged
+    except (TorchRecordError, OSError):
+        pass  # the shard is gone or unreadable: write it again
+    return None, found  # rewritten since the set was finalized, or gone: write it (again)
 
 
 def _all_written(folder: str, n: int) -> bool:
@@ -495,6 +625,16 @@ def _check_plans(folder: str, metas: list[dict[str, Any]]) -> None:
         info = meta["shard"]
         if info["source"] == "map" and info["first"] != i * info["total"] // info["of"]:
             raise FormatError(f"{folder}: shard {i} starts at position {info['first']} of the permutation, not its own")
+
+
+def _compression_levels(metas: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per field: the codec and level asked for (the same in every shard), and whether any shard applied it."""
+    levels: dict[str, dict[str, Any]] = {}
+    for meta in metas:
+        for name, report in (meta.get("compression") or {}).items():
+            entry = levels.setdefault(name, {"codec": report.get("codec"), "level": report.get("level")})
+            entry["applied"] = bool(entry.get("applied")) or bool(report.get("applied"))
+    return levels
 
 
 def _check_packing(folder: str, metas: list[dict[str, Any]]) -> None:

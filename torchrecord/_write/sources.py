@@ -10,10 +10,12 @@ fast-encoded samples of a map-style source come as one :class:`Encoded` batch.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import traceback
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,7 @@ from torchrecord._core.codec import Payload, leaf_payload
 from torchrecord._core.schema import LeafSignature
 from torchrecord._core.structure import Tree, field_names, flatten
 from torchrecord._write.fastwrite import Column, FastEncoder
-from torchrecord.errors import SampleTypeError, SampleValueError
+from torchrecord.errors import SampleTypeError, SampleValueError, TorchRecordError
 
 __all__ = [
     "COLUMNS_METHOD",
@@ -34,7 +36,9 @@ __all__ = [
     "Normalized",
     "Outcome",
     "Preparer",
+    "add_note",
     "encoder_for",
+    "failure",
     "is_map_style",
     "iterate_source",
     "normalize",
@@ -53,11 +57,21 @@ class Normalized:
 
 @dataclass
 class Failed:
-    """The source raised (or gave an unstorable sample) at this index."""
+    """The source raised (or gave an unstorable sample) at this index.
+
+    ``error`` is the exception itself, for the writer to chain (``raise ... from
+    error``): in a DataLoader worker it carries its traceback as a note, since
+    pickling drops the traceback; None when it cannot be pickled, and then
+    ``detail`` (the formatted traceback) is all there is. ``invalid``: the
+    library's own checks refused the sample (a value the format cannot store, no
+    group key), so the writer raises that error, not a source failure.
+    """
 
     message: str
     detail: str
     fatal: bool = False  # the source cannot go on (a generator that raised): never skippable
+    error: BaseException | None = None
+    invalid: bool = False
 
 
 def normalize(sample: Any) -> Normalized:
@@ -74,6 +88,11 @@ def normalize(sample: Any) -> Normalized:
             signature, payload = leaf_payload(leaf)
         except (TypeError, ValueError) as exc:
             name = field_names(tree)[i]
+            if leaf is None:
+                raise SampleTypeError(
+                    f"field {name!r} is None, which cannot be stored; give it a value in every sample "
+                    "(0, '', an empty list...), or leave the field out of every sample"
+                ) from None
             raise (SampleTypeError if isinstance(exc, TypeError) else SampleValueError)(
                 f"field {name!r}: {exc}"
             ) from None
@@ -98,16 +117,54 @@ def _prepare(sample: Any, encoder: FastEncoder | None) -> bytes | Normalized:
     return normalize(sample)
 
 
-def _failed(index: int, exc: Exception) -> Item:
-    return index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()), None
+def failure(exc: Exception, fatal: bool = False, invalid: bool = False) -> Failed:
+    """A :class:`Failed` for ``exc``, being handled now (its traceback is the current one)."""
+    detail = traceback.format_exc()
+    return Failed(f"{type(exc).__name__}: {exc}", detail, fatal, _portable(exc, detail), invalid)
+
+
+def _portable(exc: Exception, detail: str) -> BaseException | None:
+    """``exc`` as it can travel from a DataLoader worker (its traceback as a note), or None if it cannot."""
+    if torch.utils.data.get_worker_info() is None:
+        return exc  # read in this process: the exception keeps its own traceback
+    try:
+        add_note(exc, f"(raised in a DataLoader worker of the write)\n{detail.rstrip()}")
+        reduction.ForkingPickler.dumps(exc)  # it pickles as the worker's queue will pickle it,
+        copy.deepcopy(exc)  # and rebuilds the way unpickling will (no bytes are ever loaded here)
+    except Exception:  # an exception that does not pickle: the writer shows the formatted traceback
+        return None
+    return exc
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``: shown under the exception's traceback (Python 3.11+; kept, unshown, on 3.10)."""
+    add = getattr(exc, "add_note", None)
+    if add is not None:
+        add(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+def _failed(index: int, exc: Exception, invalid: bool = False) -> Item:
+    return index, failure(exc, invalid=invalid), None
 
 
 def _attempt(dataset: Any, index: int, encoder: FastEncoder | None, key: KeyFunction | None = None) -> Item:
     try:
         sample = dataset[index]
+    except Exception as exc:  # the user's code: any exception is reported with its index
+        return _failed(index, exc)
+    return _checked(index, sample, encoder, key)
+
+
+def _checked(index: int, sample: Any, encoder: FastEncoder | None, key: KeyFunction | None) -> Item:
+    """The sample's group key and encoding; a failure is the library's refusal, or the group_by function's."""
+    try:
         group = key(sample) if key is not None else None
         return index, _prepare(sample, encoder), group
-    except Exception as exc:  # the user's code: any exception is reported with its index
+    except TorchRecordError as exc:  # the format cannot store it, or it has no group key
+        return _failed(index, exc, invalid=True)
+    except Exception as exc:  # a group_by function of the user's raised
         return _failed(index, exc)
 
 
@@ -125,15 +182,14 @@ class Preparer:
         self._first = True
 
     def __call__(self, index: int, sample: Any) -> Item:
-        try:
-            group = self._key(sample) if self._key is not None else None
-            outcome = _prepare(sample, self._encoder)
-        except Exception as exc:  # the user's sample: reported (or skipped) with its index
-            return _failed(index, exc)
+        item = _checked(index, sample, self._encoder, self._key)  # a failure: reported (or skipped)
+        outcome = item[1]
+        if isinstance(outcome, Failed):
+            return item
         if self._first:
             self._first = False
             self._encoder = encoder_for(outcome, self._fast)
-        return index, outcome, group
+        return item
 
 
 def encoder_for(outcome: Outcome, fast: bool) -> FastEncoder | None:
@@ -336,8 +392,7 @@ def iterate_source(source: Iterable[Any], fast: bool = True, key: KeyFunction | 
             return
         except Exception as exc:
             # a generator that raised is finished: skipping would silently lose the rest
-            fatal = inspect.isgenerator(it)
-            yield index, Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc(), fatal), None
+            yield index, failure(exc, fatal=inspect.isgenerator(it)), None
             index += 1
             continue
         yield prepare(index, sample)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, NoReturn
 
@@ -28,7 +28,7 @@ from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import Preparer, is_map_style, iterate_source, read_in_order
 from torchrecord.errors import IgnoredOptionWarning, TorchRecordWarning, WriterClosedError
 
-__all__ = ["RecordWriter", "write_record", "write_source"]
+__all__ = ["RecordWriter", "put_entries", "write_record", "write_source"]
 
 #: cli.py and verify.py take their progress bar from here
 _progress_bar = progress_bar
@@ -87,7 +87,8 @@ def write_record(
         metadata: user metadata stored with the record set (None, bool, int,
             float, str, bytes, lists and dicts with str keys; checked at once).
         on_error: ``"raise"`` aborts on the first sample the source fails to give
-            (or that cannot be stored), naming its index; ``"skip"`` leaves such
+            (or that cannot be stored, or does not fit the schema), naming its
+            index; ``"skip"`` leaves such
             samples out and records them (``RecordFile.write_summary``, and the
             metadata: ``skipped`` and the first 1,000 ``skipped_samples``). A
             write that keeps no sample at all is a ``SourceError``.
@@ -118,7 +119,10 @@ def write_record(
             ``RecordFile.schema``: the set gets exactly that schema), or a dict
             of field name -> shape (``(3, None, None)``: ``None`` where the size
             may vary), dtype name, or ``{"shape": ..., "dtype": ...}``. A sample
-            that breaks it is a ``SchemaError``. Without it, a field whose shape
+            that breaks it is a ``SchemaError``. A dtype is checked, not
+            converted to: ``{"ids": "int32"}`` refuses a list of Python ints
+            (stored as int64); convert in the source
+            (``numpy.asarray(ids, dtype="int32")``). Without it, a field whose shape
             changes gives a ``VariableShapeWarning`` and is listed in
             ``write_summary.variable_fields``.
         initial_map_size: starting LMDB map size; it grows on its own.
@@ -144,9 +148,12 @@ def write_record(
     Raises:
         RecordExistsError: ``path`` exists and ``overwrite`` is false (also when
             another writer published there while this one was writing).
-        SourceError: the source raised at a sample (``on_error="raise"``), every
-            sample failed or more than ``max_skipped`` did, or a group came back
-            after another one.
+        SourceError: the source raised at a sample (``on_error="raise"``; its
+            exception is the ``__cause__``), every sample failed or more than
+            ``max_skipped`` did, or a group came back after another one.
+        SampleTypeError, SampleValueError: a sample holds a value the format
+            cannot store (None, a set, an int beyond int64, no ``group_by``
+            field), named by the file, the sample and the field.
         SchemaError: a sample's structure or dtype differs from the first one's,
             or breaks the stated ``schema``.
         ValueError, TypeError: an option cannot work (checked before reading).
@@ -194,6 +201,7 @@ def write_source(
             order = np.random.default_rng(seed).permutation(n) if shuffle and not grouped else np.arange(n)
             if positions is not None:
                 order = order[positions]
+            session.admission.shuffled_read = shuffle and not grouped
             stream = read_in_order(
                 dataset, order, num_workers, settings.multiprocessing_context, fast=session.fast, key=session.key
             )
@@ -253,8 +261,9 @@ class RecordWriter:
             shapes); None chooses it from the first sample (see :func:`write_record`).
         progress: show a tqdm bar (if installed); ``None``: only on a terminal.
         metadata: user metadata stored with the set (checked at once, see :func:`write_record`).
-        on_error: ``"raise"``: a sample that cannot be stored aborts the write and
-            raises; ``"skip"``: it is left out and recorded (``write_summary``).
+        on_error: ``"raise"``: a sample that cannot be stored, or does not fit the
+            schema (a field that changes kind, another structure), aborts the write
+            and raises; ``"skip"``: it is left out and recorded (``write_summary``).
             A write that keeps no sample is a ``SourceError`` at close.
         max_skipped: with ``"skip"``: the most samples that may be left out, a
             count (int) or a fraction (float in (0, 1), checked at close).
@@ -369,6 +378,20 @@ class RecordWriter:
     def _fail(self, exc: BaseException) -> NoReturn:
         self.abort()
         _reraise(exc, self.path)
+
+
+def put_entries(writer: RecordWriter, entries: Iterable[tuple[bytes, bytes]]) -> None:
+    """Store (key, value) entries in the ``meta`` database of ``writer``'s set, beside its records.
+
+    Internal (the robomimic converter keeps each demo's final frames there, out
+    of every reader's sample index); an error aborts the write, as in
+    :meth:`RecordWriter.append`.
+    """
+    session = writer._open_session()
+    try:
+        session.put_entries(entries)
+    except BaseException as exc:
+        writer._fail(exc)
 
 
 def _abort_in(session: WriteSession, pid: int) -> None:

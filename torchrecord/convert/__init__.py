@@ -9,8 +9,9 @@ list      text file of ``<path> <label>`` lines  ``{"image": bytes, "label": int
 npy       one ``.npy`` array                     its row ``array[i]``
 npz       ``.npz`` archive                       ``{name: array[i]}`` over its arrays
 hdf5      HDF5 file                              ``{name: dataset[i]}`` (groups nest dicts)
-robomimic robomimic HDF5 (``data/demo_N/...``)    one time step, demos as groups; see
-                                                :func:`from_robomimic`
+robomimic robomimic HDF5 (``data/demo_N/...``)    one time step, demos as groups (each
+                                                demo's final next_obs frame kept beside
+                                                the steps); see :func:`from_robomimic`
 hf        a ``save_to_disk`` folder or a folder  ``{column: value}`` per row; see :func:`from_hf`
           of parquet files (or, from Python, a   (also a ``Dataset``/``DatasetDict``/
           ``datasets`` object)                   ``IterableDataset`` object)
@@ -26,7 +27,10 @@ and ``shard``/``num_shards`` to write one shard of a sharded set
 ``source_format``. robomimic files (detected before the generic HDF5 converter)
 keep robomimic's demo order: the options that do not apply to them (``seed``,
 ``num_workers``, ``on_error``, ...; the windows are shuffled when read) are
-refused, and ``keys`` chooses their obs keys. Images are stored encoded; use
+refused, ``keys`` chooses their obs keys and ``dataset_keys`` their per-step
+arrays. An option that applies only to other formats (``check_images``,
+``keep_paths``, ``extensions``, ``dataset_keys``) is refused when given another
+value than its default for a source it does not apply to. Images are stored encoded; use
 ``RecordDataset(path, transform=torchrecord.transforms.decode_image)`` to decode
 them after shuffling. Pillow (``images`` extra) and h5py (``hdf5`` extra) are
 imported only when needed.
@@ -124,9 +128,17 @@ _NOT_ROBOMIMIC = {
     "multiprocessing_context": "the file is read in this process, one demo at a time",
     "on_error": "a bad demo stops the conversion",
     "max_skipped": "a bad demo stops the conversion",
-    "samples_per_record": "the set holds one time step per record",
     "group_by": "the set is grouped by demo",
     "schema": "the converter builds the schema from the file",
+}
+
+
+#: Options of :func:`convert` that apply to some formats only: the formats, and the default.
+_FORMAT_OPTIONS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "check_images": (("folder", "list"), True),
+    "keep_paths": (("folder", "list"), True),
+    "extensions": (("folder",), tuple(IMG_EXTENSIONS)),
+    "dataset_keys": (("robomimic",), None),
 }
 
 
@@ -137,6 +149,7 @@ def convert(
     format: str = "auto",
     keys: Sequence[str] | None = None,
     split: str | None = None,
+    dataset_keys: Sequence[str] | None = None,
     check_images: bool = True,
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
     keep_paths: bool = True,
@@ -169,6 +182,8 @@ def convert(
         format: one of :data:`FORMATS`, or ``"auto"`` (:func:`detect_format`).
         keys: arrays to convert (``npz`` and ``hdf5``), obs keys (``robomimic``),
             columns (``hf``).
+        dataset_keys: ``robomimic`` only: the per-step arrays to convert (default:
+            ``actions``, ``rewards``, ``dones``; see :func:`from_robomimic`).
         split: the split of an ``hf`` dataset dict to convert (default: every
             split, each to ``path/<split>``, and a dict of split -> RecordFile
             is returned).
@@ -191,6 +206,14 @@ def convert(
     fmt = detect_format(source) if format == "auto" else format
     if fmt not in CONVERTERS:
         raise ArgumentError(f"unknown source format {format!r}; choose one of auto, {', '.join(FORMATS)}")
+    chosen: dict[str, Any] = {"check_images": check_images, "keep_paths": keep_paths, "dataset_keys": dataset_keys}
+    chosen["extensions"] = extensions if extensions is None else tuple(extensions)
+    for name, (formats, default) in _FORMAT_OPTIONS.items():
+        if fmt not in formats and chosen[name] != default:
+            raise ArgumentError(
+                f"{name}={chosen[name]!r} does not apply to a {fmt} source ({os.fspath(source)}): it is for "
+                f"{' and '.join(formats)} sources; leave it out"
+            )
     written = {f.name: getattr(settings, f.name) for f in fields(WriteSettings)}
     sharding = {"shard": shard, "num_shards": num_shards}
     if fmt == "robomimic":
@@ -203,6 +226,8 @@ def convert(
                     "leave it out"
                 )
         applies = {name: value for name, value in written.items() if name not in _NOT_ROBOMIMIC and name != "shuffle"}
+        if dataset_keys is not None:
+            applies["dataset_keys"] = dataset_keys
         return from_robomimic(source, path, obs_keys=keys, **applies)
     options: dict[str, Any] = {}
     if keys is not None:

@@ -129,15 +129,28 @@ def common_length(source: str, shapes: dict[str, tuple[int, ...]]) -> int:
             )
     lengths = {name: int(shape[0]) for name, shape in shapes.items()}
     if len(set(lengths.values())) > 1:
-        listed = ", ".join(f"{name!r} has {n}" for name, n in lengths.items())
         raise SourceError(
-            f"{source}: the arrays disagree in their first (sample) dimension: {listed}; every array needs "
-            "one row per sample (choose arrays with keys=[...] / --keys)"
+            f"{source}: the arrays disagree in their first (sample) dimension: {_by_length(lengths)}; every array "
+            "needs one row per sample (choose arrays with keys=[...] / --keys)"
         )
     n = next(iter(lengths.values()))
     if n == 0:
         raise SourceError(f"{source}: the arrays have 0 rows; there is nothing to convert")
     return n
+
+
+def _by_length(lengths: dict[str, int], shown: int = 3) -> str:
+    """``'a' has 9 rows (and 4 more arrays), 'b' has 5 rows, ...``: a few arrays per length, a few lengths."""
+    names: dict[int, list[str]] = {}
+    for name, n in lengths.items():
+        names.setdefault(n, []).append(name)
+    parts = []
+    for n, listed in list(names.items())[:shown]:
+        more = f" (and {len(listed) - 1} more arrays)" if len(listed) > 1 else ""
+        parts.append(f"{listed[0]!r} has {n} rows{more}")
+    if len(names) > shown:
+        parts.append(f"{len(names) - shown} more lengths")
+    return ", ".join(parts)
 
 
 def row_converter(source: str, name: str, dtype: np.dtype, ndim: int) -> Callable[[Any], Any]:

@@ -30,6 +30,7 @@ from torchrecord._store.record_file import RecordFile
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.writer import SchemaArg
 from torchrecord.convert._common import RowStream, common_length, existing, require, row_converter, write, write_stream
+from torchrecord.convert.robomimic import is_robomimic
 from torchrecord.errors import SourceError
 
 __all__ = ["H5Rows", "from_hdf5"]
@@ -209,7 +210,15 @@ def from_hdf5(
         raise SourceError(f"{src}: cannot open as HDF5 ({exc})") from None
     with f:
         columns, converts = _describe(f, src, keys)
-    length = common_length(src, {c.name: c.shape for c in columns})
+    try:
+        length = common_length(src, {c.name: c.shape for c in columns})
+    except SourceError:
+        if keys is None and is_robomimic(src):
+            raise SourceError(
+                f"{src}: a robomimic file (demos under data/), whose demos differ in length: convert it with "
+                "format='robomimic' (--format robomimic, or leave --format out)"
+            ) from None
+        raise
     meta = {"source_format": "hdf5"}
     if any(c.chunk_rows for c in columns):
         stream = RowStream(length, functools.partial(_stream, src, columns, length, converts))

@@ -1,12 +1,13 @@
-"""robomimic HDF5 files: one record per time step, demos as groups, in robomimic's order.
+"""robomimic HDF5 files: one sample per time step, demos as groups, in robomimic's order.
 
 A robomimic file holds ``data/demo_N/obs/<key>``, ``next_obs/<key>``,
 ``actions``, ``rewards``, ``dones`` (attribute ``num_samples``), filter lists
 under ``mask/<filter>`` and ``env_args`` on ``data``. :func:`from_robomimic`
 writes the layout described in ``torchrecord._robomimic.episodes``: demos contiguous and
 in robomimic's order (sorted by their number), every next_obs key that is obs
-shifted by one step stored once, and demo names, lengths, attributes, masks and
-``env_args`` in the user metadata. Read it back with
+shifted by one step stored once (each demo's final frame kept outside the
+samples), and demo names, lengths, attributes, masks and ``env_args`` in the
+user metadata. Read it back with
 :class:`torchrecord.SequenceDataset` or :class:`torchrecord.WindowDataset`.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,10 +22,10 @@ from typing import Any, Literal
 import numpy as np
 
 from torchrecord._core import dtypes as _dtypes
-from torchrecord._robomimic.episodes import DEMO_FIELD, META_KEY, SHIFT, STORED, TAIL_DEMO, VERSION, field_name
+from torchrecord._robomimic.episodes import DEMO_FIELD, META_KEY, SHIFT, STORED, VERSION, field_name, final_entry
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.settings import WriteSettings
-from torchrecord._write.writer import RecordWriter
+from torchrecord._write.writer import RecordWriter, put_entries
 from torchrecord.convert._common import existing, require
 from torchrecord.errors import ArgumentError, SourceError
 
@@ -78,17 +78,21 @@ def from_robomimic(
     commit_bytes: int = 64 << 20,
     compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
     compression_level: int | None = None,
+    samples_per_record: int | None = None,
 ) -> RecordFile:
-    """Convert a robomimic HDF5 file into a grouped record set, one record per time step.
+    """Convert a robomimic HDF5 file into a grouped record set, one sample per time step.
 
     Demos are read one at a time (memory holds one demo), from gzip-chunked or
     contiguous datasets alike, and written in robomimic's order (by demo number,
     gaps allowed). Each demo's ``num_samples`` is checked against every dataset
     in it. A ``next_obs`` key that equals ``obs`` shifted by one step (checked
-    byte for byte in every demo) is stored once, plus the demo's final frame;
-    any other is stored as it is. Demo names, lengths and attributes, the filter
-    masks, ``env_args`` and the other ``data`` attributes go into the user
-    metadata (``RecordFile(path).user_metadata["robomimic"]``).
+    byte for byte in every demo) is stored once, plus the demo's final frame,
+    which is kept beside the samples, not as one: every sample is a step of the
+    file, so ``len()`` of the set is the file's step count and every reader
+    (``RecordDataset``, ``load``, ...) gives exactly the file's steps. Any other
+    ``next_obs`` key is stored as it is. Demo names, lengths and attributes, the
+    filter masks, ``env_args`` and the other ``data`` attributes go into the
+    user metadata (``RecordFile(path).user_metadata["robomimic"]``).
 
     Args:
         hdf5_path: the robomimic file.
@@ -96,7 +100,8 @@ def from_robomimic(
         obs_keys: observation keys to convert; default: every key under the first
             demo's ``obs``.
         dataset_keys: per-step arrays to convert. A key no demo has is left out
-            (robomimic then reads zeros under a cache mode); a key only some demos
+            (robomimic then reads zeros under a cache mode, and so do the window
+            datasets, with a ``MissingDatasetKeyWarning``); a key only some demos
             have is a SourceError.
         overwrite: replace an existing set at ``path``.
         progress: a tqdm bar (None: on a terminal only).
@@ -108,13 +113,16 @@ def from_robomimic(
             not shrink are left alone), or a dict of field name -> codec, e.g.
             ``{"obs.agentview_image": "zstd"}`` for rendered camera images.
             Needs the ``compress`` extra.
+        samples_per_record: steps stored per LMDB record, as for
+            ``write_record``; None (the default) chooses it from the frame size,
+            as ``write_record`` does (small low-dim steps are packed together).
 
     The other options of :func:`torchrecord.write_record` do not apply: the set
     keeps robomimic's demo order (``shuffle``, ``seed``; the windows are
-    shuffled when read), is grouped by demo (``group_by``), holds one time step
-    per record (``samples_per_record``), reads the file in this process
-    (``num_workers``, ``multiprocessing_context``), stops at the first bad demo
-    (``on_error``, ``max_skipped``) and builds its own schema (``schema``).
+    shuffled when read), is grouped by demo (``group_by``), reads the file in
+    this process (``num_workers``, ``multiprocessing_context``), stops at the
+    first bad demo (``on_error``, ``max_skipped``) and builds its own schema
+    (``schema``).
 
     Raises:
         SourceError: the file is not robomimic's layout, a demo lacks a key or
@@ -291,6 +299,7 @@ def _description(
             raise SourceError(f"{src}: data attribute env_args is not JSON") from None
     stored = [k.name for k in keys["dataset"]]
     return {
+        "source_dataset_keys": _source_dataset_keys(f, demos),
         "version": VERSION,
         "source": os.path.basename(src),
         "demos": demos,
@@ -303,6 +312,17 @@ def _description(
         "dataset_keys": stored,
         "missing_dataset_keys": [k for k in dataset_keys if k not in stored],
     }
+
+
+def _source_dataset_keys(f: Any, demos: list[str]) -> list[str]:
+    """The per-step arrays (datasets directly in a demo group) that every demo has, in the first demo's order."""
+    h5py = _h5py()
+    data = f["data"]
+    common = [k for k, v in data[demos[0]].items() if isinstance(v, h5py.Dataset)]
+    for demo in demos[1:]:
+        group = data[demo]
+        common = [k for k in common if isinstance(group.get(k), h5py.Dataset)]
+    return [str(k) for k in common]
 
 
 def _write(
@@ -320,7 +340,11 @@ def _write(
     stored_next = [n for n in keys["next_obs"] if modes[n.h5[len("next_obs/") :]] == STORED]
     shifted = [o for o in keys["obs"] if keys["next_obs"] and modes[o.h5[len("obs/") :]] == SHIFT]
     meta = {**(settings.metadata or {}), "source_format": "robomimic"}
-    meta[META_KEY] = {**description, "next_obs": dict(modes) if keys["next_obs"] else {}, "tail_group": bool(shifted)}
+    meta[META_KEY] = {
+        **description,
+        "next_obs": dict(modes) if keys["next_obs"] else {},
+        "final_keys": [o.h5[len("obs/") :] for o in shifted],
+    }
     writer = RecordWriter(
         path,
         overwrite=settings.overwrite,
@@ -333,30 +357,24 @@ def _write(
         commit_bytes=settings.commit_bytes,
         compression=settings.compression,
         compression_level=settings.compression_level,
-        samples_per_record=1,  # one record per time step (the window datasets read frames by record)
+        samples_per_record=settings.samples_per_record,
     )
     try:
-        with tempfile.TemporaryFile(dir=os.path.dirname(os.path.abspath(os.fspath(path)))) as tails:
-            for position, demo in enumerate(demos):
-                group = data[demo]
-                arrays = {k.h5: _read(group, src, demo, k.h5) for k in keys["obs"] + keys["dataset"] + stored_next}
-                for o in shifted:
-                    key = o.h5[len("obs/") :]
-                    nxt = _read(group, src, demo, f"next_obs/{key}")
-                    if not _is_shift(arrays[o.h5], nxt):
-                        writer.abort()
-                        return key
-                    tails.write(np.ascontiguousarray(nxt[-1]).tobytes())
-                for t in range(int(description["lengths"][position])):
-                    writer.append(_step(position, t, arrays, keys, stored_next))
-            if shifted:
-                tails.seek(0)
-                sizes = [int(np.prod(o.shape, dtype=np.int64)) * o.dtype.itemsize for o in shifted]
-                for _ in demos:
-                    frames = {
-                        o.name: np.frombuffer(tails.read(n), o.dtype).reshape(o.shape) for o, n in zip(shifted, sizes)
-                    }
-                    writer.append(_tail(frames, keys, stored_next))
+        for position, demo in enumerate(demos):
+            group = data[demo]
+            arrays = {k.h5: _read(group, src, demo, k.h5) for k in keys["obs"] + keys["dataset"] + stored_next}
+            finals = []
+            for o in shifted:
+                key = o.h5[len("obs/") :]
+                nxt = _read(group, src, demo, f"next_obs/{key}")
+                if not _is_shift(arrays[o.h5], nxt):
+                    writer.abort()
+                    return key
+                finals.append(np.asarray(nxt[-1]))
+            if shifted:  # the final next_obs frames: kept beside the samples, in no reader's index
+                put_entries(writer, [final_entry(position, finals)])
+            for t in range(int(description["lengths"][position])):
+                writer.append(_step(position, t, arrays, keys, stored_next))
     except BaseException:
         writer.abort()
         raise
@@ -378,19 +396,4 @@ def _step(position: int, t: int, arrays: dict[str, np.ndarray], keys: dict[str, 
         sample["next_obs"] = {n.h5[len("next_obs/") :]: arrays[n.h5][t] for n in nxt}
     for k in keys["dataset"]:
         sample[k.name] = arrays[k.h5][t]
-    return sample
-
-
-def _tail(frames: dict[str, np.ndarray], keys: dict[str, list[_Key]], nxt: list[_Key]) -> Any:
-    """A tail record: the final next_obs frames of the shifted keys, zeros elsewhere."""
-
-    def zeros(k: _Key) -> np.ndarray:
-        return np.zeros(k.shape, k.dtype)
-
-    sample: dict[str, Any] = {DEMO_FIELD: TAIL_DEMO}
-    sample["obs"] = {o.h5[len("obs/") :]: frames.get(o.name, zeros(o)) for o in keys["obs"]}
-    if nxt:
-        sample["next_obs"] = {n.h5[len("next_obs/") :]: zeros(n) for n in nxt}
-    for k in keys["dataset"]:
-        sample[k.name] = zeros(k)
     return sample

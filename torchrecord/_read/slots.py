@@ -1,0 +1,351 @@
+"""Shared-memory batch slots: how a large batch leaves a DataLoader worker without a copy in the main process.
+
+torch hands a batch's tensors from a worker to the main process one shared
+segment per tensor, made afresh for every batch: a new segment, its pages
+zero-filled in the worker and faulted in again in the main process, and a file
+descriptor passed over a socket for each. For a batch that costs more than
+building it.
+
+Here each worker owns a few segments (``memfd`` files, Linux), created once.
+The worker copies a batch into a free segment and yields a :class:`SlotBatch`;
+pickled on its way to the main process it is only the segment's key, the
+leaves' offsets, dtypes and shapes, and, the first time a segment is sent, its
+file descriptor. The main process maps each segment once and builds the batch's
+tensors as views of it, without a copy.
+
+The rule that keeps batches valid: a segment is reused only once the main
+process has let go of the batch in it, that is once every tensor of that batch
+(and every view of one) is gone; the last one to go marks the segment free in
+its shared header. A batch the user keeps stays valid for as long as it is
+kept: the worker takes another segment meanwhile (so keeping every batch costs
+the memory of every batch, as with torch's own handover). A batch that is never
+sent (used inside the worker) frees its segment when the worker lets go of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import mmap
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing import reduction
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchrecord._core.structure import flatten, unflatten
+
+__all__ = ["SlotBatch", "allocate", "available", "into_slot", "mapped_segments", "worker_segments"]
+
+#: the segment's header: its state (one int64), padded so the data starts 64-byte aligned
+_HEADER = 64
+_ALIGN = 64
+#: a segment's state in its header
+_FREE, _SENT = 0, 1
+#: segments are sized in steps of this many bytes (a batch a little larger than the last fits)
+_GRANULE = 64 << 10
+#: free segments a worker keeps beyond the ones in use; more are closed (smallest first)
+_SPARE = 4
+
+
+def available() -> bool:
+    """Can this platform hand batches over in slots (it has ``memfd_create``)?"""
+    return hasattr(os, "memfd_create")
+
+
+# -- the worker's side --------------------------------------------------------------------------
+class _Segment:
+    """One shared-memory segment a worker owns: a header (its state) and room for one batch."""
+
+    _ids = itertools.count()
+
+    def __init__(self, capacity: int, nonce: int) -> None:
+        self.capacity = capacity
+        self.key = (os.getpid(), nonce, next(self._ids))
+        self.fd = os.memfd_create("torchrecord-batch", getattr(os, "MFD_CLOEXEC", 0))
+        os.ftruncate(self.fd, _HEADER + capacity)
+        self.map = mmap.mmap(self.fd, _HEADER + capacity)
+        self.state = np.frombuffer(self.map, dtype=np.int64, count=1)
+        self.address = int(np.frombuffer(self.map, dtype=np.uint8, count=1).ctypes.data) + _HEADER
+        self.local_views = False  # a batch built in this segment is still held in the worker
+        self.fd_sent = False
+
+    def is_free(self) -> bool:
+        return not self.local_views and int(self.state[0]) == _FREE
+
+    def close(self) -> None:
+        try:
+            self.state = np.empty(1, np.int64)
+            self.map.close()
+        except BufferError:  # a view is still alive somewhere in this process: the map goes with it
+            pass
+        os.close(self.fd)
+
+
+class _Pool:
+    """The segments of one worker process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.nonce = int.from_bytes(os.urandom(8), "little")
+        self.segments: list[_Segment] = []
+        self.retired: list[tuple[int, int, int]] = []  # keys the main process may forget
+        self.lock = threading.Lock()
+        self.allocated: _Segment | None = None  # the segment of the last allocate(), until a batch takes it
+
+    def take(self, size: int) -> _Segment:
+        """A free segment with room for ``size`` bytes (a new one when none is free)."""
+        with self.lock:
+            free = [s for s in self.segments if s.is_free()]
+            fitting = [s for s in free if s.capacity >= size]
+            if fitting:
+                segment = min(fitting, key=lambda s: s.capacity)
+            else:
+                segment = _Segment(-(-max(size, 1) // _GRANULE) * _GRANULE, self.nonce)
+                self.segments.append(segment)
+            segment.local_views = True
+            spare = sorted((s for s in free if s is not segment), key=lambda s: s.capacity)
+            for old in spare[: max(0, len(spare) - _SPARE)]:
+                self.segments.remove(old)
+                self.retired.append(old.key)
+                old.close()
+            return segment
+
+
+_pool: _Pool | None = None
+
+
+def _worker_pool() -> _Pool:
+    global _pool
+    if _pool is None or _pool.pid != os.getpid():  # a forked child never uses its parent's segments
+        _pool = _Pool()
+    return _pool
+
+
+def worker_segments() -> int:
+    """How many segments this process owns (for tests and diagnostics)."""
+    return len(_pool.segments) if _pool is not None and _pool.pid == os.getpid() else 0
+
+
+def _is_slot_leaf(leaf: Any) -> bool:
+    return isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad
+
+
+def allocate(rows: int, row_bytes: list[int]) -> list[np.ndarray]:
+    """uint8 arrays [rows, b] for each ``b`` of ``row_bytes``, in one free segment of this worker.
+
+    A reader gathers a batch's fields straight into them; :func:`into_slot` then
+    hands that batch over without copying it again.
+    """
+    sizes = [rows * b for b in row_bytes]
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // _ALIGN) * _ALIGN
+    pool = _worker_pool()
+    segment = pool.take(end)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
+    weakref.finalize(owner, _let_go_locally, segment)
+    base = np.frombuffer(owner, dtype=np.uint8)  # type: ignore[call-overload]
+    pool.allocated = segment
+    return [base[o : o + size].reshape(rows, b) for o, size, b in zip(offsets, sizes, row_bytes)]
+
+
+def _in_place(pool: _Pool, leaves: list[Any]) -> tuple[_Segment, list[tuple[Any, ...]]] | None:
+    """The last allocated segment and the leaves' specs in it, when every tensor leaf already lies there."""
+    segment, pool.allocated = pool.allocated, None
+    if segment is None:
+        return None
+    specs: list[tuple[Any, ...]] = []
+    for leaf in leaves:
+        if not _is_slot_leaf(leaf):
+            specs.append((leaf,))
+            continue
+        size = leaf.numel() * leaf.element_size()
+        offset = leaf.data_ptr() - segment.address
+        if size and (not leaf.is_contiguous() or offset < 0 or offset + size > segment.capacity):
+            return None
+        specs.append((max(offset, 0), size, leaf.dtype, tuple(leaf.shape)))
+    return segment, specs
+
+
+def into_slot(batch: Any) -> Any:
+    """``batch`` in one of this worker's segments, as a :class:`SlotBatch` (a dict stays a dict): copied there,
+    or as it is when its tensors were gathered there (:func:`allocate`)."""
+    tree, leaves = flatten(batch)
+    pool = _worker_pool()
+    placed = _in_place(pool, leaves)
+    if placed is not None:
+        segment, specs = placed
+        ref = _SlotRef(segment, pool)
+        if type(batch) is dict:
+            return _SlotDict(batch, ref, tree, specs, leaves)
+        return SlotBatch(batch, ref, tree, specs)
+    specs = []
+    end = 0
+    for leaf in leaves:
+        if _is_slot_leaf(leaf):
+            size = leaf.numel() * leaf.element_size()
+            specs.append((end, size, leaf.dtype, tuple(leaf.shape)))
+            end += -(-size // _ALIGN) * _ALIGN
+        else:
+            specs.append((leaf,))
+    segment = pool.take(end)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
+    weakref.finalize(owner, _let_go_locally, segment)
+    local = _views(owner, specs)
+    for leaf, spec, view in zip(leaves, specs, local):
+        if len(spec) > 1 and spec[1]:
+            view.copy_(leaf)
+    out = unflatten(tree, local)
+    ref = _SlotRef(segment, pool)
+    if type(out) is dict:
+        return _SlotDict(out, ref, tree, specs, local)
+    return SlotBatch(out, ref, tree, specs)
+
+
+def _let_go_locally(segment: _Segment) -> None:
+    segment.local_views = False
+
+
+@dataclass
+class _SlotRef:
+    """What the main process needs to find a batch's segment."""
+
+    segment: _Segment
+    pool: _Pool
+    sent: bool = field(default=False)
+
+    def for_pickle(self) -> tuple[Any, ...]:
+        segment = self.segment
+        segment.state[0] = _SENT  # the main process frees it when its last view of the batch goes
+        fd = None
+        if not segment.fd_sent:
+            fd = reduction.DupFd(segment.fd)
+            segment.fd_sent = True
+        with self.pool.lock:
+            retired, self.pool.retired = self.pool.retired, []
+        return (segment.key, fd, segment.capacity, retired)
+
+
+class SlotBatch:
+    """A batch (not a dict) whose tensors live in a worker's segment; unpickled, it is the plain batch."""
+
+    def __init__(self, batch: Any, ref: _SlotRef, tree: Any, specs: list[tuple[Any, ...]]) -> None:
+        self.batch, self._ref, self._tree, self._specs = batch, ref, tree, specs
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._ref.for_pickle(), self._tree, self._specs))
+
+
+class _SlotDict(dict[str, Any]):
+    """A dict batch in a segment: a dict for code in the worker, and pickled as a slot reference."""
+
+    def __init__(
+        self, batch: dict[str, Any], ref: _SlotRef, tree: Any, specs: list[tuple[Any, ...]], leaves: list[Any]
+    ) -> None:
+        super().__init__(batch)
+        self._slot = (ref, tree, specs, leaves)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        ref, tree, specs, leaves = self._slot
+        if not _unchanged(self, tree, leaves):  # code in the worker changed the dict: pickle it as a plain one
+            return (dict, (dict(self),))
+        return (_rebuild, (ref.for_pickle(), tree, specs))
+
+    def __copy__(self) -> _SlotDict:  # DataLoader's default_convert copies the dict: keep the mark
+        return _SlotDict(dict(self), *self._slot)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        import copy
+
+        return copy.deepcopy(dict(self), memo)
+
+
+def _unchanged(batch: dict[str, Any], tree: Any, leaves: list[Any]) -> bool:
+    """Does ``batch`` still hold exactly the leaves the slot was filled with (the same objects)?"""
+    try:
+        tree_now, leaves_now = flatten(dict(batch))
+    except Exception:
+        return False
+    return tree_now == tree and len(leaves_now) == len(leaves) and all(a is b for a, b in zip(leaves_now, leaves))
+
+
+# -- the main process's side --------------------------------------------------------------------
+class _Mapping:
+    """A worker's segment mapped in this process."""
+
+    def __init__(self, fd: int, capacity: int) -> None:
+        self.map = mmap.mmap(fd, _HEADER + capacity)
+        self.capacity = capacity
+        self.state = np.frombuffer(self.map, dtype=np.int64, count=1)
+
+
+_mappings: dict[tuple[int, int, int], _Mapping] = {}
+_mappings_lock = threading.Lock()
+
+
+def mapped_segments() -> int:
+    """How many worker segments this process has mapped (for tests and diagnostics)."""
+    return len(_mappings)
+
+
+def _rebuild(ref: tuple[Any, ...], tree: Any, specs: list[tuple[Any, ...]]) -> Any:
+    """The plain batch of a slot reference: tensors that are views of the mapped segment."""
+    key, fd, capacity, retired = ref
+    with _mappings_lock:
+        for old in retired:
+            _mappings.pop(tuple(old), None)
+        mapping = _mappings.get(tuple(key))
+        if mapping is None:
+            if fd is None:
+                from torchrecord.errors import InternalError
+
+                raise InternalError(f"a batch arrived from segment {key} of a worker, which this process never mapped")
+            handle = fd.detach()
+            try:
+                mapping = _Mapping(handle, capacity)
+            finally:
+                os.close(handle)
+            _forget_dead_workers(exclude=key[0])
+            _mappings[tuple(key)] = mapping
+    end = max((spec[0] + spec[1] for spec in specs if len(spec) > 1), default=0)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(mapping.map, _HEADER)
+    weakref.finalize(owner, _free, mapping.state)
+    return unflatten(tree, _views(owner, specs))
+
+
+def _free(state: np.ndarray) -> None:
+    state[0] = _FREE
+
+
+def _forget_dead_workers(exclude: int) -> None:
+    """Drop the mappings of workers that have exited (batches still held keep their own reference)."""
+    for key in [k for k in _mappings if k[0] != exclude]:
+        try:
+            os.kill(key[0], 0)
+        except ProcessLookupError:
+            del _mappings[key]
+        except PermissionError:
+            pass
+
+
+def _views(owner: Any, specs: list[tuple[Any, ...]]) -> list[Any]:
+    """The leaves of ``specs``: tensors as views of ``owner`` (a ctypes array over a segment), others as they are."""
+    base = np.frombuffer(owner, dtype=np.uint8)
+    leaves: list[Any] = []
+    for spec in specs:
+        if len(spec) == 1:
+            leaves.append(spec[0])
+            continue
+        offset, size, dtype, shape = spec
+        if not size:
+            leaves.append(torch.empty(shape, dtype=dtype))
+            continue
+        raw = torch.from_numpy(base[offset : offset + size])
+        leaves.append(raw.view(dtype).view(shape))
+    return leaves
