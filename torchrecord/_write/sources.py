@@ -357,11 +357,19 @@ def read_in_order(
             prefetch_factor=4,
             collate_fn=_as_is,  # the default turns tuples (group keys) into lists, NumPy scalars into tensors
         )
-    for batch in batches:
-        if isinstance(batch, Encoded):
-            yield batch
-        else:
-            yield from batch
+    iterator: Iterator[Any] = iter(batches)
+    try:
+        for batch in iterator:
+            if isinstance(batch, Encoded):
+                yield batch
+            else:
+                yield from batch
+    finally:
+        # stop the reader workers when this generator is closed (an error, a stop), not at a later GC:
+        # a traceback that holds this frame would otherwise keep them running
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def _size(outcome: Outcome) -> int:
