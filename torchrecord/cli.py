@@ -148,7 +148,7 @@ def _add_convert(commands: Any) -> None:
         commands,
         "convert",
         _convert,
-        "convert an image folder, list file, .npy/.npz, HDF5 or robomimic file into a record set",
+        "convert image folders, list files, .npy/.npz, HDF5, robomimic, Hugging Face datasets or WebDataset tars",
         "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n"
         "  folder     root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
         "             'path': file path relative to SOURCE}, class names in the user metadata\n"
@@ -157,6 +157,11 @@ def _add_convert(commands: Any) -> None:
         "  npy        one array; a sample is a row (first axis), memory-mapped\n"
         "  npz        {name: row} over its arrays (compressed archives are streamed)\n"
         "  hdf5       {name: row} over its datasets, which share their first dimension\n"
+        "  hf         a Hugging Face dataset saved with save_to_disk, or a folder of its\n"
+        "             parquet files: {column: value} per row (images stay encoded bytes);\n"
+        "             a dataset dict gives PATH/<split> per split unless --split\n"
+        "  webdataset .tar shards (a file, or a folder of them): {'__key__': str,\n"
+        "             <ext>: bytes} per key, .cls as int, .json decoded\n"
         "  robomimic  robomimic demos (HDF5 with data/demo_N groups, detected by layout):\n"
         "             one sample per time step, grouped by demo in robomimic's order (not\n"
         "             shuffled), for torchrecord.SequenceDataset and WindowDataset; --keys\n"
@@ -188,7 +193,7 @@ def _add_convert(commands: Any) -> None:
         "--keys",
         type=lambda s: [k for k in s.split(",") if k],
         metavar="NAMES",
-        help="npz/hdf5: comma-separated arrays to convert; robomimic: obs keys (default: every key)",
+        help="npz/hdf5: comma-separated arrays to convert; robomimic: obs keys (default: every key); hf: columns",
     )
     p.add_argument(
         "--dataset-keys",
@@ -196,6 +201,7 @@ def _add_convert(commands: Any) -> None:
         metavar="NAMES",
         help="robomimic: comma-separated per-step arrays to convert (default: actions,rewards,dones)",
     )
+    p.add_argument("--split", metavar="NAME", help="hf: convert only this split of a dataset dict, to PATH")
     p.add_argument(
         "--no-check-images",
         dest="check_images",
@@ -380,11 +386,12 @@ def _convert(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     extensions = IMG_EXTENSIONS if args.extensions is None else None if args.extensions == "*" else args.extensions
     try:
-        rf = convert(
+        result = convert(
             args.source,
             args.path,
             format=fmt,
             keys=args.keys,
+            split=args.split,
             dataset_keys=args.dataset_keys,
             check_images=args.check_images,
             extensions=extensions,
@@ -410,9 +417,18 @@ def _convert(args: argparse.Namespace) -> int:
         if os.path.isdir(args.path):
             raise
         raise RecordExistsError(f"{args.path}: exists already; pass --overwrite to replace it") from exc
+    for rf in result.values() if isinstance(result, dict) else [result]:
+        _report(args, rf, started)
+    if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):
+        print(f"{args.path}: every shard is written; the sharded set is finalized")
+    return 0
+
+
+def _report(args: argparse.Namespace, rf: Any, started: float) -> None:
+    """What one converted set holds (a dataset dict gives one set per split)."""
     meta = rf.metadata
     took = f"{_size(os.path.getsize(rf.path))}, {time.perf_counter() - started:.1f} s"
-    robomimic = rf.user_metadata.get("robomimic") if fmt == "robomimic" else None
+    robomimic = rf.user_metadata.get("robomimic")
     if isinstance(robomimic, dict):
         demos = len(robomimic.get("demos") or ())
         print(
@@ -430,9 +446,6 @@ def _convert(args: argparse.Namespace) -> int:
         print("compressed: " + ", ".join(f"{name} ({codec})" for name, codec in compressed.items()))
     for skipped in rf.write_summary.skipped_samples:  # every one (image errors start with the file)
         print(f"skipped sample {skipped.index}: {skipped.error}")
-    if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):
-        print(f"{args.path}: every shard is written; the sharded set is finalized")
-    return 0
 
 
 # -- info ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ fit is still reported (or skipped) by its own index.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tests.store.test_fastread import fixed_samples
 from torchrecord._core.codec import encode_payloads
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import Schema
-from torchrecord._write.fastwrite import FastEncoder, fill_records
+from torchrecord._write.fastwrite import BytesColumn, FastEncoder, fill_records
 from torchrecord._write.sources import normalize
 from torchrecord.errors import SourceError
 
@@ -158,3 +159,142 @@ def test_a_bad_sample_in_a_batch_is_skipped_by_its_index(tmp_path: Path, k: int)
     assert _values(path) == _values(tmp_path / "g.tr")
     with pytest.raises(SourceError, match="640"):
         torchrecord.write_record(FailsAt(items, {640}), tmp_path / "r.tr", samples_per_record=k, progress=False)
+
+
+# -- bytes and str fields: variable-length values in the column path --------------------------------
+
+#: lengths whose varints (the value's and its field's) take one, two and three bytes
+_LENGTHS = [0, 1, 5, 120, 124, 127, 128, 200, 16370, 16380, 16383, 16384, 20000, 70000]
+
+
+def _blob(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def _string_samples() -> list[Any]:
+    out: list[Any] = []
+    for i, n in enumerate(_LENGTHS):
+        text = ("é€𝄞x" * (n // 4 + 1))[: n // 2]  # 2-, 3- and 4-byte UTF-8 characters
+        out.append({"image": _blob(n, i), "label": i, "caption": text, "box": np.full((2, 2), i, np.float32)})
+    return out
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        lambda s: s,
+        lambda s: (s["image"], s["label"]),
+        lambda s: s["image"],
+        lambda s: s["caption"],
+        lambda s: (s["caption"], s["image"], s["box"]),
+    ],
+)
+def test_bytes_and_str_columns_make_the_per_sample_records(shape: Any) -> None:
+    samples = [shape(s) for s in _string_samples()]
+    norm = normalize(samples[0])
+    encoder = FastEncoder.build(norm.tree, norm.signatures)
+    assert encoder is not None and encoder.layout is None
+    expected = []
+    for sample in samples:
+        n = normalize(sample)
+        expected.append(encode_payloads(n.payloads, n.signatures))
+        assert encoder.encode(sample) == expected[-1]
+    columns = encoder.columns(samples)
+    assert columns is not None
+    flat, bounds = encoder.records(columns)
+    got = [flat[a:b].tobytes() for a, b in itertools.pairwise(bounds)]
+    assert got == expected
+    # the same rows in another order, given as offsets into one buffer (as an Arrow BinaryArray holds them)
+    order = np.random.default_rng(1).permutation(len(samples))
+    stacked = [
+        BytesColumn.from_offsets(c.data, np.append(c.starts, c.starts[-1] + c.lengths[-1]), order, text=c.text)
+        if isinstance(c, BytesColumn)
+        else c[order]
+        for c in columns
+    ]
+    given = encoder.stacked(stacked, len(order))
+    assert given is not None
+    flat, bounds = encoder.records(given)
+    assert [flat[a:b].tobytes() for a, b in itertools.pairwise(bounds)] == [expected[i] for i in order]
+
+
+def test_bytes_columns_refuse_what_the_per_sample_path_must_see() -> None:
+    first = {"image": b"png", "caption": "a cat"}
+    norm = normalize(first)
+    encoder = FastEncoder.build(norm.tree, norm.signatures)
+    assert encoder is not None
+    assert encoder.columns([first, {"image": bytearray(b"x"), "caption": "c"}]) is None
+    assert encoder.columns([first, {"image": b"x", "caption": b"c"}]) is None
+    assert encoder.columns([first, {"image": b"x", "caption": "\ud800"}]) is None  # a lone surrogate
+    assert encoder.encode({"image": b"x", "caption": "\ud800"}) is None
+    raw = BytesColumn.of([b"a", b"b"])
+    assert encoder.stacked([raw, raw], 2) is None  # str values whose UTF-8 nobody checked
+    assert encoder.stacked([raw, BytesColumn.of([b"a"], text=True)], 2) is None  # wrong length
+    assert encoder.stacked([raw, BytesColumn.of([b"a", b"\xc3\xa9"], text=True)], 2) is not None
+
+
+def test_bytes_columns_slice_join_and_pickle() -> None:
+    import pickle
+
+    values = [_blob(n, n) for n in (3, 0, 300, 17)]
+    column = BytesColumn.from_offsets(
+        np.frombuffer(b"".join(values), np.uint8), np.cumsum([0] + [len(v) for v in values]), np.array([3, 0, 2])
+    )
+    assert column.values() == [values[3], values[0], values[2]]
+    assert column[1:].values() == [values[0], values[2]]
+    back = pickle.loads(pickle.dumps(column))
+    assert back.values() == column.values() and back.data.nbytes == column.nbytes  # only its own bytes travel
+    other = BytesColumn.of([b"zz", b""])
+    joined = BytesColumn.concat([column, other, column[:1]])  # three buffers' values, not copied
+    assert joined.values() == [*column.values(), b"zz", b"", values[3]]
+    assert joined.take(np.array([3, 0, 5])).values() == [b"zz", values[3], values[3]]
+    assert pickle.loads(pickle.dumps(joined[2:])).values() == joined.values()[2:]
+    out = np.zeros(joined.nbytes + 2, np.uint8)
+    joined.take(np.array([3, 2])).copy_into(out, np.array([0, 2]))
+    assert out[: 2 + len(values[2])].tobytes() == b"zz" + values[2]
+
+
+class Columnar(Listed):
+    """A source that reads rows as columns through the writer's columns method (as from_hf's does)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.calls = 0
+
+    def _torchrecord_columns(self, indices: np.ndarray) -> list[Any]:
+        self.calls += 1
+        rows = [self.items[i] for i in indices.tolist()]
+        return [
+            BytesColumn.of([r["image"] for r in rows]),
+            np.array([r["label"] for r in rows], np.int64),
+            BytesColumn.of([r["caption"].encode() for r in rows], text=True),
+            np.stack([r["box"] for r in rows]),
+        ]
+
+
+@pytest.mark.parametrize("k", [None, 1, 3])
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_map_style_bytes_fields_write_the_records_of_the_per_sample_path(
+    tmp_path: Path, k: int | None, compression: Any
+) -> None:
+    items = _string_samples() * 23  # several batches
+    options: dict[str, Any] = {"samples_per_record": k, "compression": compression, "progress": False}
+    torchrecord.write_record(Listed(items), tmp_path / "m.tr", **options)
+    columnar = Columnar(items)
+    torchrecord.write_record(columnar, tmp_path / "c.tr", **options)
+    assert columnar.calls > 0
+    torchrecord.write_record(iter(items), tmp_path / "i.tr", **options)
+    expected = _values(tmp_path / "i.tr")
+    assert _values(tmp_path / "m.tr") == expected
+    assert _values(tmp_path / "c.tr") == expected
+    back = torchrecord.RecordFile(tmp_path / "c.tr")
+    assert sorted((s["label"], s["image"], s["caption"]) for s in back) == sorted(
+        (s["label"], s["image"], s["caption"]) for s in items
+    )
+
+
+def test_bytes_columns_cross_to_writer_workers(tmp_path: Path) -> None:
+    items = _string_samples() * 5
+    torchrecord.write_record(Columnar(items), tmp_path / "w.tr", num_workers=1, progress=False)
+    torchrecord.write_record(iter(items), tmp_path / "i.tr", progress=False)
+    assert _values(tmp_path / "w.tr") == _values(tmp_path / "i.tr")

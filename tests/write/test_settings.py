@@ -153,6 +153,8 @@ ENTRY_POINTS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
     "from_list_file": (convert_module.from_list_file, {}),
     "from_numpy": (convert_module.from_numpy, {}),
     "from_hdf5": (convert_module.from_hdf5, {}),
+    "from_hf": (convert_module.from_hf, {}),
+    "from_webdataset": (convert_module.from_webdataset, {}),
     "convert": (convert_module.convert, {}),
     "from_robomimic": (
         convert_module.from_robomimic,
@@ -196,7 +198,10 @@ def test_every_entry_point_takes_every_option_with_the_same_name_default_and_typ
     assert str(ours.annotation) == str(reference.annotation), f"{entry}'s {option} is typed otherwise"
 
 
-@pytest.mark.parametrize("entry", ["write_shard", "from_image_folder", "from_list_file", "from_numpy", "from_hdf5"])
+@pytest.mark.parametrize(
+    "entry",
+    ["write_shard", "from_image_folder", "from_list_file", "from_numpy", "from_hdf5", "from_hf", "from_webdataset"],
+)
 def test_sharding_is_taken_alike(entry: str) -> None:
     parameters = inspect.signature(ENTRY_POINTS[entry][0]).parameters
     reference = inspect.signature(convert_module.convert).parameters

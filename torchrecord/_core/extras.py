@@ -7,7 +7,7 @@ tests/test_install.py checks this table against setup.cfg's ``extras_require``.
 
 from __future__ import annotations
 
-__all__ = ["EXTRAS", "REMOTE_HINT", "install_hint"]
+__all__ = ["EXTRAS", "HF_HINT", "REMOTE_HINT", "S3_HINT", "install_hint"]
 
 # extra name -> the requirement it installs (as in setup.cfg)
 EXTRAS: dict[str, str] = {
@@ -15,6 +15,7 @@ EXTRAS: dict[str, str] = {
     "hdf5": "h5py>=3",
     "images": "pillow>=9",
     "progress": "tqdm>=4.60",
+    "webdataset": "webdataset>=0.2",
 }
 
 
@@ -25,3 +26,8 @@ def install_hint(extra: str) -> str:
 
 #: The ``remote`` extra installs two packages, so its hint is spelled out.
 REMOTE_HINT = "pip install 'fsspec>=2023.1' 'aiohttp>=3.8' (or, in a torchrecord checkout: pip install -e '.[remote]')"
+
+#: The ``hf`` extra installs two packages, so its hint is spelled out.
+HF_HINT = "pip install 'datasets>=3' 'pyarrow>=14' (or, in a torchrecord checkout: pip install -e '.[hf]')"
+#: The ``s3`` extra (s3:// URLs through s3fs), spelled out too.
+S3_HINT = "pip install 's3fs>=2023.1' 'fsspec>=2023.1' (or, in a torchrecord checkout: pip install -e '.[s3]')"

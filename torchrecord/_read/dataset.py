@@ -117,6 +117,9 @@ class RecordDataset(ReaderDataset):
         cache_dir, cache_limit: for a remote sharded set (a manifest URL): the
             local folder its shards are fetched to, and the bytes of shards it
             keeps (see :class:`~torchrecord.ShardedSet`).
+        storage_options: for a remote sharded set: keyword arguments for its
+            fsspec file system (for ``s3://``: s3fs's ``key``, ``secret``,
+            ``endpoint_url``...; see docs/s3.md).
 
     ``len()`` is the number of items this rank yields per epoch: samples, or
     batches when ``batch_size`` is set. Rank and world size are read from
@@ -162,6 +165,7 @@ class RecordDataset(ReaderDataset):
         subset: Any = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         check: Check | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self._init_reader(
             rank,
@@ -178,7 +182,9 @@ class RecordDataset(ReaderDataset):
             loader_batch_size=loader_batch_size,
             check=check,
         )
-        self.file: RecordSet = open_set(path, cache_dir=cache_dir, cache_limit=cache_limit, check=self.check)
+        self.file: RecordSet = open_set(
+            path, cache_dir=cache_dir, cache_limit=cache_limit, check=self.check, storage_options=storage_options
+        )
         # a bad path fails here, in the main process, not at len() or in a worker; nothing stays open
         count = int(self.file.read_header()["count"])
         self._subset: Subset | None = None

@@ -30,6 +30,7 @@ def open_set(
     cache_dir: str | None = None,
     cache_limit: int | None = None,
     check: Check | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> RecordSet:
     """Open the record set at ``path``: a :class:`~torchrecord.RecordFile` or a :class:`~torchrecord.ShardedSet`.
 
@@ -52,6 +53,10 @@ def open_set(
         check: ``"structure"``: check LMDB's page structure of each file before
             it is first mapped in a process (files of unknown provenance; see
             :class:`~torchrecord.RecordFile`). None: trust the structure.
+        storage_options: for a remote sharded set: keyword arguments for its
+            fsspec file system (for ``s3://``: s3fs's ``key``, ``secret``,
+            ``endpoint_url``...; None: the ``AWS_*`` environment variables).
+            Readers other than ``RecordDataset`` take the set this returns.
 
     Returns:
         The set, read lazily: a file opens on first use, a shard when it is
@@ -70,7 +75,12 @@ def open_set(
         >>> len(shards), shards.num_shards, shards[0]   # doctest: +SKIP
     """
     if isinstance(path, RecordSet):
-        options = {"subset": subset, "cache_dir": cache_dir, "cache_limit": cache_limit}
+        options = {
+            "subset": subset,
+            "cache_dir": cache_dir,
+            "cache_limit": cache_limit,
+            "storage_options": storage_options,
+        }
         given = [name for name, value in options.items() if value is not None]
         if given:
             raise ArgumentError(
@@ -81,5 +91,12 @@ def open_set(
         return path
     where = os.fsdecode(path)
     if is_sharded(where):
-        return ShardedSet(where, subset=subset, cache_dir=cache_dir, cache_limit=cache_limit, check=check)
+        return ShardedSet(
+            where,
+            subset=subset,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            check=check,
+            storage_options=storage_options,
+        )
     return RecordFile(where, subset=subset, check=check)

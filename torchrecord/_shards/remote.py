@@ -50,8 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from torchrecord._core.extras import REMOTE_HINT
-from torchrecord._shards.manifest import MANIFEST_NAME, file_digest
+from torchrecord._core.extras import REMOTE_HINT, S3_HINT
+from torchrecord._shards.manifest import MANIFEST_NAME, file_digest, parse_shard_name
 from torchrecord._store.record_set import is_url
 from torchrecord.errors import (
     ArgumentError,
@@ -60,6 +60,7 @@ from torchrecord.errors import (
     FetchError,
     FormatError,
     MissingDependencyError,
+    NotARecordSetError,
     TorchRecordError,
     TorchRecordWarning,
 )
@@ -187,24 +188,40 @@ class FsspecTransport:
 
     HTTP responses are streamed in one request, with ``TIMEOUT`` to connect and between two
     reads, and aiohttp's total timeout set to the transfer's deadline.
+
+    Args:
+        storage_options: keyword arguments for the fsspec file system (for ``s3://``: s3fs's
+            ``key``, ``secret``, ``endpoint_url``, ``client_kwargs``...). None: the back end's
+            defaults, which for S3 are the usual environment variables (``AWS_ACCESS_KEY_ID``,
+            ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...).
+
+    Other file systems than http(s) are fsspec's cached instances (one per protocol and options;
+    fsspec starts afresh in a forked child).
     """
+
+    def __init__(self, storage_options: dict[str, Any] | None = None) -> None:
+        self.storage_options = dict(storage_options or {})
 
     def filesystem(self, url: str, deadline: float | None = None) -> tuple[Any, str]:
         """(fsspec file system, path) for ``url``."""
         try:
             import fsspec
         except ImportError as exc:
-            raise MissingDependencyError(f"{url}: reading a remote set needs fsspec: {REMOTE_HINT}") from exc
-        options: dict[str, Any] = {}
+            hint = S3_HINT if url.startswith(("s3://", "s3a://")) else REMOTE_HINT
+            raise MissingDependencyError(f"{url}: a remote set needs fsspec: {hint}") from exc
+        options: dict[str, Any] = dict(self.storage_options)
         if _is_http(url):
             try:
                 import aiohttp
             except ImportError as exc:
                 raise MissingDependencyError(f"{url}: http(s) needs aiohttp: {REMOTE_HINT}") from exc
             timeout = aiohttp.ClientTimeout(total=deadline, sock_connect=TIMEOUT, sock_read=TIMEOUT)
-            options["client_kwargs"] = {"timeout": timeout}
+            options["client_kwargs"] = {**options.get("client_kwargs", {}), "timeout": timeout}
             options["skip_instance_cache"] = True  # its event loop thread must not cross a fork
-        fs, path = fsspec.core.url_to_fs(url, **options)
+        try:
+            fs, path = fsspec.core.url_to_fs(url, **options)
+        except ImportError as exc:  # fsspec knows the protocol, its back end is not installed
+            raise MissingDependencyError(f"{url}: {_backend_hint(url, exc)}") from exc
         return fs, path
 
     def open(self, url: str, deadline: float | None, size: int | None) -> Stream:
@@ -215,6 +232,13 @@ class FsspecTransport:
         else:
             stream = fs.open(path, "rb")
         return stream
+
+
+def _backend_hint(url: str, exc: ImportError) -> str:
+    """The one-line install hint for the fsspec back end of ``url``'s protocol."""
+    if url.startswith(("s3://", "s3a://")):
+        return f"s3:// needs s3fs: {S3_HINT}"
+    return f"fsspec has no back end installed for this protocol ({exc})"
 
 
 def _is_http(url: str) -> bool:
@@ -249,7 +273,12 @@ def _transfer(
 
 
 def fetch_manifest(url: str, transport: Transport | None = None) -> tuple[str, str]:
-    """(the manifest's URL, its text) for a manifest URL or a URL prefix holding ``manifest.json``."""
+    """(the manifest's URL, its text) for a manifest URL or a URL prefix holding ``manifest.json``.
+
+    No manifest where shards are (a set never finalized, or a writer that stopped before it) is a
+    :class:`~torchrecord.errors.NotARecordSetError` that says so, when the transport can list
+    (``FsspecTransport`` can).
+    """
     where = url if url.endswith(".json") else url.rstrip("/") + "/" + MANIFEST_NAME
     grace, rate = _transfer_limits()
     chunks: list[bytes] = []
@@ -262,6 +291,11 @@ def fetch_manifest(url: str, transport: Transport | None = None) -> tuple[str, s
             with contextlib.suppress(Exception):
                 stream.close()
     except FileNotFoundError:
+        if _lists_shards(transport or FsspecTransport(), where.rsplit("/", 1)[0]):
+            raise NotARecordSetError(
+                f"{where}: not there, but shards are: the set was never finalized (or its writer stopped "
+                "before publishing the manifest); run torchrecord.finalize_shards on its folder, then open it"
+            ) from None
         raise FetchError(f"{where}: no manifest there (finalize the set, or check the URL)") from None
     except TorchRecordError:
         raise
@@ -275,6 +309,22 @@ def fetch_manifest(url: str, transport: Transport | None = None) -> tuple[str, s
         return where, b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FormatError(f"{where}: the manifest is not UTF-8 text ({exc})") from None
+
+
+def _lists_shards(transport: Transport, prefix: str) -> bool:
+    """True when ``prefix`` (a URL folder) holds shard files; False when it does not or cannot be listed."""
+    filesystem = getattr(transport, "filesystem", None)
+    if filesystem is None:
+        return False
+    try:
+        fs, path = filesystem(prefix)
+        try:
+            names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)]
+        finally:
+            fs.invalidate_cache(path)  # a cached file system must not remember the set without its manifest
+    except Exception:  # listing is a courtesy for the message: any failure means "cannot tell"
+        return False
+    return any(parse_shard_name(name) for name in names)
 
 
 def _late_message(url: str, what: str, elapsed: float) -> str:

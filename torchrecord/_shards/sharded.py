@@ -22,7 +22,7 @@ import numpy as np
 
 from torchrecord._core.schema import Schema
 from torchrecord._shards import manifest as _manifest
-from torchrecord._shards.remote import ShardCache, fetch_manifest, is_url
+from torchrecord._shards.remote import FsspecTransport, ShardCache, fetch_manifest, is_url
 from torchrecord._store.checked import Check, combine_checks, parse_check
 from torchrecord._store.claims import fixed_sample_bytes
 from torchrecord._store.format import _describe_directory
@@ -61,6 +61,9 @@ class ShardedSet(RecordSet):
         cache_limit: bytes of fetched shards (and downloads in flight) the cache
             keeps; shards a reader has finished with are evicted beyond it (None:
             ``$TORCHRECORD_CACHE_LIMIT``, else 20 GiB).
+        storage_options: for a remote set: keyword arguments for its fsspec file system (for
+            ``s3://``: s3fs's ``key``, ``secret``, ``endpoint_url``...; None: the back end's
+            defaults, for S3 the ``AWS_*`` environment variables). See docs/s3.md.
         subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
             reads a subset of a sharded set.
         check: integrity on read, for each shard: ``"checksums"`` (each record's
@@ -76,8 +79,10 @@ class ShardedSet(RecordSet):
         cache_dir: str | None = None,
         cache_limit: int | None = None,
         check: Check | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.path = os.fsdecode(path)
+        self.storage_options = dict(storage_options) if storage_options else None
         if subset is not None:
             raise ArgumentError(
                 f"{self.path}: subset= is not supported on a sharded set; "
@@ -103,7 +108,7 @@ class ShardedSet(RecordSet):
         """The manifest (format version, shards with their counts and checksums, schema, seed...)."""
         if self._manifest is None:
             if is_url(self.path):
-                where, text = fetch_manifest(self.path)
+                where, text = fetch_manifest(self.path, FsspecTransport(self.storage_options))
             else:
                 where = self.path
                 if os.path.isdir(where):
@@ -279,7 +284,9 @@ class ShardedSet(RecordSet):
 
     def _remote(self) -> ShardCache:
         if self._cache is None:
-            self._cache = ShardCache(self._base(), self.manifest, self.cache_dir, self.cache_limit)
+            self._cache = ShardCache(
+                self._base(), self.manifest, self.cache_dir, self.cache_limit, FsspecTransport(self.storage_options)
+            )
         return self._cache
 
     def _check_process(self) -> None:
@@ -400,10 +407,12 @@ class ShardedSet(RecordSet):
             "cache_limit": self.cache_limit,
             "m": self._manifest,
             "check": self._check,
+            "storage_options": self.storage_options,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path = state["path"]
+        self.storage_options = state.get("storage_options")
         self._setup(state["cache_dir"], state["cache_limit"], state.get("check"), state["m"])
 
 

@@ -13,10 +13,18 @@ first one's except inside the payloads (see ``torchrecord._core.layout``). The
 encoder checks each sample against that signature and splices its payloads
 between the template's header bytes; any sample that does not match returns
 None and takes the general path (which widens the schema or raises).
+
+``bytes`` and ``str`` fields (encoded images, captions) have a variable length:
+only their two length varints change from sample to sample, so each such field
+is its length prefix (:func:`string_prefix`) and its bytes. A column of them is
+a :class:`BytesColumn` (offsets into one buffer, e.g. an Arrow ``BinaryArray``'s
+own buffers), and :func:`fill_var_records` lays many samples out as single-sample
+records with the headers written in NumPy and one slice copy per value.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -26,44 +34,232 @@ import numpy as np
 import torch
 
 from torchrecord._core import dtypes as _dtypes
-from torchrecord._core.codec import number_list_array
+from torchrecord._core.codec import encode_payloads, number_list_array
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import LeafSignature, Schema
 from torchrecord._core.structure import Tree, number_list_dtype
 
-__all__ = ["FastEncoder", "fill_records"]
+__all__ = ["BytesColumn", "Column", "FastEncoder", "fill_records", "fill_var_records", "string_prefix"]
 
 _Leaf = Callable[[Any], "bytes | np.ndarray"]
+
+
+class BytesColumn:
+    """The values of a ``bytes`` or ``str`` field of n samples: value i is ``data[starts[i] : starts[i] + lengths[i]]``.
+
+    ``data`` may be a whole source buffer (an Arrow array's data buffer, read
+    without a copy) and the values in any order (a shuffled batch); or several
+    buffers, value i then being in ``data[which[i]]`` (rows of several Arrow
+    record batches, joined without a copy). ``text``: the producer checked every
+    value is UTF-8 (a ``str`` field takes no other). Pickled compacted: only the
+    values' own bytes travel to another process.
+    """
+
+    __slots__ = ("data", "lengths", "starts", "text", "which")
+
+    def __init__(
+        self,
+        data: np.ndarray | tuple[np.ndarray, ...],
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        text: bool = False,
+        which: np.ndarray | None = None,
+    ) -> None:
+        self.data = data
+        self.starts = starts
+        self.lengths = lengths
+        self.text = text
+        self.which = which
+
+    @classmethod
+    def of(cls, values: Sequence[bytes], text: bool = False) -> BytesColumn:
+        """The column of Python bytes values (one join)."""
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+        return cls(np.frombuffer(b"".join(values), np.uint8), _starts(lengths), lengths, text)
+
+    @classmethod
+    def from_offsets(
+        cls, data: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None, text: bool = False
+    ) -> BytesColumn:
+        """Rows ``rows`` (default: all) of a column given as Arrow-style ``offsets`` [m + 1] into ``data``."""
+        lo, hi = (offsets[:-1], offsets[1:]) if rows is None else (offsets[rows], offsets[rows + 1])
+        return cls(data, lo.astype(np.int64), (hi - lo).astype(np.int64), text)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.lengths.sum())
+
+    def _buffer(self, i: int) -> np.ndarray:
+        if isinstance(self.data, np.ndarray):
+            return self.data
+        assert self.which is not None, "several buffers come with which"
+        return self.data[int(self.which[i])]
+
+    def take(self, index: Any) -> BytesColumn:
+        """The values at ``index`` (a slice or an integer array), sharing the buffers."""
+        which = self.which[index] if self.which is not None else None
+        return BytesColumn(self.data, self.starts[index], self.lengths[index], self.text, which)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.take(index)
+        if isinstance(index, tuple):  # column[i, ...], as for the arrays
+            index = index[0]
+        start = int(self.starts[index])
+        return self._buffer(index)[start : start + int(self.lengths[index])].tobytes()
+
+    def values(self) -> list[bytes]:
+        """Every value as Python bytes."""
+        return [self[i] for i in range(len(self))]
+
+    def copy_into(self, out: np.ndarray, at: np.ndarray) -> None:
+        """``out[at[i] : at[i] + lengths[i]] = value i`` for every i: one slice copy each."""
+        dst = out.data
+        at_, starts, lengths = at.tolist(), self.starts.tolist(), self.lengths.tolist()
+        if isinstance(self.data, np.ndarray):
+            src = self.data.data
+            for a, s, n in zip(at_, starts, lengths):
+                dst[a : a + n] = src[s : s + n]
+            return
+        assert self.which is not None, "several buffers come with which"
+        sources = [d.data for d in self.data]
+        for a, k, s, n in zip(at_, self.which.tolist(), starts, lengths):
+            dst[a : a + n] = sources[k][s : s + n]
+
+    def compact(self) -> BytesColumn:
+        """The same values, held contiguously in their order in a buffer of their own."""
+        starts = _starts(self.lengths)
+        data = np.empty(self.nbytes, np.uint8)
+        self.copy_into(data, starts)
+        return BytesColumn(data, starts, self.lengths.copy(), self.text)
+
+    @staticmethod
+    def concat(parts: Sequence[BytesColumn]) -> BytesColumn:
+        """The values of ``parts``, one after another (sharing their buffers: no copy)."""
+        buffers: list[np.ndarray] = []
+        which = []
+        for part in parts:
+            held = part.data if isinstance(part.data, tuple) else (part.data,)
+            own = part.which if part.which is not None else np.zeros(len(part), np.int64)
+            which.append(own + len(buffers))
+            buffers += held
+        return BytesColumn(
+            tuple(buffers),
+            np.concatenate([p.starts for p in parts]),
+            np.concatenate([p.lengths for p in parts]),
+            all(p.text for p in parts),
+            np.concatenate(which),
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        c = self.compact()
+        return (BytesColumn, (c.data, c.starts, c.lengths, c.text))
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Where each of values of these lengths starts when they are laid end to end."""
+    starts = np.zeros(len(lengths), np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    return starts
+
+
+#: A field's column: a typed array [n, ...] for numbers, a BytesColumn for bytes and str.
+Column = np.ndarray | BytesColumn
+
+
+def concat_columns(parts: Sequence[Column]) -> Column:
+    """Columns of consecutive samples, joined."""
+    if isinstance(parts[0], BytesColumn):
+        return BytesColumn.concat(parts)  # type: ignore[arg-type]
+    return np.concatenate(parts)  # type: ignore[arg-type]
+
+
+def _varint_len(values: np.ndarray) -> np.ndarray:
+    """Bytes of each value's base-128 varint (values >= 0)."""
+    n = np.ones(values.shape, np.int64)
+    for bits in range(7, 64, 7):
+        n += values >= (1 << bits)
+    return n
+
+
+def _put_varints(out: np.ndarray, at: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Write each value's varint at its position in ``out``; returns the positions after them."""
+    size = _varint_len(values)
+    top = int(size.max()) if len(size) else 0
+    same = bool(len(size)) and int(size.min()) == top
+    for j in range(top):
+        byte = (values >> (7 * j)) & 0x7F
+        byte |= np.where(size > j + 1, 0x80, 0)
+        if same:
+            out[at + j] = byte
+        else:
+            keep = size > j
+            out[at[keep] + j] = byte[keep]
+    return np.asarray(at + size)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def string_prefix(length: int) -> bytes:
+    """The bytes before a ``length``-byte bytes/str value in its field of a single-sample record.
+
+    The field is a TensorProto holding ``data_type = STRING`` and one
+    ``string_data`` element: ``0a <size> 10 04 32 <length>``, then the value.
+    """
+    inner = 3 + len(_varint(length)) + length
+    return b"\x0a" + _varint(inner) + b"\x10\x04\x32" + _varint(length)
 
 
 class FastEncoder:
     """Encodes samples shaped like the first one; None for any other sample."""
 
     def __init__(
-        self, tree: Tree, signatures: list[LeafSignature], layout: FixedLayout, leaf_encoders: list[_Leaf]
+        self,
+        tree: Tree,
+        signatures: list[LeafSignature],
+        layout: FixedLayout | None,
+        leaf_encoders: list[_Leaf],
+        prefixes: list[bytes | None],
     ) -> None:
         self.tree = tree
         self.signatures = signatures
+        #: the layout of whole records (all fields fixed), else None (bytes or str fields)
         self.layout = layout
+        #: per field, the record bytes before its payload (fixed fields), None for bytes and str
+        self.prefixes = prefixes
+        #: the bytes a record takes besides its bytes and str values
+        self.length = sum(len(p) + _payload_bytes(sig) if p is not None else 6 for p, sig in zip(prefixes, signatures))
         self._leaves = leaf_encoders
         self._columns = [_column_encoder(sig) for sig in signatures]
         self._stacked = [_stacked_check(sig) for sig in signatures]
-        header = layout.header.tobytes()
-        # the template's header bytes between consecutive payloads
-        cuts, pieces, start = [], [], 0
-        for off, n in zip(layout.offsets, (layout.rows * s for s in layout.sample_bytes)):
-            cuts.append((off, off + n))
-        position = 0
-        for off, end in cuts:
-            size = off - position
-            pieces.append(header[start : start + size])
-            start += size
-            position = end
-        pieces.append(header[start:])
         self._parts: list[Any] = []
-        for piece in pieces:
-            self._parts += [piece, None]
-        self._parts.pop()
+        if layout is not None:
+            header = layout.header.tobytes()
+            # the template's header bytes between consecutive payloads
+            cuts, pieces, start = [], [], 0
+            for off, n in zip(layout.offsets, (layout.rows * s for s in layout.sample_bytes)):
+                cuts.append((off, off + n))
+            position = 0
+            for off, end in cuts:
+                size = off - position
+                pieces.append(header[start : start + size])
+                start += size
+                position = end
+            pieces.append(header[start:])
+            for piece in pieces:
+                self._parts += [piece, None]
+            self._parts.pop()
         kind = tree["t"]
         self._split: Callable[[Any], Sequence[Any] | None]
         if kind == "leaf":
@@ -86,12 +282,15 @@ class FastEncoder:
             return None  # an empty list takes its field's dtype later: only the general path knows it
         schema = Schema.from_first(tree, signatures)
         layout = FixedLayout.build(schema, 1)
-        if layout is None:
+        if layout is None and not all(f.is_fixed or f.kind in _STRING_KINDS for f in schema.fields):
             return None
         encoders = [_leaf_encoder(sig) for sig in signatures]
         if any(e is None for e in encoders):
             return None
-        return cls(tree, signatures, layout, encoders)  # type: ignore[arg-type]
+        prefixes = _prefixes(signatures)
+        if prefixes is None:
+            return None
+        return cls(tree, signatures, layout, encoders, prefixes)  # type: ignore[arg-type]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the checks are closures: pickle the recipe (spawn workers rebuild the encoder)
@@ -106,15 +305,22 @@ class FastEncoder:
             payloads = [encode(leaf) for encode, leaf in zip(self._leaves, leaves)]
         except _Mismatch:
             return None
+        if self.layout is None:  # bytes or str fields: each field is its prefix and its payload
+            parts: list[Any] = []
+            for prefix, payload in zip(self.prefixes, payloads):
+                parts.append(prefix if prefix is not None else string_prefix(len(payload)))
+                parts.append(payload)
+            return b"".join(parts)
         parts = self._parts.copy()  # [header, payload, header, payload, ..., header]
         parts[1::2] = payloads
         return b"".join(parts)
 
-    def columns(self, samples: Sequence[Any]) -> list[np.ndarray] | None:
+    def columns(self, samples: Sequence[Any]) -> list[Column] | None:
         """Per field, the typed column [n, ...] of ``samples``; None unless every sample fits this encoder.
 
         The columns hold exactly the bytes :meth:`encode` would splice in, sample
-        after sample (see :func:`fill_records`).
+        after sample (see :func:`fill_records`); bytes and str fields come as a
+        :class:`BytesColumn`.
         """
         split = self._split
         try:
@@ -128,14 +334,146 @@ class FastEncoder:
         except _Mismatch:
             return None
 
-    def stacked(self, leaves: Sequence[Any], n: int) -> list[np.ndarray] | None:
-        """Per field, the typed column of ``n`` samples a source gave already stacked (leaf order); or None."""
+    def stacked(self, leaves: Sequence[Any], n: int) -> list[Column] | None:
+        """Per field, the typed column of ``n`` samples a source gave already stacked (leaf order); or None.
+
+        A bytes or str field comes as a :class:`BytesColumn` (a str field's with ``text`` set).
+        """
         if len(leaves) != len(self._stacked):
             return None
         try:
             return [check(leaf, n) for check, leaf in zip(self._stacked, leaves)]
         except _Mismatch:
             return None
+
+    def records(self, columns: Sequence[Column]) -> tuple[np.ndarray, np.ndarray]:
+        """Single-sample records of the samples in ``columns``: the joined bytes and the n + 1 record bounds."""
+        if self.layout is not None:
+            filled = fill_records(self.layout, columns)  # type: ignore[arg-type]
+            return filled.reshape(-1), np.arange(len(filled) + 1, dtype=np.int64) * self.layout.length
+        return fill_var_records(self.prefixes, self.signatures, columns)
+
+
+_STRING_KINDS = ("bytes", "str")
+
+
+def _payload_bytes(sig: LeafSignature) -> int:
+    if sig.kind in _STRING_KINDS:
+        return 0
+    count = 1
+    for d in sig.shape:
+        count *= int(d)
+    return count * _dtypes.by_name(sig.dtype).itemsize
+
+
+def _prefixes(signatures: list[LeafSignature]) -> list[bytes | None] | None:
+    """Per field, the bytes protobuf writes before its payload (None for bytes and str); None if not so simple.
+
+    Derived from the real encoder: a fixed field's encoding must end with its
+    payload and the whole record be the fields' encodings one after another.
+    The bytes and str prefix (:func:`string_prefix`) is checked for lengths whose
+    varints take one, two and three bytes.
+    """
+    prefixes: list[bytes | None] = []
+    probes: list[Any] = []
+    for sig in signatures:
+        if sig.kind in _STRING_KINDS:
+            for length in (0, 200, 20000):
+                value = b"\x01" * length
+                if encode_payloads([value], [sig]) != string_prefix(length) + value:
+                    return None
+            prefixes.append(None)
+            probes.append(b"\x02" * 130)
+            continue
+        info = _dtypes.by_name(sig.dtype)
+        size = _payload_bytes(sig)
+        encoded = [
+            encode_payloads([np.frombuffer(bytes([fill]) * size, info.numpy).reshape(sig.shape)], [sig])
+            for fill in (0x00, 0xFF)
+        ]
+        head = encoded[0][: len(encoded[0]) - size]
+        if len(encoded[0]) != len(encoded[1]) or encoded[1][: len(head)] != head:
+            return None
+        if encoded[0][len(head) :] != bytes(size) or encoded[1][len(head) :] != b"\xff" * size:
+            return None
+        prefixes.append(head)
+        probes.append(np.frombuffer(b"\x03" * size, info.numpy).reshape(sig.shape))
+    joined = b"".join(
+        (p if p is not None else string_prefix(len(v))) + (v if isinstance(v, bytes) else v.tobytes())
+        for p, v in zip(prefixes, probes)
+    )
+    return prefixes if encode_payloads(probes, signatures) == joined else None
+
+
+@functools.lru_cache(maxsize=32)
+def prefixes_of(signatures: tuple[LeafSignature, ...]) -> list[bytes | None] | None:
+    """:func:`_prefixes` of these signatures (for columns given without their encoder), cached."""
+    if sys.byteorder != "little" or any(
+        s.kind not in _STRING_KINDS and s.kind not in _NUMBER_KINDS for s in signatures
+    ):
+        return None
+    return _prefixes(list(signatures))
+
+
+_NUMBER_KINDS = ("tensor", "ndarray", "int", "float", "bool")
+
+
+#: fixed fields up to this many bytes are copied into variable-length records with one fancy index
+_SMALL_FIELD = 256
+
+
+def fill_var_records(
+    prefixes: Sequence[bytes | None], signatures: Sequence[LeafSignature], columns: Sequence[Column]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Single-sample records of n samples with bytes or str fields: the joined bytes, and the n + 1 bounds.
+
+    Record i is ``out[bounds[i] : bounds[i + 1]]``, byte for byte what the
+    protobuf encoder makes of sample i: every field is its prefix (the fixed
+    template, or :func:`string_prefix` with its varints written in NumPy for all
+    samples at once) and its payload (copied by row, one slice copy per value).
+    """
+    n = len(columns[0])
+    sizes: list[np.ndarray | int] = []
+    for prefix, sig, col in zip(prefixes, signatures, columns):
+        if prefix is None:
+            assert isinstance(col, BytesColumn)
+            inner = 3 + _varint_len(col.lengths) + col.lengths
+            sizes.append(1 + _varint_len(inner) + inner)
+        else:
+            sizes.append(len(prefix) + _payload_bytes(sig))
+    lengths = np.zeros(n, np.int64)
+    for size in sizes:
+        lengths += size
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    out = np.empty(int(bounds[-1]), np.uint8)
+    at = bounds[:-1].copy()
+    for prefix, sig, col in zip(prefixes, signatures, columns):
+        if isinstance(col, BytesColumn):
+            out[at] = 0x0A
+            inner = 3 + _varint_len(col.lengths) + col.lengths
+            at = _put_varints(out, at + 1, inner)
+            out[at] = 0x10
+            out[at + 1] = 0x04
+            out[at + 2] = 0x32
+            at = _put_varints(out, at + 3, col.lengths)
+            col.copy_into(out, at)
+            at = at + col.lengths
+            continue
+        assert prefix is not None
+        size = _payload_bytes(sig)
+        width = len(prefix) + size
+        block = np.empty((n, width), np.uint8)
+        block[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
+        if size:
+            block[:, len(prefix) :] = np.ascontiguousarray(col).reshape(n, -1).view(np.uint8).reshape(n, size)
+        if width <= _SMALL_FIELD:
+            out[at[:, None] + np.arange(width)] = block
+        else:
+            rows = BytesColumn(block.reshape(-1), np.arange(n, dtype=np.int64) * width, np.full(n, width, np.int64))
+            rows.copy_into(out, at)
+        at = at + width
+    return out, bounds
 
 
 def fill_records(layout: FixedLayout, columns: Sequence[np.ndarray]) -> np.ndarray:
@@ -174,6 +512,10 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
         return _encode_float
     if kind == "bool":
         return _encode_bool
+    if kind == "bytes":
+        return _encode_bytes
+    if kind == "str":
+        return _encode_str
     info = _dtypes.by_name(sig.dtype)
     shape = tuple(sig.shape)
     if sig.from_list:
@@ -212,9 +554,28 @@ def _leaf_encoder(sig: LeafSignature) -> _Leaf | None:
     return None
 
 
-def _column_encoder(sig: LeafSignature) -> Callable[[list[Any]], np.ndarray]:
+def _column_encoder(sig: LeafSignature) -> Callable[[list[Any]], Column]:
     """Many samples' leaves of one field -> their typed column; raises _Mismatch where encode() would refuse."""
     kind = sig.kind
+    if kind == "bytes":
+
+        def blobs(col: list[Any]) -> Column:
+            if not all(type(x) is bytes for x in col):
+                raise _Mismatch
+            return BytesColumn.of(col)
+
+        return blobs
+    if kind == "str":
+
+        def texts(col: list[Any]) -> Column:
+            if not all(type(x) is str for x in col):
+                raise _Mismatch
+            try:
+                return BytesColumn.of([x.encode("utf-8") for x in col], text=True)
+            except UnicodeEncodeError:  # a lone surrogate: the general path names the field
+                raise _Mismatch from None
+
+        return texts
     if kind in ("int", "float", "bool"):
         typ, dtype = {"int": (int, "<i8"), "float": (float, "<f8"), "bool": (bool, "?")}[kind]
 
@@ -246,7 +607,7 @@ def _column_encoder(sig: LeafSignature) -> Callable[[list[Any]], np.ndarray]:
             stacked = np.array(arrays)  # one C loop; arrays of different shapes raise (checked below too)
         except ValueError:
             raise _Mismatch from None
-        return check(stacked, len(arrays))
+        return check(stacked, len(arrays))  # type: ignore[return-value]  # a numeric field: an array
 
     if kind == "tensor":
         torch_dtype = info.torch
@@ -269,11 +630,22 @@ def _column_encoder(sig: LeafSignature) -> Callable[[list[Any]], np.ndarray]:
     return arrays
 
 
-def _stacked_check(sig: LeafSignature, given: str | None = None) -> Callable[[Any, int], np.ndarray]:
+def _stacked_check(sig: LeafSignature, given: str | None = None) -> Callable[[Any, int], Column]:
     """A column of n samples given stacked (tensor or array [n, ...]) -> its contiguous array, checked.
 
+    Python scalar fields (int, float, bool) come as an array [n] of int64, float64 or bool.
     ``given``: the kind the column comes as, when not the field's (tensors stacked as an array).
+    A bytes or str field comes as a :class:`BytesColumn` (for str, one whose producer checked UTF-8).
     """
+    if sig.kind in _STRING_KINDS:
+        text = sig.kind == "str"
+
+        def strings(x: Any, n: int) -> Column:
+            if type(x) is not BytesColumn or len(x) != n or (text and not x.text):
+                raise _Mismatch
+            return x
+
+        return strings
     try:
         info: _dtypes.DTypeInfo | None = _dtypes.by_name(sig.dtype)
     except KeyError:
@@ -284,7 +656,8 @@ def _stacked_check(sig: LeafSignature, given: str | None = None) -> Callable[[An
     np_dtype = info.numpy if info is not None else None
 
     def check(x: Any, n: int) -> np.ndarray:
-        if info is None or sig.from_list or sig.kind not in ("tensor", "ndarray") or info.name == "bfloat16":
+        # Python scalars (int, float, bool) come as a 1-d array of their dtype (int64, float64, bool)
+        if info is None or sig.from_list or sig.kind not in _NUMBER_KINDS or info.name == "bfloat16":
             raise _Mismatch
         if kind == "tensor":
             if type(x) is not torch.Tensor or x.dtype is not info.torch:
@@ -337,6 +710,21 @@ def _encode_float(x: Any) -> bytes:
     if type(x) is not float:
         raise _Mismatch
     return _FLOAT.pack(x)
+
+
+def _encode_bytes(x: Any) -> bytes:
+    if type(x) is not bytes:
+        raise _Mismatch
+    return x
+
+
+def _encode_str(x: Any) -> bytes:
+    if type(x) is not str:
+        raise _Mismatch
+    try:
+        return x.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: the general path names the field
+        raise _Mismatch from None
 
 
 def _encode_bool(x: Any) -> bytes:

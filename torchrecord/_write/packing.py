@@ -13,6 +13,7 @@ protobuf encoder on the first real records.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from torchrecord._core.codec import decode_leaves, encode_payloads
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import LeafSignature, Schema
 from torchrecord._core.structure import Tree
-from torchrecord._write.fastwrite import fill_records
+from torchrecord._write.fastwrite import BytesColumn, concat_columns, fill_records, fill_var_records, prefixes_of
 from torchrecord._write.lmdb_writer import LmdbAppender
 from torchrecord._write.sources import Encoded, Normalized
 
@@ -59,6 +60,8 @@ class _Layouts:
         if self._key != key:
             self._key, self._by_rows = key, {}
         columns = [c[start:stop] for c in encoded.columns]
+        if any(isinstance(c, BytesColumn) for c in columns):
+            return self._var_records(encoded, columns, rows)
         if rows not in self._by_rows:
             self._by_rows[rows] = _checked_layout(encoded, columns, rows)
         layout = self._by_rows[rows]
@@ -70,6 +73,25 @@ class _Layouts:
         # are cheaper to make and, unlike views, not tracked by the garbage collector
         flat: bytes | memoryview = filled.data if n >= _VIEW_BYTES else filled.tobytes()
         return [flat[i : i + n] for i in range(0, len(flat), n)]
+
+    def _var_records(self, encoded: Encoded, columns: list[Any], rows: int) -> list[bytes | memoryview] | None:
+        """Single-sample records of samples with bytes or str fields (chunks of them take the general path)."""
+        prefixes = prefixes_of(tuple(encoded.signatures)) if rows == 1 else None
+        if prefixes is None or not columns or not len(columns[0]):
+            return None
+        flat, bounds = fill_var_records(prefixes, encoded.signatures, columns)
+        edges = bounds.tolist()
+        if rows not in self._by_rows:  # checked once against protobuf, on the first record
+            expected = encode_payloads([c[0] for c in columns], encoded.signatures)
+            self._by_rows[rows] = None if flat[: edges[1]].tobytes() != expected else _VAR
+        if self._by_rows[rows] is None:
+            return None
+        view: bytes | memoryview = flat.data if edges[-1] >= _VIEW_BYTES * len(columns[0]) else flat.tobytes()
+        return [view[a:b] for a, b in itertools.pairwise(edges)]
+
+
+#: the marker of a checked variable-length record layout
+_VAR: Any = object()
 
 
 def _checked_layout(encoded: Encoded, columns: list[np.ndarray], rows: int) -> FixedLayout | None:
@@ -95,7 +117,9 @@ def single_records(encoded: Encoded) -> list[bytes | memoryview]:
 
 def _row(encoded: Encoded, i: int) -> Normalized:
     """Sample ``i`` of ``encoded`` as a normalized sample (0-d arrays for scalars)."""
-    return Normalized(encoded.tree, encoded.signatures, [c[i, ...] for c in encoded.columns])
+    return Normalized(
+        encoded.tree, encoded.signatures, [c[i] if isinstance(c, BytesColumn) else c[i, ...] for c in encoded.columns]
+    )
 
 
 class Packer:
@@ -137,7 +161,7 @@ class Packer:
         if self._tail is not None:
             tail, self._tail = self._tail, None
             encoded = Encoded(
-                [np.concatenate(pair) for pair in zip(tail.columns, encoded.columns)], encoded.tree, encoded.signatures
+                [concat_columns(pair) for pair in zip(tail.columns, encoded.columns)], encoded.tree, encoded.signatures
             )
         n, k = len(encoded), self.chunk
         start = 0

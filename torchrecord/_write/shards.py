@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -26,8 +29,10 @@ from torchrecord._core import compress as _compress
 from torchrecord._shards import manifest as _manifest
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import is_url
 from torchrecord._version import __version__
 from torchrecord._write.declared import Declared
+from torchrecord._write.objects import RemoteFolder, stop_for_test
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import is_map_style
 from torchrecord._write.writer import SchemaArg, write_source
@@ -80,6 +85,7 @@ def write_shard(
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
     compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
     compression_level: int | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> RecordFile:
     """Write shard ``shard`` of ``num_shards`` of a sharded set in ``directory``.
 
@@ -108,7 +114,13 @@ def write_shard(
     Args:
         dataset: the whole map-style data set, or this shard's iterable.
         directory: the sharded set's folder (created if needed; on a file system
-            every writer sees).
+            every writer sees), or an ``s3://bucket/prefix`` URL (extra ``s3``):
+            the shard is written to a local temporary folder and uploaded once
+            complete, then a small note of what :func:`finalize_shards` needs
+            (see docs/s3.md).
+        storage_options: for an ``s3://`` folder: keyword arguments for s3fs
+            (``key``, ``secret``, ``endpoint_url``...; None: the ``AWS_*``
+            environment variables).
         shard, num_shards: which shard of how many; default: the rank and world
             size of ``torch.distributed`` (torchrun).
         overwrite: write the shard of a finalized set again, with the set's
@@ -131,7 +143,11 @@ def write_shard(
         what this shard leaves out).
 
     Returns:
-        The shard, a :class:`RecordFile` (a record set on its own).
+        The shard, a :class:`RecordFile` (a record set on its own). For an
+        ``s3://`` folder the local copy it was written to is removed after the
+        upload (its ``write_summary`` says what was written); a retry of a
+        finalized set's shard returns the existing shard, fetched into the
+        reader's shard cache.
 
     Raises:
         ArgumentError: ``directory`` holds shards of another ``num_shards``, or
@@ -147,7 +163,9 @@ def write_shard(
         ValueError, TypeError: an option cannot work (checked before reading).
     """
     settings = WriteSettings.of(locals())
-    return write_shard_source(dataset, directory, settings, shard, num_shards, finalize=finalize)
+    return write_shard_source(
+        dataset, directory, settings, shard, num_shards, finalize=finalize, storage_options=storage_options
+    )
 
 
 def write_shard_source(
@@ -158,12 +176,16 @@ def write_shard_source(
     num_shards: int | None,
     *,
     finalize: bool = True,
+    storage_options: dict[str, Any] | None = None,
 ) -> RecordFile:
     """The body of :func:`write_shard` with checked ``settings`` (also run by the converters)."""
     if settings.group_by is not None:
         raise ArgumentError(_GROUPS_REFUSED)
     shard, num_shards = _who(shard, num_shards)
     folder = os.fspath(directory)
+    if is_url(folder):
+        remote = RemoteFolder(folder, storage_options)
+        return _write_remote_shard(dataset, remote, settings, shard, num_shards, finalize)
     seed = settings.seed
     try:
         os.makedirs(folder, exist_ok=True)
@@ -232,7 +254,7 @@ def _plan_options(settings: WriteSettings) -> dict[str, Any]:
     }
 
 
-def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
+def finalize_shards(directory: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> ShardedSet:
     """Check the shards in ``directory`` and publish its manifest; returns the set, a :class:`~torchrecord.ShardedSet`.
 
     Every shard ``0 .. n-1`` must be there and complete, written with one plan
@@ -240,17 +262,23 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
     between shards: the manifest widens them). Running it again (or in several
     processes at once) publishes the same manifest.
 
+    ``directory`` may be an ``s3://bucket/prefix`` URL the shards were written
+    to by :func:`write_shard` (``storage_options`` as there): the shards' notes
+    are read, never the shards, and the manifest is uploaded last.
+
     Raises:
         IncompleteRecordSetError: a shard is missing or unfinished; the message
             names every such shard (and a writer's leftover temporary file).
         SchemaError: two shards hold different kinds of sample (names both).
         FormatError: shards of different plans, or of several shard counts.
         RecordNotFoundError: ``directory`` holds no shard at all.
+        WriteError: object storage cannot be reached, or refuses the upload.
     """
     folder = os.fspath(directory)
-    if not os.path.isdir(folder):
+    remote = RemoteFolder(folder, storage_options) if is_url(folder) else None
+    if remote is None and not os.path.isdir(folder):
         raise RecordNotFoundError(f"{folder}: no such folder; write its shards with torchrecord.write_shard")
-    names = os.listdir(folder)
+    names = _uploaded(remote.names()) if remote is not None else os.listdir(folder)
     counts = sorted({parsed[1] for parsed in map(_manifest.parse_shard_name, names) if parsed is not None})
     if not counts:
         raise RecordNotFoundError(f"{folder}: holds no shard files; write them with torchrecord.write_shard")
@@ -266,7 +294,7 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
     entries: list[dict[str, Any]] = []
     metas: list[dict[str, Any]] = []
     for i in range(n):
-        entry, meta = _shard_entry(folder, i, n)
+        entry, meta = remote.shard_entry(i, n) if remote is not None else _shard_entry(folder, i, n)
         entries.append(entry)
         metas.append(meta)
     _check_plans(folder, metas)
@@ -295,8 +323,81 @@ def finalize_shards(directory: str | os.PathLike[str]) -> ShardedSet:
     compression = _compression_levels(metas)
     if compression:
         manifest["compression"] = compression
+    if remote is not None:
+        stop_for_test("before-manifest")
+        remote.put_json(_manifest.MANIFEST_NAME, manifest)  # last: readers see the set from now on
+        return ShardedSet(remote.url, storage_options=remote.storage_options)
     _manifest.write_json_atomic(os.path.join(folder, _manifest.MANIFEST_NAME), manifest)
     return ShardedSet(folder)
+
+
+# -- sets on object storage (s3://) --------------------------------------------------------------
+
+
+def _write_remote_shard(
+    dataset: Any,
+    remote: RemoteFolder,
+    settings: WriteSettings,
+    shard: int,
+    num_shards: int,
+    finalize: bool,
+) -> RecordFile:
+    """Write the shard in a local temporary folder, upload it whole, then its note (see ``objects.py``)."""
+    name = _manifest.shard_name(shard, num_shards)
+    if remote.has(_manifest.MANIFEST_NAME):
+        if not settings.overwrite:
+            return _finalized_remote_shard(remote, dataset, settings, shard, num_shards)
+        remote.remove(_manifest.MANIFEST_NAME)  # the set changes: it is not readable until finalized again
+    local = tempfile.mkdtemp(prefix="torchrecord-shard-")
+    try:
+        rf = write_shard_source(
+            dataset, local, dataclasses.replace(settings, overwrite=True), shard, num_shards, finalize=False
+        )
+        path = os.path.join(local, name)
+        note = _manifest.read_json(_manifest.note_path(path))
+        note.update(meta=rf.metadata, records=rf.num_records)
+        remote.upload(path, name)  # one put: the shard appears whole, or not at all
+        stop_for_test("before-note")
+        remote.put_json(name + ".json", note)  # the shard counts as written from now on
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    if finalize:
+        with contextlib.suppress(IncompleteRecordSetError):  # shards still to come: the last writer finalizes
+            finalize_shards(remote.url, storage_options=remote.storage_options)
+    return rf
+
+
+def _uploaded(names: list[str]) -> list[str]:
+    """The names in a remote folder, shards without their note left out (not completely uploaded)."""
+    present = set(names)
+    return [n for n in names if _manifest.parse_shard_name(n) is None or n + ".json" in present]
+
+
+def _finalized_remote_shard(
+    remote: RemoteFolder, dataset: Any, settings: WriteSettings, shard: int, num_shards: int
+) -> RecordFile:
+    """A retried writer of a finalized remote set: the existing shard (fetched) if the plans agree, else an error."""
+    name = _manifest.shard_name(shard, num_shards)
+    if is_map_style(dataset):
+        total = len(dataset)
+        plan = {"of": num_shards, "seed": settings.seed, "source": "map", "total": total}
+    else:
+        plan = {"of": num_shards, "seed": settings.seed, "source": "iterable", "total": None}
+    plan["options"] = _plan_options(settings)
+    try:
+        manifest = _manifest.check_manifest(remote.read_json(_manifest.MANIFEST_NAME), remote.where("manifest.json"))
+        entry, meta = remote.shard_entry(shard, num_shards)
+        listed = manifest["shards"][shard] if len(manifest["shards"]) == num_shards else None
+        same = {k: meta["shard"].get(k) for k in _PLAN_KEYS} == json.loads(json.dumps(plan))
+        if listed is not None and listed["set_id"] == entry["set_id"] and same:
+            return ShardedSet(remote.url, storage_options=remote.storage_options).shard(shard)
+    except (TorchRecordError, KeyError, TypeError, IndexError):
+        pass
+    raise RecordExistsError(
+        f"{remote.url}: holds a finalized sharded set written with another plan (or a damaged one; {name} "
+        "differs); pass overwrite=True to rewrite it (its manifest is removed until it is finalized again), "
+        "or write to another prefix"
+    )
 
 
 # -- helpers ----------------------------------------------------------------------------

@@ -24,10 +24,11 @@ import torch.utils.data
 from torchrecord._core.codec import Payload, leaf_payload
 from torchrecord._core.schema import LeafSignature
 from torchrecord._core.structure import Tree, field_names, flatten
-from torchrecord._write.fastwrite import FastEncoder
+from torchrecord._write.fastwrite import Column, FastEncoder
 from torchrecord.errors import SampleTypeError, SampleValueError, TorchRecordError
 
 __all__ = [
+    "COLUMNS_METHOD",
     "Encoded",
     "Failed",
     "Item",
@@ -218,7 +219,7 @@ class Encoded:
     (``torchrecord._write.fastwrite.fill_records``).
     """
 
-    columns: list[np.ndarray]
+    columns: list[Column]
     tree: Tree
     signatures: list[LeafSignature]
 
@@ -230,6 +231,13 @@ _BATCH = 64  # samples per fetch: one IPC message per batch with workers
 #: ... or more, for small samples read as columns: up to this many bytes of samples per fetch
 _BATCH_BYTES = 256 << 10
 _MAX_BATCH = 4096
+#: ... and, for samples with bytes or str fields (whose size is known from the first), at most this many bytes
+_MAX_BATCH_BYTES = 16 << 20
+_MAX_VAR_BATCH = 1024
+#: The method of a source that reads many rows at once as columns (leaf order): ``source.<name>(indices)``
+#: gives one stacked column per field (an array [n, ...], or a BytesColumn for bytes and str), or None
+#: when it cannot; see :meth:`FastEncoder.stacked`.
+COLUMNS_METHOD = "_torchrecord_columns"
 
 
 class _Reorder(torch.utils.data.Dataset[Any]):
@@ -250,6 +258,7 @@ class _Reorder(torch.utils.data.Dataset[Any]):
         encoder: FastEncoder | None,
         key: KeyFunction | None,
         fast: bool = True,
+        sample_bytes: int = 0,
     ) -> None:
         self.dataset = dataset
         self.order = order
@@ -258,7 +267,10 @@ class _Reorder(torch.utils.data.Dataset[Any]):
         self.fast = fast  # single samples may come as finished record bytes
         self.batch = _BATCH
         if encoder is not None and key is None:
-            self.batch = max(_BATCH, min(_MAX_BATCH, _BATCH_BYTES // max(1, encoder.layout.length)))
+            per_sample = max(1, encoder.length, sample_bytes)
+            self.batch = max(_BATCH, min(_MAX_BATCH, _BATCH_BYTES // per_sample))
+            if encoder.layout is None:  # bytes or str fields: sized by the first sample, whose size may be no guide
+                self.batch = max(_BATCH, min(_MAX_VAR_BATCH, _MAX_BATCH_BYTES // max(per_sample, 4096)))
 
     def __len__(self) -> int:
         return -(-len(self.order) // self.batch)
@@ -285,9 +297,14 @@ class _Reorder(torch.utils.data.Dataset[Any]):
         return [_attempt(dataset, i, single) for i in indices]
 
 
-def _stacked_source(dataset: Any, chosen: np.ndarray, encoder: FastEncoder) -> list[np.ndarray] | None:
-    """The columns of a source that is already columns (TensorDataset, an array or a tensor), else None."""
+def _stacked_source(dataset: Any, chosen: np.ndarray, encoder: FastEncoder) -> list[Column] | None:
+    """The columns of a source that is already columns (TensorDataset, an array or a tensor, or a source
+    with a :data:`COLUMNS_METHOD`), else None."""
     n = len(chosen)
+    read_columns = getattr(dataset, COLUMNS_METHOD, None)
+    if read_columns is not None:
+        leaves = read_columns(chosen)
+        return encoder.stacked(leaves, n) if leaves is not None else None
     if type(dataset) is torch.utils.data.TensorDataset and encoder.tree["t"] == "tuple":
         return encoder.stacked([_rows_of(t, chosen) for t in dataset.tensors], n)
     if encoder.tree["t"] == "leaf":
@@ -326,7 +343,7 @@ def read_in_order(
     item = _attempt(dataset, int(order[0]), None, key)
     yield item
     encoder = encoder_for(item[1], fast or key is None)
-    reorder = _Reorder(dataset, order[1:], encoder, key, fast)
+    reorder = _Reorder(dataset, order[1:], encoder, key, fast, _size(item[1]))
     batches: Iterable[Any]
     if num_workers <= 0:
         batches = (reorder[b] for b in range(len(reorder)))
@@ -340,11 +357,26 @@ def read_in_order(
             prefetch_factor=4,
             collate_fn=_as_is,  # the default turns tuples (group keys) into lists, NumPy scalars into tensors
         )
-    for batch in batches:
-        if isinstance(batch, Encoded):
-            yield batch
-        else:
-            yield from batch
+    iterator: Iterator[Any] = iter(batches)
+    try:
+        for batch in iterator:
+            if isinstance(batch, Encoded):
+                yield batch
+            else:
+                yield from batch
+    finally:
+        # stop the reader workers when this generator is closed (an error, a stop), not at a later GC:
+        # a traceback that holds this frame would otherwise keep them running
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def _size(outcome: Outcome) -> int:
+    """The payload bytes of a normalized sample (0 for anything else)."""
+    if not isinstance(outcome, Normalized):
+        return 0
+    return sum(len(p) if isinstance(p, bytes) else int(p.nbytes) for p in outcome.payloads)
 
 
 def _as_is(batch: Any) -> Any:

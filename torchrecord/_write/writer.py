@@ -26,7 +26,7 @@ from torchrecord._write.publish import as_write_error
 from torchrecord._write.session import WriteSession
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.sources import Preparer, is_map_style, iterate_source, read_in_order
-from torchrecord.errors import IgnoredOptionWarning, WriterClosedError
+from torchrecord.errors import IgnoredOptionWarning, TorchRecordWarning, WriterClosedError
 
 __all__ = ["RecordWriter", "put_entries", "write_record", "write_source"]
 
@@ -179,6 +179,7 @@ def write_source(
     ``before_publish``: see :meth:`WriteSession.close`.
     """
     shuffle, seed, num_workers = settings.shuffle, settings.seed, settings.num_workers
+    _hint_converter(dataset)
     map_style = is_map_style(dataset)
     if num_workers > 0 and not map_style:
         warnings.warn(
@@ -211,6 +212,24 @@ def write_source(
     except BaseException as exc:
         session.abort()
         _reraise(exc, target)
+
+
+_HINTED: set[str] = set()
+
+
+def _hint_converter(dataset: Any) -> None:
+    """Once per process and kind: a Hugging Face dataset written row by row points to ``from_hf``."""
+    kind = type(dataset).__name__
+    if not type(dataset).__module__.startswith("datasets.") or kind in _HINTED:
+        return
+    _HINTED.add(kind)
+    warnings.warn(
+        f"write_record reads this {kind} one Python row at a time (and its Image columns as decoded "
+        "PIL images, which it cannot store); torchrecord.convert.from_hf reads its Arrow batches, keeps "
+        "images encoded and stores the ClassLabel names (shown once per process)",
+        TorchRecordWarning,
+        stacklevel=4,
+    )
 
 
 class RecordWriter:

@@ -12,6 +12,11 @@ hdf5      HDF5 file                              ``{name: dataset[i]}`` (groups 
 robomimic robomimic HDF5 (``data/demo_N/...``)    one time step, demos as groups (each
                                                 demo's final next_obs frame kept beside
                                                 the steps); see :func:`from_robomimic`
+hf        a ``save_to_disk`` folder or a folder  ``{column: value}`` per row; see :func:`from_hf`
+          of parquet files (or, from Python, a   (also a ``Dataset``/``DatasetDict``/
+          ``datasets`` object)                   ``IterableDataset`` object)
+webdataset  WebDataset ``.tar`` shards          ``{"__key__": str, <ext>: value}``; see
+                                                :func:`from_webdataset`
 ========  ====================================  ==============================================
 
 Every converter returns the :class:`~torchrecord.RecordFile` it wrote and takes
@@ -45,8 +50,10 @@ from torchrecord._write.writer import SchemaArg
 from torchrecord.convert._common import existing
 from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
+from torchrecord.convert.hf import from_hf, is_hf_folder
 from torchrecord.convert.images import IMG_EXTENSIONS, from_image_folder, from_list_file
 from torchrecord.convert.robomimic import from_robomimic, is_robomimic
+from torchrecord.convert.wds import from_webdataset
 from torchrecord.errors import ArgumentError, SourceError
 
 __all__ = [
@@ -55,10 +62,12 @@ __all__ = [
     "convert",
     "detect_format",
     "from_hdf5",
+    "from_hf",
     "from_image_folder",
     "from_list_file",
     "from_numpy",
     "from_robomimic",
+    "from_webdataset",
     "is_robomimic",
 ]
 
@@ -70,6 +79,8 @@ CONVERTERS: dict[str, Callable[..., RecordFile]] = {
     "npz": from_numpy,
     "hdf5": from_hdf5,
     "robomimic": from_robomimic,
+    "hf": from_hf,
+    "webdataset": from_webdataset,
 }
 #: Format names accepted by :func:`convert` (besides ``"auto"``).
 FORMATS = tuple(CONVERTERS)
@@ -79,7 +90,10 @@ _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 
 
 def detect_format(source: str | os.PathLike[str]) -> str:
-    """Guess a source's format: a directory is ``folder``; files are told by content.
+    """Guess a source's format: a directory is ``folder`` (or ``hf``); files are told by content.
+
+    A directory written by ``save_to_disk``, or one holding parquet files and
+    no image files, is ``hf``; a tar file is ``webdataset``.
 
     NumPy and HDF5 files are recognized by their signature bytes (HDF5 also by
     suffix; one with robomimic's layout is ``robomimic``); any other file
@@ -88,10 +102,12 @@ def detect_format(source: str | os.PathLike[str]) -> str:
     """
     path = os.fspath(source)
     if os.path.isdir(path):
-        return "folder"
+        return "hf" if is_hf_folder(path) else "folder"
     existing(path)
     with open(path, "rb") as f:
         head = f.read(1 << 16)
+    if head[257:262] == b"ustar" or path.endswith((".tar", ".tar.gz", ".tgz")):
+        return "webdataset"
     if head.startswith(b"\x93NUMPY"):
         return "npy"
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
@@ -132,6 +148,7 @@ def convert(
     *,
     format: str = "auto",
     keys: Sequence[str] | None = None,
+    split: str | None = None,
     dataset_keys: Sequence[str] | None = None,
     check_images: bool = True,
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
@@ -155,16 +172,21 @@ def convert(
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
     compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
     compression_level: int | None = None,
-) -> RecordFile:
+) -> Any:
     """Convert ``source`` into a record set at ``path`` with the converter of its format.
 
     Args:
-        source: a folder, list file, ``.npy``/``.npz`` or HDF5 file.
+        source: a folder, list file, ``.npy``/``.npz``, HDF5 or tar file, or a
+            Hugging Face dataset folder.
         path: the record set to write (a folder with ``num_shards``).
         format: one of :data:`FORMATS`, or ``"auto"`` (:func:`detect_format`).
-        keys: arrays to convert (``npz`` and ``hdf5``), obs keys (``robomimic``).
+        keys: arrays to convert (``npz`` and ``hdf5``), obs keys (``robomimic``),
+            columns (``hf``).
         dataset_keys: ``robomimic`` only: the per-step arrays to convert (default:
             ``actions``, ``rewards``, ``dones``; see :func:`from_robomimic`).
+        split: the split of an ``hf`` dataset dict to convert (default: every
+            split, each to ``path/<split>``, and a dict of split -> RecordFile
+            is returned).
         check_images: decode each image while converting (``folder`` and ``list``
             only; see :func:`from_image_folder`).
         extensions: the file extensions a ``folder`` is scanned for (None: every file).
@@ -209,9 +231,15 @@ def convert(
         return from_robomimic(source, path, obs_keys=keys, **applies)
     options: dict[str, Any] = {}
     if keys is not None:
-        if fmt not in ("npz", "hdf5"):
-            raise ArgumentError(f"keys (--keys) choose arrays of npz and hdf5 sources, not of a {fmt} source")
+        if fmt not in ("npz", "hdf5", "hf"):
+            raise ArgumentError(
+                f"keys (--keys) choose arrays of npz and hdf5 sources (columns of hf ones), not of a {fmt} source"
+            )
         options["keys"] = keys
+    if split is not None:
+        if fmt != "hf":
+            raise ArgumentError(f"split (--split) chooses a split of an hf source, not of a {fmt} source")
+        options["split"] = split
     if fmt in ("folder", "list"):
         options["check_images"] = check_images
         options["keep_paths"] = keep_paths
