@@ -49,4 +49,4 @@ rm -rf "$work"
 
 # The spawn and forkserver DataLoader variants (a minute or more: each worker imports torch
 # afresh) only run in the main leg; the fork ones run here.
-python -m pytest -q -p no:cacheprovider -k "not spawn and not forkserver" "${TESTS[@]}" "$@"
+python -m pytest -q -p no:cacheprovider -n 2 -k "not spawn and not forkserver" "${TESTS[@]}" "$@"

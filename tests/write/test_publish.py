@@ -319,7 +319,9 @@ def test_a_writer_with_dataloader_workers_killed_leaves_no_live_lock(tmp_path: P
     workers = _children(writer.pid)
     assert workers  # the DataLoader's workers, still alive below
     os.kill(writer.pid, signal.SIGKILL)
-    writer.join(60)
+    # wait for the writer's death without reaping it: writer.join() would wait on a sentinel pipe
+    # that the still-living workers inherited (until they die)
+    os.waitid(os.P_PID, writer.pid, os.WEXITED | os.WNOWAIT)
     try:
         lock = [n for n in os.listdir(tmp_path) if n.endswith(_publish.LOCK_SUFFIX)]
         assert lock
@@ -334,6 +336,7 @@ def test_a_writer_with_dataloader_workers_killed_leaves_no_live_lock(tmp_path: P
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        writer.join(60)
     torchrecord.write_record(Labelled(10), path, progress=False)
     assert sorted(os.listdir(tmp_path)) == ["set.tr"]
 
