@@ -6,19 +6,17 @@ Needs pytorch-lightning (``pip install 'pytorch-lightning>=2.4'``, or the
 * ``RecordDataModule``: a ``LightningDataModule`` over a ``RecordDataset``. Its
   ``prepare_data`` writes the set once (on local rank 0), ``setup`` opens it on
   every rank (after DDP started, so the dataset reads this rank's share), and
-  ``train_dataloader`` returns a ``RecordLoader``.
+  ``train_dataloader`` returns a ``torchrecord.RecordLoader``.
 * ``SetEpoch``: a callback that calls ``set_epoch`` at the start of every epoch
   (Lightning calls ``set_epoch`` on a loader's *sampler* only, and an iterable
   dataset has none), before the epoch's loader iterator (and its workers) start.
-* ``RecordLoader``: a DataLoader whose ``state_dict`` Lightning saves in its
-  checkpoints and restores on resume. Lightning writes the checkpoint of rank 0
-  only and loads that one file on every rank, so rank 0's loader state alone
-  cannot resume rank 1 (``RecordDataset`` refuses another reader's state). So
-  the loader gathers every rank's position (``RecordDataset.position_after``: the
-  batches it handed out this epoch) and merges them with
-  ``torchrecord.loader_position``; each rank then resumes its own share of the
-  one merged position: exactly the rest of the epoch, in the same order (with
-  another world size or number of workers: every remaining sample once).
+* ``torchrecord.RecordLoader``: a DataLoader whose ``state_dict`` Lightning saves
+  in its checkpoints and restores on resume. Lightning writes the checkpoint of
+  rank 0 only and loads that one file on every rank, so a per-rank loader state
+  cannot resume rank 1 (``RecordDataset`` refuses another reader's state). The
+  RecordLoader's state is every rank's position, gathered over torch.distributed
+  and merged with ``torchrecord.loader_position``; each rank resumes its own
+  share of that one position: exactly the rest of the epoch, in the same order.
 
     python examples/lightning_train.py runs/demo                             # 2 CPU ranks (DDP), 2 epochs of 6 steps
     python examples/lightning_train.py runs/demo --max-steps 9 --checkpoint-every 9     # stop mid-epoch 1
@@ -33,14 +31,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pytorch_lightning as pl
 import torch
-import torch.distributed as dist
 from pytorch_lightning.callbacks import ModelCheckpoint
-from torch.utils.data import DataLoader
 
 import torchrecord
 
@@ -59,45 +54,6 @@ class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
 
 # --8<-- [start:datamodule]
-class RecordLoader(DataLoader[Any]):
-    """A DataLoader over a RecordDataset (in batch mode) whose state is the whole run's position.
-
-    ``state_dict`` is a collective under ``torch.distributed``: Lightning calls it on
-    every rank when it saves a checkpoint.
-    """
-
-    def __init__(self, dataset: torchrecord.RecordDataset, *, num_workers: int = 0) -> None:
-        super().__init__(dataset, batch_size=None, num_workers=num_workers)
-        self.handed_out = 0  # batches handed out in the epoch of `counted_epoch`
-        self.counted_epoch = dataset.epoch
-        self._resumed_at = 0
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        dataset: torchrecord.RecordDataset = self.dataset  # type: ignore[assignment]
-        self.counted_epoch, self.handed_out, self._resumed_at = dataset.epoch, self._resumed_at, 0
-        for batch in super().__iter__():
-            self.handed_out += 1
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        dataset: torchrecord.RecordDataset = self.dataset  # type: ignore[assignment]
-        handed_out = self.handed_out if self.counted_epoch == dataset.epoch else 0
-        mine = dataset.position_after(handed_out, num_workers=self.num_workers)
-        if dist.is_available() and dist.is_initialized():
-            every: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(every, mine)
-        else:
-            every = [mine]
-        return {"batches": handed_out, "position": torchrecord.loader_position(every)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        dataset: torchrecord.RecordDataset = self.dataset  # type: ignore[assignment]
-        position = state["position"]
-        dataset.set_epoch(position["epoch"])  # the epoch first: a state of a later epoch is refused
-        dataset.load_state_dict(position)  # reaches the workers of the next iteration
-        self._resumed_at = int(state["batches"])
-
-
 class RecordDataModule(pl.LightningDataModule):
     def __init__(self, path: str, *, count: int, batch_size: int, num_workers: int) -> None:
         super().__init__()
@@ -111,10 +67,11 @@ class RecordDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:  # every rank, after DDP started: the dataset reads this rank's share
         self.dataset = torchrecord.RecordDataset(self.path, batch_size=self.batch_size)
 
-    def train_dataloader(self) -> RecordLoader:
+    def train_dataloader(self) -> torchrecord.RecordLoader:
         assert self.dataset is not None
         self.dataset.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)
-        return RecordLoader(self.dataset, num_workers=self.num_workers)
+        # its state_dict is every rank's position, merged: rank 0's checkpoint resumes every rank
+        return torchrecord.RecordLoader(self.dataset, num_workers=self.num_workers)
 
 
 class SetEpoch(pl.Callback):

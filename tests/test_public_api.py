@@ -79,6 +79,7 @@ def test_top_level_exports() -> None:
         "open_set",
         "StreamDataset",
         "StreamLoader",
+        "RecordLoader",
         "verify",
         "TorchRecordError",
         "__version__",

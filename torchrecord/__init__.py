@@ -13,6 +13,7 @@ from torchrecord._check.verify import VerifyReport, verify
 from torchrecord._core.schema import Field, Schema
 from torchrecord._memory.batches import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord._mix.dataset import MixedDataset
+from torchrecord._mix.loader import RecordLoader
 from torchrecord._mix.position import loader_position
 from torchrecord._read.collate import collate
 from torchrecord._read.dataset import RecordDataset
@@ -84,6 +85,7 @@ __all__ = [
     "RecordDataset",
     "RecordExistsError",
     "RecordFile",
+    "RecordLoader",
     "RecordNotFoundError",
     "RecordReplacedError",
     "RecordSet",

@@ -1,0 +1,203 @@
+"""RecordLoader: a DataLoader over a RecordDataset whose state is the whole run's position.
+
+Trainers that save the loader's ``state_dict`` of one rank only (PyTorch Lightning under DDP
+writes rank 0's checkpoint and loads that one file on every rank) need a state that resumes
+every rank. ``RecordLoader.state_dict`` gathers every rank's position over ``torch.distributed``
+(a collective: every rank calls it) and merges them with :func:`loader_position`; any rank
+resumes its own share of that one position. It needs only ``torch.distributed``.
+
+It sits on the ``_mix`` layer beside :mod:`torchrecord._mix.position` (which it uses), above
+``_read`` (whose ``RecordDataset`` it reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from torchrecord._mix.position import loader_position
+from torchrecord._read.dataset import RecordDataset
+from torchrecord.errors import ArgumentError, ArgumentTypeError, ResumeStateError
+
+__all__ = ["RecordLoader"]
+
+#: DataLoader options the loader sets itself, or that would break the count it derives the position from.
+_REFUSED = ("shuffle", "sampler", "batch_sampler", "drop_last")
+
+
+def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's position, in rank order (a collective under torch.distributed; ``[mine]`` without it)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+class RecordLoader(DataLoader[Any]):
+    """A DataLoader over a :class:`RecordDataset` whose ``state_dict`` resumes every rank.
+
+    It counts the batches it hands out in the epoch. ``state_dict()`` turns the count into
+    this rank's position (:meth:`RecordDataset.position_after`), gathers the positions of
+    every rank with ``torch.distributed.all_gather_object`` and merges them with
+    :func:`torchrecord.loader_position`: the state is the same on every rank, so a trainer
+    that saves rank 0's loader state only (PyTorch Lightning under DDP) saves the whole
+    run's position. ``load_state_dict`` sets the dataset's epoch to the saved one and loads
+    the position; the next iteration of each rank plays its own share of the rest of the
+    epoch, in the same order (same ranks and workers).
+
+    Under ``torch.distributed``, ``state_dict`` is a collective: call it on every rank at the
+    same step (Lightning does). Lightning needs nothing else: it saves and restores a train
+    loader that has ``state_dict`` and ``load_state_dict``.
+
+    Args:
+        dataset: the record dataset. In batch mode (``batch_size`` on the dataset) the
+            loader yields its batches as they are; in per-sample mode give the loader's
+            ``batch_size`` here (1 when left out: single samples).
+        num_workers: DataLoader workers per rank.
+        batch_size: per-sample mode only: samples per batch of the DataLoader (the
+            dataset's ``loader_batch_size`` when it has one).
+        **loader_kwargs: passed to the DataLoader (``collate_fn``, ``pin_memory``,
+            ``multiprocessing_context``, ``prefetch_factor``, ``timeout``,
+            ``worker_init_fn``...); ``shuffle``, ``sampler``, ``batch_sampler`` and
+            ``drop_last`` are refused (the dataset orders and cuts the epoch).
+
+    Raises:
+        ArgumentTypeError: ``dataset`` is not a ``RecordDataset``.
+        ArgumentError: a refused option, ``batch_size`` in batch mode, or a negative
+            ``num_workers``.
+    """
+
+    def __init__(
+        self, dataset: RecordDataset, *, num_workers: int = 0, batch_size: int | None = None, **loader_kwargs: Any
+    ) -> None:
+        if not isinstance(dataset, RecordDataset):
+            raise ArgumentTypeError(
+                f"RecordLoader reads a RecordDataset, got {type(dataset).__name__}: for a MixedDataset or a "
+                "StreamDataset, gather every rank's loader state and merge them with torchrecord.loader_position"
+            )
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ArgumentError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        refused = sorted(set(loader_kwargs) & set(_REFUSED))
+        if refused:
+            raise ArgumentError(
+                f"RecordLoader: the dataset orders and cuts the epoch; it does not take {', '.join(refused)}"
+            )
+        if dataset.batch_size is not None:
+            if batch_size is not None:
+                raise ArgumentError(
+                    f"{dataset.file.path}: RecordLoader(batch_size={batch_size}) is for per-sample mode; this "
+                    f"dataset yields whole batches (batch_size={dataset.batch_size}): leave batch_size out"
+                )
+            self._per_batch: int | None = None
+        else:
+            if batch_size is None:
+                batch_size = dataset.loader_batch_size if dataset.loader_batch_size is not None else 1
+            if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+                raise ArgumentError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+            self._per_batch = batch_size
+        super().__init__(dataset, batch_size=batch_size, num_workers=num_workers, **loader_kwargs)
+        self._epoch = dataset.epoch  # the epoch `_handed_out` counts in
+        self._handed_out = 0  # batches handed out in `_epoch`
+        self._exhausted = False  # the iteration of `_epoch` ran to its end
+        self._resume_at = 0  # batches of the epoch the loaded position had handed out
+        self._elastic: dict[str, Any] | None = None  # a position of other ranks or workers, loaded in `_epoch`
+        self._pending: dict[str, Any] | None = None  # that position, loaded for the next iteration
+        self._elastic_batches = 0  # and the batches of its state
+
+    @property
+    def record_dataset(self) -> RecordDataset:
+        """The dataset read (typed: ``DataLoader.dataset`` is any dataset)."""
+        dataset = self.dataset
+        assert isinstance(dataset, RecordDataset)
+        return dataset
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._epoch, self._handed_out, self._exhausted = self.record_dataset.epoch, self._resume_at, False
+        self._elastic, self._pending = self._pending, None  # an elastic resume holds for this iteration only
+        self._resume_at = 0
+        for batch in super().__iter__():
+            self._handed_out += 1
+            yield batch
+        self._exhausted = True
+
+    def _mine(self) -> tuple[int, dict[str, Any]]:
+        """This rank's batches handed out and position in the dataset's current epoch."""
+        dataset = self.record_dataset
+        if self._epoch != dataset.epoch:  # a new epoch, not iterated yet
+            return 0, dataset.position_after(0, **self._position_kwargs())
+        if self._exhausted:  # the whole epoch (after an elastic resume too)
+            return len(self), dataset.position_after(len(self), **self._position_kwargs())
+        if self._elastic is not None:
+            if self._handed_out == 0:
+                return self._elastic_batches, self._elastic  # nothing handed out since the load: the state loaded
+            raise ResumeStateError(
+                f"{dataset.file.path}: RecordLoader.state_dict() in the middle of epoch {dataset.epoch}, which was "
+                "resumed from a position of another number of ranks or workers: the batches handed out since "
+                "no longer give the position; save at the end of this epoch (or from the next one on)"
+            )
+        return self._handed_out, dataset.position_after(self._handed_out, **self._position_kwargs())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole run's position: every rank's, merged (a collective under ``torch.distributed``).
+
+        Returns:
+            ``{"batches": n, "position": p}``: the batches this loader handed out in the
+            epoch and the merged :func:`torchrecord.loader_position` of every rank (plain
+            values). The position alone also resumes a plain ``RecordDataset`` on any world
+            size and number of workers (``RecordDataset.load_state_dict``).
+
+        Raises:
+            ResumeStateError: called mid-epoch in an epoch resumed on another number of
+                ranks or workers (at its end, and in later epochs, it works).
+        """
+        batches, mine = self._mine()
+        every = _gather(mine)  # every rank takes part, whatever it holds
+        position = mine if mine is self._elastic else loader_position(every)
+        return {"batches": batches, "position": position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from what :meth:`state_dict` returned: the next iteration plays the rest of its epoch.
+
+        Sets the dataset's epoch to the position's and loads the position into the dataset
+        (it reaches the workers of the next iteration). On the same ranks and workers each
+        rank gets exactly the rest of its share, in order; on others, every sample not yet
+        handed out comes once over the new ranks and workers (elastic resume).
+
+        Raises:
+            ResumeStateError: not a RecordLoader state, or a position this dataset refuses
+                (another set, other order settings...).
+        """
+        where = self.record_dataset.file.path
+        if not isinstance(state, dict) or set(state) != {"batches", "position"}:
+            keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise ResumeStateError(
+                f"{where}: not a RecordLoader state (expected the keys 'batches' and 'position', got {keys})"
+            )
+        batches, position = state["batches"], state["position"]
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise ResumeStateError(f"{where}: RecordLoader state: 'batches' must be an integer >= 0, got {batches!r}")
+        epoch = position.get("epoch") if isinstance(position, dict) else None
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ResumeStateError(f"{where}: RecordLoader state: the position has no epoch (an integer >= 0)")
+        dataset = self.record_dataset
+        dataset.set_epoch(epoch)  # the epoch first: a position of a later epoch is refused
+        dataset.load_state_dict(position)  # checks every field; reaches the workers of the next iteration
+        # the count goes on only where it gives this rank's rows of the position (same plan, same ranks)
+        counted = dataset.position_after(batches, **self._position_kwargs())
+        rank = counted["yielded"][0][0]
+        rows = sorted(list(row) for row in position["yielded"] if row[0] == rank)
+        same = all(position.get(k) == counted[k] for k in ("world_size", "num_workers")) and rows == counted["yielded"]
+        self._epoch, self._exhausted = epoch, False
+        self._handed_out = self._resume_at = batches if same else 0
+        self._elastic = self._pending = None if same else position
+        self._elastic_batches = batches
+
+    def _position_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"num_workers": self.num_workers}
+        if self._per_batch is not None:
+            kwargs["loader_batch_size"] = self._per_batch
+        return kwargs
