@@ -201,10 +201,10 @@ def _as_bytes(tensor: torch.Tensor) -> Any:
     """``tensor``'s bytes as a buffer ``bytearray.join`` takes (a view of it where it can be)."""
     if tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
         try:
-            return memoryview(tensor.numpy()).cast("B")
+            return tensor.numpy().data.cast("B")
         except TypeError:  # a dtype NumPy lacks: its bit pattern
             pass
-    return memoryview(np.ascontiguousarray(_as_numpy(tensor))).cast("B")
+    return np.ascontiguousarray(_as_numpy(tensor)).data.cast("B")
 
 
 @functools.cache
