@@ -152,3 +152,34 @@ def test_types_numpy_lacks_cross_by_value_bit_for_bit() -> None:
     for key, want in batch.items():
         assert got[key].dtype == want.dtype and got[key].shape == want.shape, key
         assert torch.equal(got[key].contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)), key
+
+
+def _globals(data: bytes) -> set[str]:
+    """The module.name globals a pickle refers to."""
+    import pickletools
+
+    found: set[str] = set()
+    strings: list[str] = []
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "STACK_GLOBAL":
+            found.add(f"{strings[-2]}.{strings[-1]}")
+        elif op.name == "GLOBAL":
+            found.add(str(arg).replace(" ", "."))
+    return found
+
+
+@pytest.mark.parametrize("handover", ["value", "slot"])
+def test_batches_cross_with_dtype_names_and_every_dtype_comes_back(handover: str) -> None:
+    dtypes = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+    dtypes += [torch.float32, torch.float64, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.uint16]
+    batch = {str(d): torch.arange(6 * 1024).view(6, 1024).to(d) for d in dtypes}
+    marked = by_value(batch) if handover == "value" else for_parent(batch)
+    assert type(marked).__name__ == ("_ByValueDict" if handover == "value" else "_SlotDict")
+    data = bytes(ForkingPickler.dumps(marked))
+    assert not any(name.startswith("torch.") and not name.startswith("torchrecord.") for name in _globals(data))
+    got = pickle.loads(data)
+    for key, want in batch.items():
+        assert got[key].dtype == want.dtype and got[key].shape == want.shape, key
+        assert torch.equal(got[key].view(torch.uint8), want.view(torch.uint8)), key

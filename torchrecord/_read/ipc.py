@@ -92,13 +92,13 @@ def for_parent(batch: Any) -> Any:
     """``batch`` ready to leave a DataLoader worker: :func:`by_value`, a slot, or :func:`one_storage`, by size
     (or as :data:`HANDOVER_ENV` says)."""
     _, leaves = flatten(batch)
-    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_cpu]
     if not tensors:
         return batch
     choice = handover_choice()
     if choice == "torch":
         return batch
-    size = sum(t.numel() * t.element_size() for t in tensors)
+    size = sum(t.nbytes for t in tensors)
     if choice == "value" or (choice == "auto" and size <= BY_VALUE_LIMIT):
         return by_value(batch)
     if slots.available():
@@ -148,28 +148,36 @@ class _ByValueDict(dict[str, Any]):
 
 
 class _ByValue:
-    """A flattened batch whose pickle is its CPU tensors' bytes in one buffer, plus everything else pickled."""
+    """A flattened batch whose pickle is its CPU tensors' bytes in one buffer, plus everything else pickled.
+
+    Kept cheap per batch (it runs once per batch in the worker, and its rebuild in the main process):
+    dtypes travel as their names, and the buffer is joined from the tensors' bytes in one call.
+    """
 
     def __init__(self, tree: Any, leaves: list[Any]) -> None:
         self.tree, self.leaves = tree, leaves
 
     def __reduce__(self) -> tuple[Any, ...]:
         specs: list[tuple[Any, ...]] = []
-        cpu: list[tuple[torch.Tensor, int]] = []
+        parts: list[Any] = []
         end = 0
         for leaf in self.leaves:
-            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad:
-                size = leaf.numel() * leaf.element_size()
-                specs.append((end, size, leaf.dtype, tuple(leaf.shape)))
-                cpu.append((leaf, end))
+            if isinstance(leaf, torch.Tensor) and leaf.is_cpu and not leaf.requires_grad:
+                size = leaf.nbytes
+                specs.append((end, size, slots.dtype_name(leaf.dtype), tuple(leaf.shape)))
+                if size:
+                    parts.append(_as_bytes(leaf))
+                    pad = -size % _ALIGN
+                    if pad:
+                        parts.append(_PAD[:pad])
                 end += -(-size // _ALIGN) * _ALIGN
             else:
                 specs.append((leaf,))
-        buffer = bytearray(end)
-        for leaf, offset in cpu:
-            if leaf.numel():
-                np.copyto(_view(buffer, offset, leaf.dtype, tuple(leaf.shape)), _as_numpy(leaf))
-        return (_rebuild, (self.tree, specs, buffer))
+        return (_rebuild, (self.tree, specs, bytearray().join(parts)))
+
+
+#: padding between the tensors of a by-value buffer (each starts _ALIGN-aligned in it)
+_PAD = bytes(_ALIGN)
 
 
 def _rebuild(tree: Any, specs: list[tuple[Any, ...]], buffer: bytearray) -> Any:
@@ -179,13 +187,24 @@ def _rebuild(tree: Any, specs: list[tuple[Any, ...]], buffer: bytearray) -> Any:
         if len(spec) == 1:
             leaves.append(spec[0])
             continue
-        offset, size, dtype, shape = spec
+        offset, size, name, shape = spec
+        dtype = slots.dtype_of(name)
         if size:
             tensor = torch.from_numpy(_view(buffer, offset, dtype, shape))
             leaves.append(tensor if tensor.dtype == dtype else tensor.view(dtype))
         else:
             leaves.append(torch.empty(shape, dtype=dtype))
     return unflatten(tree, leaves)
+
+
+def _as_bytes(tensor: torch.Tensor) -> Any:
+    """``tensor``'s bytes as a buffer ``bytearray.join`` takes (a view of it where it can be)."""
+    if tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
+        try:
+            return tensor.numpy().data.cast("B")
+        except TypeError:  # a dtype NumPy lacks: its bit pattern
+            pass
+    return np.ascontiguousarray(_as_numpy(tensor)).data.cast("B")
 
 
 @functools.cache

@@ -25,6 +25,7 @@ sent (used inside the worker) frees its segment when the worker lets go of it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import mmap
 import os
@@ -39,7 +40,16 @@ import torch
 
 from torchrecord._core.structure import flatten, unflatten
 
-__all__ = ["SlotBatch", "allocate", "available", "into_slot", "mapped_segments", "worker_segments"]
+__all__ = [
+    "SlotBatch",
+    "allocate",
+    "available",
+    "dtype_name",
+    "dtype_of",
+    "into_slot",
+    "mapped_segments",
+    "worker_segments",
+]
 
 #: the segment's header: its state (one int64), padded so the data starts 64-byte aligned
 _HEADER = 64
@@ -132,7 +142,35 @@ def worker_segments() -> int:
 
 
 def _is_slot_leaf(leaf: Any) -> bool:
-    return isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad
+    return isinstance(leaf, torch.Tensor) and leaf.is_cpu and not leaf.requires_grad
+
+
+# -- dtypes cross as their names: a str pickles in a tenth of a torch.dtype's time (both handovers use them)
+@functools.cache
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).rpartition(".")[2]
+
+
+class _DtypeNames(dict[str, torch.dtype]):
+    """name -> torch dtype, filled on first use of each name."""
+
+    def __missing__(self, name: str) -> torch.dtype:
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            from torchrecord.errors import InternalError
+
+            raise InternalError(f"a batch arrived from a worker with an unknown dtype {name!r}")
+        self[name] = dtype
+        return dtype
+
+
+_DTYPES = _DtypeNames()
+
+
+def dtype_of(name: str | torch.dtype) -> torch.dtype:
+    """The dtype :func:`dtype_name` named (a dtype is returned as it is)."""
+    return _DTYPES[name] if type(name) is str else name  # type: ignore[return-value]
 
 
 def allocate(rows: int, row_bytes: list[int]) -> list[np.ndarray]:
@@ -165,11 +203,11 @@ def _in_place(pool: _Pool, leaves: list[Any]) -> tuple[_Segment, list[tuple[Any,
         if not _is_slot_leaf(leaf):
             specs.append((leaf,))
             continue
-        size = leaf.numel() * leaf.element_size()
+        size = leaf.nbytes
         offset = leaf.data_ptr() - segment.address
         if size and (not leaf.is_contiguous() or offset < 0 or offset + size > segment.capacity):
             return None
-        specs.append((max(offset, 0), size, leaf.dtype, tuple(leaf.shape)))
+        specs.append((max(offset, 0), size, dtype_name(leaf.dtype), tuple(leaf.shape)))
     return segment, specs
 
 
@@ -189,8 +227,8 @@ def into_slot(batch: Any) -> Any:
     end = 0
     for leaf in leaves:
         if _is_slot_leaf(leaf):
-            size = leaf.numel() * leaf.element_size()
-            specs.append((end, size, leaf.dtype, tuple(leaf.shape)))
+            size = leaf.nbytes
+            specs.append((end, size, dtype_name(leaf.dtype), tuple(leaf.shape)))
             end += -(-size // _ALIGN) * _ALIGN
         else:
             specs.append((leaf,))
@@ -342,10 +380,11 @@ def _views(owner: Any, specs: list[tuple[Any, ...]]) -> list[Any]:
         if len(spec) == 1:
             leaves.append(spec[0])
             continue
-        offset, size, dtype, shape = spec
+        offset, size, name, shape = spec
+        dtype = dtype_of(name)
         if not size:
             leaves.append(torch.empty(shape, dtype=dtype))
             continue
         raw = torch.from_numpy(base[offset : offset + size])
-        leaves.append(raw.view(dtype).view(shape))
+        leaves.append((raw if dtype is torch.uint8 else raw.view(dtype)).view(shape))
     return leaves
