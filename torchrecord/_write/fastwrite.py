@@ -502,16 +502,18 @@ def fill_var_records(
         lengths += piece.lengths
     bounds = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=bounds[1:])
-    edges = [glue_bounds[:-1], *cuts, glue_bounds[1:]]
-    view = memoryview(glue).__getitem__
-    seq: list[list[memoryview]] = []
-    for j in range(len(edges) - 1):
-        if j:
-            seq.append(joined[j - 1].views())
-        lo, hi = edges[j], edges[j + 1]
-        if bool((hi > lo).any()):  # leave out glue pieces empty for every sample
-            seq.append(list(map(view, map(slice, lo.tolist(), hi.tolist()))))
-    out = np.frombuffer(b"".join(itertools.chain.from_iterable(zip(*seq))), np.uint8)
+    # sample i's glue lies between sample i - 1's and sample i + 1's, so the glue between two values
+    # (the end of one sample, the start of the next) is one piece: the glue is cut at every value's place
+    places = np.stack(cuts, axis=1).reshape(-1) if len(cuts) > 1 else cuts[0]
+    edges = np.concatenate([[0], places, [len(glue)]]).tolist()
+    glue_pieces = list(map(memoryview(glue).__getitem__, map(slice, edges[:-1], edges[1:])))
+    if len(joined) == 1:
+        values: Any = joined[0].views()
+    else:  # the values in record order: sample 0's fields, sample 1's...
+        values = itertools.chain.from_iterable(zip(*(piece.views() for piece in joined)))
+    tail = glue_pieces.pop()
+    pieces = itertools.chain(itertools.chain.from_iterable(zip(glue_pieces, values)), (tail,))
+    out = np.frombuffer(b"".join(pieces), np.uint8)
     return out, bounds
 
 

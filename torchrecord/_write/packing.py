@@ -45,6 +45,8 @@ def restore(value: bytes, schema: Schema, where: str) -> Normalized:
 
 #: records at least this long are handed to LMDB as views of the filled array
 _VIEW_BYTES = 16 << 10
+#: records of bytes or str fields (joined, already a buffer of their own) at least this long on average: as views
+_VAR_VIEW_BYTES = 1 << 10
 
 
 class _Layouts:
@@ -87,7 +89,7 @@ class _Layouts:
         if self._by_rows[rows] is None:
             return None
         view: bytes | memoryview
-        if edges[-1] >= _VIEW_BYTES * len(columns[0]):
+        if edges[-1] >= _VAR_VIEW_BYTES * len(columns[0]):  # views of the join's bytes (no copy)
             view = flat.data
         else:  # short records as bytes: slices of the join's own bytes where the records were joined
             view = flat.base if isinstance(flat.base, bytes) else flat.tobytes()
