@@ -44,6 +44,8 @@ from torchrecord._core.structure import Tree, number_list_dtype
 __all__ = ["BytesColumn", "Column", "FastEncoder", "fill_records", "fill_var_records", "string_prefix"]
 
 _Leaf = Callable[[Any], "bytes | np.ndarray"]
+#: buffer[slice], mapped over several buffers
+_GET: Any = operator.getitem
 
 
 class BytesColumn:
@@ -125,11 +127,11 @@ class BytesColumn:
         ends = (self.starts + self.lengths).tolist()
         cuts = map(slice, self.starts.tolist(), ends)
         if isinstance(self.data, np.ndarray):
-            return list(map(memoryview(self.data).__getitem__, cuts))
+            return list(map(self.data.data.__getitem__, cuts))
         assert self.which is not None, "several buffers come with which"
         if self._sources is None:
-            self._sources = tuple(map(memoryview, self.data))
-        return list(map(operator.getitem, map(self._sources.__getitem__, self.which.tolist()), cuts))
+            self._sources = tuple(d.data for d in self.data)
+        return list(map(_GET, map(self._sources.__getitem__, self.which.tolist()), cuts))
 
     def copy_into(self, out: np.ndarray, at: np.ndarray) -> None:
         """``out[at[i] : at[i] + lengths[i]] = value i`` for every i: one slice copy each."""
@@ -153,7 +155,7 @@ class BytesColumn:
             own = part.which if part.which is not None else np.zeros(len(part), np.int64)
             which.append(own + len(buffers))
             buffers += held
-            sources += part._sources if part._sources is not None else map(memoryview, held)
+            sources += part._sources if part._sources is not None else [h.data for h in held]
         return BytesColumn(
             tuple(buffers),
             np.concatenate([p.starts for p in parts]),
@@ -471,15 +473,15 @@ def fill_var_records(
             pieces.append(BytesColumn(block.reshape(-1), np.arange(n, dtype=np.int64) * width, np.full(n, width)))
         blocks.append(block)
     glue_lengths = np.zeros(n, np.int64)
-    for size in glue_sizes:
-        glue_lengths += size
+    for glue_size in glue_sizes:
+        glue_lengths += glue_size
     glue_bounds = np.zeros(n + 1, np.int64)
     np.cumsum(glue_lengths, out=glue_bounds[1:])
     glue = np.empty(int(glue_bounds[-1]), np.uint8)
     at = glue_bounds[:-1].copy()
     cuts: list[np.ndarray] = []  # where each joined field's values go into the glue of each sample
-    for block, piece in zip(blocks, pieces):
-        if block is None:
+    for fixed, piece in zip(blocks, pieces):
+        if fixed is None:
             assert piece is not None
             glue[at] = 0x0A
             inner = 3 + _varint_len(piece.lengths) + piece.lengths
@@ -489,8 +491,8 @@ def fill_var_records(
             glue[at + 2] = 0x32
             at = _put_varints(glue, at + 3, piece.lengths)
         elif piece is None:
-            width = block.shape[1]
-            glue[at[:, None] + np.arange(width)] = block
+            width = fixed.shape[1]
+            glue[at[:, None] + np.arange(width)] = fixed
             at = at + width
         if piece is not None:
             cuts.append(at)
@@ -506,14 +508,14 @@ def fill_var_records(
     # (the end of one sample, the start of the next) is one piece: the glue is cut at every value's place
     places = np.stack(cuts, axis=1).reshape(-1) if len(cuts) > 1 else cuts[0]
     edges = np.concatenate([[0], places, [len(glue)]]).tolist()
-    glue_pieces = list(map(memoryview(glue).__getitem__, map(slice, edges[:-1], edges[1:])))
+    glue_pieces = list(map(glue.data.__getitem__, map(slice, edges[:-1], edges[1:])))
     if len(joined) == 1:
         values: Any = joined[0].views()
     else:  # the values in record order: sample 0's fields, sample 1's...
         values = itertools.chain.from_iterable(zip(*(piece.views() for piece in joined)))
     tail = glue_pieces.pop()
-    pieces = itertools.chain(itertools.chain.from_iterable(zip(glue_pieces, values)), (tail,))
-    out = np.frombuffer(b"".join(pieces), np.uint8)
+    stream = itertools.chain(itertools.chain.from_iterable(zip(glue_pieces, values)), (tail,))
+    out = np.frombuffer(b"".join(stream), np.uint8)
     return out, bounds
 
 

@@ -13,7 +13,6 @@ protobuf encoder on the first real records.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
