@@ -132,12 +132,6 @@ def _text(field: bytes) -> str:
     return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
-def _signed_checksum(header: bytes) -> int:
-    """The header checksum some old tars wrote: its bytes summed as signed chars (the checksum field as spaces)."""
-    signed = [b - 256 if b > 127 else b for b in header[:148] + b" " * 8 + header[156:]]
-    return sum(signed)
-
-
 def _pax(data: bytes, source: str, offset: int) -> dict[str, str]:
     """The records of a pax extended header (``"<length> <key>=<value>\\n"`` each)."""
     out: dict[str, str] = {}
@@ -159,72 +153,111 @@ def _pax(data: bytes, source: str, offset: int) -> dict[str, str]:
     return out
 
 
-def _scan(source: str, data: Any) -> Iterator[tuple[str, int, int]]:
+def _scan(source: str, data: Any) -> list[tuple[str, int, int]]:
     """``(name, data offset, size)`` of every file member of the tar ``data`` (a buffer), in order.
 
     Reads the 512-byte ustar headers directly: POSIX ``prefix`` names, GNU long
     names (``L``) and pax extended headers (``x``: ``path`` and ``size``) are
     followed; other non-file members are passed over. Raises :class:`_UseTarfile`
     for what tarfile should read, and a SourceError naming the file and the byte
-    offset for a damaged header (bad checksum) or a tar that ends early.
+    offset for a damaged header (bad checksum) or a tar that ends early. The
+    checksums are verified in NumPy, all at once (and before any other error is
+    reported: a damaged header is the cause of what follows it).
     """
     total = len(data)
     offset = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
-    while offset < total:
-        header = bytes(data[offset : offset + _BLOCK])
-        if header.count(0) == _BLOCK:
-            return  # the end-of-archive marker
-        if len(header) < _BLOCK:
-            raise SourceError(
-                f"{source}: the tar ends early: {len(header)} bytes of a 512-byte member header at byte {offset}"
-            )
-        try:
-            stored = _number(header[148:156])
-            size = _number(header[124:136])
-        except ValueError:
-            stored, size = -1, 0
-        if stored != sum(header) - sum(header[148:156]) + 8 * 32 and stored != _signed_checksum(header):
-            raise SourceError(
-                f"{source}: damaged tar header at byte {offset} (its checksum does not match); "
-                "the file is not a tar, or it was corrupted"
-            )
-        kind = header[156:157]
-        if kind in _TARFILE_TYPES:
-            raise _UseTarfile(kind)
-        if "size" in pax:
-            size = int(pax["size"])
-        start = offset + _BLOCK
-        end = start + size
-        if size < 0 or end > total:
-            raise SourceError(
-                f"{source}: the tar ends early: the member whose header is at byte {offset} needs {size} bytes "
-                f"from byte {start}, but the file has {total} bytes"
-            )
-        offset = start + -(-size // _BLOCK) * _BLOCK
-        if kind == b"L":  # GNU long name: the next member's name
-            long_name = _text(bytes(data[start:end]))
-            continue
-        if kind == b"x":  # pax extended header: the next member's keywords
-            pax = _pax(bytes(data[start:end]), source, start - _BLOCK)
-            if any(k.startswith("GNU.sparse") for k in pax) or "hdrcharset" in pax:
+    found: list[tuple[str, int, int]] = []
+    heads: list[int] = []  # every header's offset
+    stored: list[int] = []  # and the checksum it holds
+    try:
+        while offset < total:
+            header = data[offset : offset + _BLOCK]
+            if header.count(0) == _BLOCK:
+                break  # the end-of-archive marker
+            if len(header) < _BLOCK:
+                raise SourceError(
+                    f"{source}: the tar ends early: {len(header)} bytes of a 512-byte member header at byte {offset}"
+                )
+            try:
+                checksum = _number(header[148:156])
+                size = _number(header[124:136])
+            except ValueError:
+                raise SourceError(_damaged(source, offset)) from None
+            heads.append(offset)
+            stored.append(checksum)
+            kind = header[156:157]
+            if kind in _TARFILE_TYPES:
                 raise _UseTarfile(kind)
-            continue
-        if kind == b"K":  # GNU long link name: only links use it
-            continue
-        if long_name is not None:
-            name = long_name
-        elif "path" in pax:
-            name = pax["path"]
-        else:
-            name = _text(header[0:100])
-            prefix = _text(header[345:500]) if header[257:263] == b"ustar\0" else ""
-            if prefix:
-                name = prefix + "/" + name
-        long_name, pax = None, {}
-        if kind in _FILE_TYPES and not name.endswith("/"):  # tarfile: a name ending in / is a directory
-            yield name, start, size
+            if "size" in pax:
+                size = int(pax["size"])
+            start = offset + _BLOCK
+            end = start + size
+            if size < 0 or end > total:
+                raise SourceError(
+                    f"{source}: the tar ends early: the member whose header is at byte {offset} needs {size} bytes "
+                    f"from byte {start}, but the file has {total} bytes"
+                )
+            offset = start + -(-size // _BLOCK) * _BLOCK
+            if kind == b"L":  # GNU long name: the next member's name
+                long_name = _text(data[start:end])
+                continue
+            if kind == b"x":  # pax extended header: the next member's keywords
+                pax = _pax(data[start:end], source, start - _BLOCK)
+                if any(k.startswith("GNU.sparse") for k in pax) or "hdrcharset" in pax:
+                    raise _UseTarfile(kind)
+                continue
+            if kind == b"K":  # GNU long link name: only links use it
+                continue
+            if long_name is not None:
+                name = long_name
+            elif "path" in pax:
+                name = pax["path"]
+            else:
+                name = _text(header[0:100])
+                prefix = _text(header[345:500]) if header[257:263] == b"ustar\0" else ""
+                if prefix:
+                    name = prefix + "/" + name
+            long_name, pax = None, {}
+            if kind in _FILE_TYPES and not name.endswith("/"):  # tarfile: a name ending in / is a directory
+                found.append((name, start, size))
+    except (SourceError, _UseTarfile):
+        bad = _bad_checksum(data, heads, stored)
+        if bad is not None:
+            raise SourceError(_damaged(source, bad)) from None
+        raise
+    bad = _bad_checksum(data, heads, stored)
+    if bad is not None:
+        raise SourceError(_damaged(source, bad))
+    return found
+
+
+def _damaged(source: str, offset: int) -> str:
+    return (
+        f"{source}: damaged tar header at byte {offset} (its checksum does not match); "
+        "the file is not a tar, or it was corrupted"
+    )
+
+
+def _bad_checksum(data: Any, heads: list[int], stored: list[int]) -> int | None:
+    """The offset of the first header whose checksum does not match (unsigned or signed sum), or None."""
+    if not heads:
+        return None
+    buffer = np.frombuffer(data, np.uint8)
+    at = np.asarray(heads, np.int64)
+    want = np.asarray(stored, np.int64)
+    step = 4096
+    for lo in range(0, len(at), step):
+        block = buffer[at[lo : lo + step, None] + np.arange(_BLOCK)].astype(np.int64)
+        block[:, 148:156] = 32  # the checksum field counts as spaces
+        unsigned = block.sum(axis=1)
+        signed = unsigned - 256 * (block > 127).sum(axis=1)
+        wanted = want[lo : lo + step]
+        bad = np.flatnonzero((wanted != unsigned) & (wanted != signed))
+        if len(bad):
+            return heads[lo + int(bad[0])]
+    return None
 
 
 def _tar_members(source: str) -> Iterator[tuple[str, int, int]]:
@@ -235,7 +268,7 @@ def _tar_members(source: str) -> Iterator[tuple[str, int, int]]:
             if size == 0:
                 raise SourceError(f"{source}: not a readable tar file (it is empty)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                found = list(_scan(source, data))
+                found = _scan(source, data)
     except _UseTarfile:
         return _tarfile_members(source)
     except OSError as exc:
