@@ -114,10 +114,6 @@ _FILE_TYPES = (b"0", b"\0", b"7")  # regular file (old and new style), contiguou
 _TARFILE_TYPES = (b"g", b"S", b"M", b"V")  # pax global header, GNU sparse, multi-volume, volume label
 
 
-class _UseTarfile(Exception):
-    """The tar uses a feature the direct reader leaves to tarfile (global pax headers, sparse files...)."""
-
-
 def _number(field: bytes) -> int:
     """A header's numeric field: octal digits (NUL/space padded), or GNU base-256 (first byte 0x80 or 0xff)."""
     if field[:1] in (b"\x80", b"\xff"):
@@ -153,13 +149,13 @@ def _pax(data: bytes, source: str, offset: int) -> dict[str, str]:
     return out
 
 
-def _scan(source: str, data: Any) -> list[tuple[str, int, int]]:
+def _scan(source: str, data: Any) -> list[tuple[str, int, int]] | None:
     """``(name, data offset, size)`` of every file member of the tar ``data`` (a buffer), in order.
 
     Reads the 512-byte ustar headers directly: POSIX ``prefix`` names, GNU long
     names (``L``) and pax extended headers (``x``: ``path`` and ``size``) are
-    followed; other non-file members are passed over. Raises :class:`_UseTarfile`
-    for what tarfile should read, and a SourceError naming the file and the byte
+    followed; other non-file members are passed over. None for a tar that
+    tarfile should read (global pax headers, sparse members...); a SourceError naming the file and the byte
     offset for a damaged header (bad checksum) or a tar that ends early. The
     checksums are verified in NumPy, all at once (and before any other error is
     reported: a damaged header is the cause of what follows it).
@@ -171,6 +167,7 @@ def _scan(source: str, data: Any) -> list[tuple[str, int, int]]:
     found: list[tuple[str, int, int]] = []
     heads: list[int] = []  # every header's offset
     stored: list[int] = []  # and the checksum it holds
+    use_tarfile = False
     try:
         while offset < total:
             header = data[offset : offset + _BLOCK]
@@ -189,7 +186,8 @@ def _scan(source: str, data: Any) -> list[tuple[str, int, int]]:
             stored.append(checksum)
             kind = header[156:157]
             if kind in _TARFILE_TYPES:
-                raise _UseTarfile(kind)
+                use_tarfile = True
+                break
             if "size" in pax:
                 size = int(pax["size"])
             start = offset + _BLOCK
@@ -206,7 +204,8 @@ def _scan(source: str, data: Any) -> list[tuple[str, int, int]]:
             if kind == b"x":  # pax extended header: the next member's keywords
                 pax = _pax(data[start:end], source, start - _BLOCK)
                 if any(k.startswith("GNU.sparse") for k in pax) or "hdrcharset" in pax:
-                    raise _UseTarfile(kind)
+                    use_tarfile = True
+                    break
                 continue
             if kind == b"K":  # GNU long link name: only links use it
                 continue
@@ -222,7 +221,7 @@ def _scan(source: str, data: Any) -> list[tuple[str, int, int]]:
             long_name, pax = None, {}
             if kind in _FILE_TYPES and not name.endswith("/"):  # tarfile: a name ending in / is a directory
                 found.append((name, start, size))
-    except (SourceError, _UseTarfile):
+    except SourceError:
         bad = _bad_checksum(data, heads, stored)
         if bad is not None:
             raise SourceError(_damaged(source, bad)) from None
@@ -230,7 +229,7 @@ def _scan(source: str, data: Any) -> list[tuple[str, int, int]]:
     bad = _bad_checksum(data, heads, stored)
     if bad is not None:
         raise SourceError(_damaged(source, bad))
-    return found
+    return None if use_tarfile else found
 
 
 def _damaged(source: str, offset: int) -> str:
@@ -269,11 +268,9 @@ def _tar_members(source: str) -> Iterator[tuple[str, int, int]]:
                 raise SourceError(f"{source}: not a readable tar file (it is empty)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 found = _scan(source, data)
-    except _UseTarfile:
-        return _tarfile_members(source)
     except OSError as exc:
         raise SourceError(f"{source}: cannot read it ({exc.strerror or exc})") from None
-    return iter(found)
+    return _tarfile_members(source) if found is None else iter(found)
 
 
 def _tarfile_members(source: str) -> Iterator[tuple[str, int, int]]:
