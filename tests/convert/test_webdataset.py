@@ -12,8 +12,10 @@ import functools
 import gc
 import gzip
 import http.server
+import io
 import json
 import shutil
+import tarfile
 import threading
 import warnings
 from collections import Counter
@@ -21,12 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from tests.convert.test_convert import image_pixels, png_bytes
 from torchrecord import RecordDataset, RecordFile, open_set
 from torchrecord.convert import convert, detect_format, from_webdataset
+from torchrecord.convert import wds as wds_module
 from torchrecord.errors import SourceError
 from torchrecord.transforms import decode_image
 
@@ -163,3 +167,145 @@ def test_bad_members_are_named_and_tars_detected(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no such file"):
         from_webdataset(tmp_path / "missing.tar", tmp_path / "m.tr")
     assert not (tmp_path / "m.tr").exists() and isinstance(RecordFile(tmp_path / "skip.tr"), RecordFile)
+
+
+# -- the direct ustar reader of local tars ------------------------------------------------------------
+
+
+def tarfile_listing(path: str) -> list[tuple[str, int, int]]:
+    with tarfile.open(path) as tar:
+        return [(m.name, m.offset_data, m.size) for m in tar if m.isfile()]
+
+
+def odd_tar(path: Path, fmt: int, global_pax: bool = False) -> str:
+    """A tar with long names, a POSIX prefix, non-ASCII names, a directory, a link and a hidden file."""
+    long_dir = "d" * 60 + "/" + "e" * 60  # > 100 characters: the ustar prefix (or a long name)
+    names = [
+        "plain.txt",
+        f"{long_dir}/k1.png",
+        f"{long_dir}/k1.cls",
+        "x" * 150 + ".seg.png",  # a file name of more than 100 characters: GNU 'L' or pax 'path'
+        "ünïcödé/ключ.txt",
+        ".hidden.txt",
+    ]
+    kwargs: dict[str, Any] = {"format": fmt}
+    if global_pax:
+        kwargs["pax_headers"] = {"comment": "global"}
+    with tarfile.open(str(path), "w", **kwargs) as tar:
+        dir_info = tarfile.TarInfo("folder")
+        dir_info.type = tarfile.DIRTYPE
+        tar.addfile(dir_info)
+        for i, name in enumerate(names):
+            data = f"{i}".encode() if name.endswith(".cls") else bytes(range(i * 37 % 256)) * (i + 1)
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            if fmt == tarfile.PAX_FORMAT and i == 0:
+                info.pax_headers = {"size": str(len(data)), "comment": "kept"}
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("link.txt")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "l" * 120  # a long link name: GNU 'K' or pax 'linkpath'
+        tar.addfile(link)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "global_pax"),
+    [
+        (tarfile.USTAR_FORMAT, False),
+        (tarfile.GNU_FORMAT, False),
+        (tarfile.PAX_FORMAT, False),
+        (tarfile.PAX_FORMAT, True),
+    ],
+)
+def test_the_direct_reader_lists_what_tarfile_lists(tmp_path: Path, fmt: int, global_pax: bool) -> None:
+    if fmt == tarfile.USTAR_FORMAT:
+        path = tmp_path / "ustar.tar"
+        with tarfile.open(str(path), "w", format=fmt) as tar:  # ustar: no long file names, but the prefix
+            for name in ("a" * 90 + "/" + "b" * 90 + "/k.png", "short.cls"):
+                info = tarfile.TarInfo(name)
+                info.size = 5
+                tar.addfile(info, io.BytesIO(b"12345"))
+        source = str(path)
+    else:
+        source = odd_tar(tmp_path / "odd.tar", fmt, global_pax)
+    listed = list(wds_module._tar_members(source))
+    assert listed == tarfile_listing(source)
+    assert any(len(name) > 100 for name, _, _ in listed)
+
+
+def test_the_direct_reader_lists_what_tarfile_lists_of_webdataset_tars(tmp_path: Path) -> None:
+    for path in make_tars(tmp_path / "tars", tars=2, per_tar=5):
+        listed = list(wds_module._tar_members(path))
+        assert listed == tarfile_listing(path)
+        assert len(listed) == 5 * 4
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_long_names_convert_to_their_keys(tmp_path: Path, fmt: int) -> None:
+    names = ["d" * 80 + "/" + "e" * 80 + "/one.txt", "x" * 150 + ".txt", "ünïcödé/ключ.txt", "short.txt"]
+    source = str(tmp_path / "long.tar")
+    with tarfile.open(source, "w", format=fmt) as tar:
+        for i, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size = i + 1
+            tar.addfile(info, io.BytesIO(b"z" * (i + 1)))
+    written = from_webdataset(source, tmp_path / "out.tr", shuffle=False)
+    got = [(written[i]["__key__"], bytes(written[i]["txt"])) for i in range(len(written))]
+    assert got == [(name[: -len(".txt")], b"z" * (i + 1)) for i, name in enumerate(names)]
+
+
+def test_a_truncated_tar_is_refused_naming_the_file_and_offset(tmp_path: Path) -> None:
+    (path,) = make_tars(tmp_path / "tars", tars=1, per_tar=4)
+    whole = Path(path).read_bytes()
+    listed = tarfile_listing(path)
+    _, offset, size = listed[-1]
+    cut = tmp_path / "cut-data.tar"
+    cut.write_bytes(whole[: offset + size // 2])  # inside the last member's data
+    with pytest.raises(
+        SourceError, match=rf"cut-data\.tar: the tar ends early: the member whose header is at byte {offset - 512}"
+    ):
+        from_webdataset(str(cut), tmp_path / "a.tr")
+    cut = tmp_path / "cut-header.tar"
+    cut.write_bytes(whole[: offset - 300])  # inside the last member's header
+    with pytest.raises(
+        SourceError,
+        match=rf"cut-header\.tar: the tar ends early: 212 bytes of a 512-byte member header at byte {offset - 512}",
+    ):
+        from_webdataset(str(cut), tmp_path / "b.tr")
+    assert not (tmp_path / "a.tr").exists() and not (tmp_path / "b.tr").exists()
+
+
+def test_a_damaged_header_is_refused_naming_the_file_and_offset(tmp_path: Path) -> None:
+    (path,) = make_tars(tmp_path / "tars", tars=1, per_tar=4)
+    data = bytearray(Path(path).read_bytes())
+    _, offset, _ = tarfile_listing(path)[5]
+    data[offset - 512 + 3] ^= 0x20  # a bit of the sixth member's name
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(SourceError, match=rf"bad\.tar: damaged tar header at byte {offset - 512}"):
+        from_webdataset(str(bad), tmp_path / "out.tr")
+
+
+def test_image_and_class_tars_convert_as_columns(tmp_path: Path) -> None:
+    """Tars of images and classes take the writer's column path: the same samples as webdataset reads."""
+    folder = tmp_path / "tars"
+    folder.mkdir()
+    paths = []
+    for t in range(2):
+        paths.append(str(folder / f"s{t}.tar"))
+        with wds.TarWriter(paths[-1]) as writer:
+            for i in range(7):
+                n = 7 * t + i
+                writer.write({"__key__": f"k{n:03d}", "png": png_bytes(image_pixels(n % 3, n)), "cls": n % 3})
+    samples = wds_module.TarSamples([e for p in paths for e in wds_module._index(p)])
+    assert samples._torchrecord_columns(np.arange(len(samples))) is not None
+    written = from_webdataset(paths, tmp_path / "out.tr", seed=3)
+    got = Counter((s["__key__"], bytes(s["png"]), int(s["cls"])) for s in (written[i] for i in range(len(written))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        expected = Counter(
+            (s["__key__"], s["png"], int(s["cls"]))
+            for s in wds.WebDataset(paths, shardshuffle=False, empty_check=False)
+        )
+    assert got == expected and len(got) == 14

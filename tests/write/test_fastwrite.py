@@ -175,7 +175,15 @@ def _string_samples() -> list[Any]:
     out: list[Any] = []
     for i, n in enumerate(_LENGTHS):
         text = ("é€𝄞x" * (n // 4 + 1))[: n // 2]  # 2-, 3- and 4-byte UTF-8 characters
-        out.append({"image": _blob(n, i), "label": i, "caption": text, "box": np.full((2, 2), i, np.float32)})
+        out.append(
+            {
+                "image": _blob(n, i),
+                "label": i,
+                "caption": text,
+                "box": np.full((2, 2), i, np.float32),
+                "depth": np.full((8, 8), i, np.float64),  # 512 bytes: joined by row, like the values
+            }
+        )
     return out
 
 
@@ -187,6 +195,8 @@ def _string_samples() -> list[Any]:
         lambda s: s["image"],
         lambda s: s["caption"],
         lambda s: (s["caption"], s["image"], s["box"]),
+        lambda s: (s["depth"], s["image"], s["label"], s["caption"], s["depth"]),
+        lambda s: (s["image"], s["depth"]),
     ],
 )
 def test_bytes_and_str_columns_make_the_per_sample_records(shape: Any) -> None:
@@ -213,6 +223,18 @@ def test_bytes_and_str_columns_make_the_per_sample_records(shape: Any) -> None:
         for c in columns
     ]
     given = encoder.stacked(stacked, len(order))
+    assert given is not None
+    flat, bounds = encoder.records(given)
+    assert [flat[a:b].tobytes() for a, b in itertools.pairwise(bounds)] == [expected[i] for i in order]
+    # and joined from two buffers (two Arrow record batches), taken in that order
+    half = len(order) // 2
+    split = [
+        BytesColumn.concat([c.take(np.arange(half)).compact(), c.take(np.arange(half, len(c))).compact()]).take(order)
+        if isinstance(c, BytesColumn)
+        else c[order]
+        for c in columns
+    ]
+    given = encoder.stacked(split, len(order))
     assert given is not None
     flat, bounds = encoder.records(given)
     assert [flat[a:b].tobytes() for a, b in itertools.pairwise(bounds)] == [expected[i] for i in order]

@@ -25,6 +25,8 @@ records with the headers written in NumPy and one slice copy per value.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -42,6 +44,8 @@ from torchrecord._core.structure import Tree, number_list_dtype
 __all__ = ["BytesColumn", "Column", "FastEncoder", "fill_records", "fill_var_records", "string_prefix"]
 
 _Leaf = Callable[[Any], "bytes | np.ndarray"]
+#: buffer[slice], mapped over several buffers
+_GET: Any = operator.getitem
 
 
 class BytesColumn:
@@ -55,7 +59,7 @@ class BytesColumn:
     values' own bytes travel to another process.
     """
 
-    __slots__ = ("data", "lengths", "starts", "text", "which")
+    __slots__ = ("_sources", "data", "lengths", "starts", "text", "which")
 
     def __init__(
         self,
@@ -64,12 +68,15 @@ class BytesColumn:
         lengths: np.ndarray,
         text: bool = False,
         which: np.ndarray | None = None,
+        sources: tuple[memoryview, ...] | None = None,
     ) -> None:
         self.data = data
         self.starts = starts
         self.lengths = lengths
         self.text = text
         self.which = which
+        #: memoryviews of several buffers, made once and shared by the columns taken from this one
+        self._sources = sources
 
     @classmethod
     def of(cls, values: Sequence[bytes], text: bool = False) -> BytesColumn:
@@ -101,7 +108,7 @@ class BytesColumn:
     def take(self, index: Any) -> BytesColumn:
         """The values at ``index`` (a slice or an integer array), sharing the buffers."""
         which = self.which[index] if self.which is not None else None
-        return BytesColumn(self.data, self.starts[index], self.lengths[index], self.text, which)
+        return BytesColumn(self.data, self.starts[index], self.lengths[index], self.text, which, self._sources)
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -115,43 +122,47 @@ class BytesColumn:
         """Every value as Python bytes."""
         return [self[i] for i in range(len(self))]
 
+    def views(self) -> list[memoryview]:
+        """Every value as a memoryview of its buffer (no copy), made in C-level loops."""
+        ends = (self.starts + self.lengths).tolist()
+        cuts = map(slice, self.starts.tolist(), ends)
+        if isinstance(self.data, np.ndarray):
+            return list(map(self.data.data.__getitem__, cuts))
+        assert self.which is not None, "several buffers come with which"
+        if self._sources is None:
+            self._sources = tuple(d.data for d in self.data)
+        return list(map(_GET, map(self._sources.__getitem__, self.which.tolist()), cuts))
+
     def copy_into(self, out: np.ndarray, at: np.ndarray) -> None:
         """``out[at[i] : at[i] + lengths[i]] = value i`` for every i: one slice copy each."""
         dst = out.data
-        at_, starts, lengths = at.tolist(), self.starts.tolist(), self.lengths.tolist()
-        if isinstance(self.data, np.ndarray):
-            src = self.data.data
-            for a, s, n in zip(at_, starts, lengths):
-                dst[a : a + n] = src[s : s + n]
-            return
-        assert self.which is not None, "several buffers come with which"
-        sources = [d.data for d in self.data]
-        for a, k, s, n in zip(at_, self.which.tolist(), starts, lengths):
-            dst[a : a + n] = sources[k][s : s + n]
+        for a, view in zip(at.tolist(), self.views()):
+            dst[a : a + len(view)] = view
 
     def compact(self) -> BytesColumn:
-        """The same values, held contiguously in their order in a buffer of their own."""
-        starts = _starts(self.lengths)
-        data = np.empty(self.nbytes, np.uint8)
-        self.copy_into(data, starts)
-        return BytesColumn(data, starts, self.lengths.copy(), self.text)
+        """The same values, held contiguously in their order in a buffer of their own (one join)."""
+        data = np.frombuffer(b"".join(self.views()), np.uint8)
+        return BytesColumn(data, _starts(self.lengths), self.lengths.copy(), self.text)
 
     @staticmethod
     def concat(parts: Sequence[BytesColumn]) -> BytesColumn:
         """The values of ``parts``, one after another (sharing their buffers: no copy)."""
         buffers: list[np.ndarray] = []
+        sources: list[memoryview] = []
         which = []
         for part in parts:
             held = part.data if isinstance(part.data, tuple) else (part.data,)
             own = part.which if part.which is not None else np.zeros(len(part), np.int64)
             which.append(own + len(buffers))
             buffers += held
+            sources += part._sources if part._sources is not None else [h.data for h in held]
         return BytesColumn(
             tuple(buffers),
             np.concatenate([p.starts for p in parts]),
             np.concatenate([p.lengths for p in parts]),
             all(p.text for p in parts),
             np.concatenate(which),
+            tuple(sources),
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -430,37 +441,24 @@ def fill_var_records(
     Record i is ``out[bounds[i] : bounds[i + 1]]``, byte for byte what the
     protobuf encoder makes of sample i: every field is its prefix (the fixed
     template, or :func:`string_prefix` with its varints written in NumPy for all
-    samples at once) and its payload (copied by row, one slice copy per value).
+    samples at once) and its payload. The prefixes and the small fixed fields
+    of every sample are laid out in NumPy in one "glue" buffer; the records are
+    then one ``bytes.join`` of the glue's pieces and the values (views of their
+    source buffers, in any order: the shuffle's gather is this one copy), with
+    no per-sample Python bytecode. The result is read-only.
     """
     n = len(columns[0])
-    sizes: list[np.ndarray | int] = []
+    glue_sizes: list[np.ndarray | int] = []
+    pieces: list[BytesColumn | None] = []  # per field, the values joined after its glue (None: all in the glue)
+    blocks: list[np.ndarray | None] = []
     for prefix, sig, col in zip(prefixes, signatures, columns):
         if prefix is None:
             assert isinstance(col, BytesColumn)
             inner = 3 + _varint_len(col.lengths) + col.lengths
-            sizes.append(1 + _varint_len(inner) + inner)
-        else:
-            sizes.append(len(prefix) + _payload_bytes(sig))
-    lengths = np.zeros(n, np.int64)
-    for size in sizes:
-        lengths += size
-    bounds = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=bounds[1:])
-    out = np.empty(int(bounds[-1]), np.uint8)
-    at = bounds[:-1].copy()
-    for prefix, sig, col in zip(prefixes, signatures, columns):
-        if isinstance(col, BytesColumn):
-            out[at] = 0x0A
-            inner = 3 + _varint_len(col.lengths) + col.lengths
-            at = _put_varints(out, at + 1, inner)
-            out[at] = 0x10
-            out[at + 1] = 0x04
-            out[at + 2] = 0x32
-            at = _put_varints(out, at + 3, col.lengths)
-            col.copy_into(out, at)
-            at = at + col.lengths
+            glue_sizes.append(1 + _varint_len(inner) + 3 + _varint_len(col.lengths))
+            pieces.append(col)
+            blocks.append(None)
             continue
-        assert prefix is not None
         size = _payload_bytes(sig)
         width = len(prefix) + size
         block = np.empty((n, width), np.uint8)
@@ -468,11 +466,56 @@ def fill_var_records(
         if size:
             block[:, len(prefix) :] = np.ascontiguousarray(col).reshape(n, -1).view(np.uint8).reshape(n, size)
         if width <= _SMALL_FIELD:
-            out[at[:, None] + np.arange(width)] = block
-        else:
-            rows = BytesColumn(block.reshape(-1), np.arange(n, dtype=np.int64) * width, np.full(n, width, np.int64))
-            rows.copy_into(out, at)
-        at = at + width
+            glue_sizes.append(width)
+            pieces.append(None)
+        else:  # a large fixed field: its rows are joined like values
+            glue_sizes.append(0)
+            pieces.append(BytesColumn(block.reshape(-1), np.arange(n, dtype=np.int64) * width, np.full(n, width)))
+        blocks.append(block)
+    glue_lengths = np.zeros(n, np.int64)
+    for glue_size in glue_sizes:
+        glue_lengths += glue_size
+    glue_bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(glue_lengths, out=glue_bounds[1:])
+    glue = np.empty(int(glue_bounds[-1]), np.uint8)
+    at = glue_bounds[:-1].copy()
+    cuts: list[np.ndarray] = []  # where each joined field's values go into the glue of each sample
+    for fixed, piece in zip(blocks, pieces):
+        if fixed is None:
+            assert piece is not None
+            glue[at] = 0x0A
+            inner = 3 + _varint_len(piece.lengths) + piece.lengths
+            at = _put_varints(glue, at + 1, inner)
+            glue[at] = 0x10
+            glue[at + 1] = 0x04
+            glue[at + 2] = 0x32
+            at = _put_varints(glue, at + 3, piece.lengths)
+        elif piece is None:
+            width = fixed.shape[1]
+            glue[at[:, None] + np.arange(width)] = fixed
+            at = at + width
+        if piece is not None:
+            cuts.append(at)
+    joined = [p for p in pieces if p is not None]
+    if not joined:
+        return glue, glue_bounds
+    lengths = glue_lengths.copy()
+    for piece in joined:
+        lengths += piece.lengths
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    # sample i's glue lies between sample i - 1's and sample i + 1's, so the glue between two values
+    # (the end of one sample, the start of the next) is one piece: the glue is cut at every value's place
+    places = np.stack(cuts, axis=1).reshape(-1) if len(cuts) > 1 else cuts[0]
+    edges = np.concatenate([[0], places, [len(glue)]]).tolist()
+    glue_pieces = list(map(glue.data.__getitem__, map(slice, edges[:-1], edges[1:])))
+    if len(joined) == 1:
+        values: Any = joined[0].views()
+    else:  # the values in record order: sample 0's fields, sample 1's...
+        values = itertools.chain.from_iterable(zip(*(piece.views() for piece in joined)))
+    tail = glue_pieces.pop()
+    stream = itertools.chain(itertools.chain.from_iterable(zip(glue_pieces, values)), (tail,))
+    out = np.frombuffer(b"".join(stream), np.uint8)
     return out, bounds
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 
@@ -18,6 +19,7 @@ from torchrecord.errors import WriteError
 __all__ = ["LmdbAppender", "space_hint"]
 
 _CRC_BYTES = 4
+_CRC = struct.Struct("<I")  # a record's CRC-32, as zlib.crc32(value).to_bytes(4, "little")
 
 
 class LmdbAppender:
@@ -195,7 +197,7 @@ class LmdbAppender:
         if added != len(keys):
             raise WriteError(f"{self.name}: LMDB stored {added} of {len(keys)} records")
         if self._checksums:
-            crcs = [zlib.crc32(value).to_bytes(_CRC_BYTES, "little") for value in self._pending]
+            crcs = list(map(_CRC.pack, map(zlib.crc32, self._pending)))  # C-level loops
             txn.cursor(db=self._crcs).putmulti(zip(keys, crcs), append=True)
 
     def _commit(self, work: object) -> None:

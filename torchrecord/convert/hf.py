@@ -357,23 +357,23 @@ class HFRows:
     def _whole_columns(self) -> list[Any]:
         """Per field, the column of every row of the table (None where only rows work), built once.
 
-        Bytes and str columns join the record batches' Arrow buffers without a
-        copy; small numbers are concatenated; arrays of more than
-        :data:`_JOINED_ROW_BYTES` per row stay per batch (a list of their columns).
+        Bytes and str columns join the Arrow chunks' buffers without a copy
+        (one Arrow call per column, not per record batch); small numbers are
+        concatenated; arrays of more than :data:`_JOINED_ROW_BYTES` per row stay
+        per batch (a list of their columns).
         """
         if self._columns is None:
             batches, _, _ = self._open()
-            per_batch = [self._batch(b).columns for b in range(len(batches))]
+            table = self.dataset.data.table
+            per_batch: list[list[Any]] | None = None
             out: list[Any] = []
-            for parts in zip(*per_batch):
-                if any(p is None for p in parts):
-                    out.append(None)
-                elif isinstance(parts[0], BytesColumn):
-                    out.append(BytesColumn.concat(parts))
-                elif parts[0][:1].nbytes <= _JOINED_ROW_BYTES:
-                    out.append(np.concatenate(parts))
-                else:
-                    out.append(list(parts))
+            for i, spec in enumerate(self.specs):
+                whole = _chunked_column(table.column(spec.name), spec)
+                if whole is _PER_BATCH:
+                    if per_batch is None:
+                        per_batch = [self._batch(b).columns for b in range(len(batches))]
+                    whole = _joined_parts([columns[i] for columns in per_batch])
+                out.append(whole)
             self._columns = out
         return self._columns
 
@@ -400,6 +400,42 @@ class HFRows:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_state": None, "_batches": {}, "_columns": None}
+
+
+#: the marker of a column joined from the record batches' own columns
+_PER_BATCH: Any = object()
+
+
+def _chunked_column(chunked: Any, spec: _Spec) -> Any:
+    """The whole column of a table's ChunkedArray for the writer (None: only rows work; _PER_BATCH: join batches)."""
+    import pyarrow.compute as pc
+
+    if spec.kind in ("encoded", "str", "bytes"):
+        text = spec.kind == "str"
+        data = pc.struct_field(chunked, "bytes") if spec.kind == "encoded" else chunked
+        if data.null_count or (text and not _valid_utf8(data)):
+            return None  # rows read the files, or name the null or the bad value
+        if not data.num_chunks:
+            return BytesColumn(np.zeros(0, np.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64), text)
+        return BytesColumn.concat([_whole(chunk, text=text) for chunk in data.chunks])
+    if spec.kind in ("number", "classlabel"):
+        if chunked.null_count:
+            return None  # the rows name the null
+        values = chunked.to_numpy()
+        # a ClassLabel is a Python int, stored as int64
+        return values.astype(np.int64, copy=False) if spec.kind == "classlabel" else values
+    return _PER_BATCH
+
+
+def _joined_parts(parts: list[Any]) -> Any:
+    """One column from the record batches' columns of a field (None if any batch has none)."""
+    if any(p is None for p in parts):
+        return None
+    if isinstance(parts[0], BytesColumn):
+        return BytesColumn.concat(parts)
+    if parts[0][:1].nbytes <= _JOINED_ROW_BYTES:
+        return np.concatenate(parts)
+    return list(parts)
 
 
 class _HFStream:
