@@ -283,3 +283,22 @@ def test_other_readers_take_the_opened_set(s3: Any, tmp_path: Path) -> None:
     ds = MixedDataset({"remote": rs, "local": local}, seed=2)
     labels = [int(label) for _, label in _samples(ds, 2)]
     assert sorted(labels) == sorted(list(range(COUNT)) * 2)
+
+
+def test_a_dataset_dict_without_split_goes_to_s3_one_sharded_set_per_split(s3: Any, tmp_path: Path) -> None:
+    """``from_hf`` of a whole DatasetDict to ``s3://``: a set per split there, and no stray local folder."""
+    datasets = pytest.importorskip("datasets")
+    from torchrecord.convert import from_hf
+
+    parts = {
+        name: datasets.Dataset.from_dict({"x": list(range(n)), "y": [i % 3 for i in range(n)]})
+        for name, n in [("train", 12), ("test", 5)]
+    }
+    url = f"s3://{BUCKET}/dict"
+    os.chdir(tmp_path)  # a stray local "s3:" folder would appear here
+    for shard in range(2):
+        from_hf(datasets.DatasetDict(parts), url, shard=shard, num_shards=2, seed=0, progress=False)
+    assert not os.path.exists(tmp_path / "s3:")
+    for name, part in parts.items():
+        got = open_set(f"{url}/{name}", cache_dir=str(tmp_path / "cache"))
+        assert sorted(int(got[i]["x"]) for i in range(len(got))) == list(range(len(part)))

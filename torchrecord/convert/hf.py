@@ -41,6 +41,7 @@ import numpy as np
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.extras import HF_HINT
 from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import is_url
 from torchrecord._write.fastwrite import BytesColumn
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.writer import SchemaArg
@@ -543,7 +544,8 @@ def from_hf(
             return _convert_one(dataset[split], path, split, keys, settings, shard, num_shards)
         if not dataset:
             raise SourceError("the dataset dict holds no splits")
-        os.makedirs(path, exist_ok=True)
+        if not is_url(os.fspath(path)):  # an object store has no folders to make
+            os.makedirs(path, exist_ok=True)
         return {
             name: _convert_one(part, os.path.join(path, name), name, keys, settings, shard, num_shards)
             for name, part in dataset.items()
