@@ -131,12 +131,17 @@ def test_packed_and_compressed_records_read_the_same_with_and_without_the_wire_p
     assert same(list(fast), samples) and same(fast[[3, 10, 0]], [samples[3], samples[10], samples[0]])
 
 
-def test_the_dataset_yields_the_same_samples_and_batches_either_way(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_record", [1, 3])
+@pytest.mark.parametrize("check", [None, "checksums"])
+def test_the_dataset_yields_the_same_samples_and_batches_either_way(
+    tmp_path: Path, per_record: int, check: str | None
+) -> None:
     samples = _samples(30)
-    path = str(write_record(samples, tmp_path / "d.tr", progress=False).path)
+    path = str(write_record(samples, tmp_path / "d.tr", progress=False, samples_per_record=per_record).path)
+    assert RecordFile(path).samples_per_record == per_record
 
     def read(wire: bool, **kw: Any) -> list[Any]:
-        ds = RecordDataset(path, seed=3, **kw)
+        ds = RecordDataset(path, seed=3, shuffle_buffer=16, check=check, **kw)  # type: ignore[arg-type]
         ds.file._wire_on = wire  # type: ignore[attr-defined]
         return list(ds)
 

@@ -47,7 +47,7 @@ _DOUBLE = struct.Struct("<d")
 _SCALARS = {("int", "int64"): _INT, ("float", "float64"): _FLOAT, ("bool", "bool"): _BOOL}
 
 
-def _varint(value: bytes, p: int) -> tuple[int, int]:
+def _varint(value: bytes | memoryview, p: int) -> tuple[int, int]:
     """The varint at ``value[p]`` and the position after it (IndexError past the end)."""
     result, shift = 0, 0
     while True:
@@ -139,7 +139,7 @@ class WireDecoder:
 
     def leaves(self, value: bytes | memoryview) -> list[Any] | None:
         """The leaves of a record of one sample, each of the kind it was written as; None: not the usual form."""
-        v = bytes(value) if not isinstance(value, bytes) else value
+        v = value  # bytes, or a view of the LMDB map: only the payloads are copied out
         p = 0
         out: list[Any] = []
         try:
@@ -156,7 +156,7 @@ class WireDecoder:
                             size, q = (size & 0x7F) | b << 7, q + 1
                         else:
                             size, q = _varint(v, p + 1)
-                    if not v.startswith(_ONE_STRING, q):
+                    if v[q : q + 3] != _ONE_STRING:
                         return None
                     n = v[q + 3]
                     r = q + 4
@@ -169,10 +169,10 @@ class WireDecoder:
                     p = r + n
                     if p != q + size:
                         return None
-                    out.append(v[r:p] if mode == _BYTES else v[r:p].decode("utf-8"))
+                    out.append(bytes(v[r:p]) if mode == _BYTES else str(v[r:p], "utf-8"))
                     continue
                 head = spec.heads[None]
-                if head is None or not v.startswith(head, p):
+                if head is None or v[p : p + len(head)] != head:
                     return None
                 a = p + len(head)
                 p = a + spec.nbytes
@@ -194,7 +194,7 @@ class WireDecoder:
     def columns(self, value: bytes | memoryview, rows: int) -> list[Any] | None:
         """The fields of a chunk of ``rows`` samples: per field a list of leaves, or an array to
         :func:`~torchrecord._core.kinds.materialize` row by row; None: not the usual form."""
-        v = bytes(value) if not isinstance(value, bytes) else value
+        v = value  # bytes, or a view of the LMDB map: only the payloads are copied out
         p = 0
         out: list[Any] = []
         try:
@@ -205,7 +205,7 @@ class WireDecoder:
                 end = q + size
                 if spec.mode <= _STR:
                     lead = b"\x08" + _encode_varint(rows) + b"\x10\x04"  # dims = [rows], data_type = STRING
-                    if not v.startswith(lead, q):
+                    if v[q : q + len(lead)] != lead:
                         return None
                     r = q + len(lead)
                     items: list[Any] = []
@@ -213,7 +213,7 @@ class WireDecoder:
                         if v[r] != _STRING_TAG:
                             return None
                         n, r = _varint(v, r + 1)
-                        items.append(v[r : r + n])
+                        items.append(bytes(v[r : r + n]))
                         r += n
                     if r != end or r > len(v):
                         return None
@@ -223,7 +223,7 @@ class WireDecoder:
                     p = end
                     continue
                 head = spec.head(rows)
-                if head is None or not v.startswith(head, p):
+                if head is None or v[p : p + len(head)] != head:
                     return None
                 a = p + len(head)
                 p = a + spec.nbytes * rows
@@ -236,11 +236,12 @@ class WireDecoder:
         return out if p == len(v) else None
 
     @staticmethod
-    def _array(spec: _Spec, v: bytes, at: int, rows: int | None) -> Any:
+    def _array(spec: _Spec, v: bytes | memoryview, at: int, rows: int | None) -> Any:
         """A numeric payload: a materialized leaf (one sample), or the read-only column (``rows``)."""
         shape = spec.shape if rows is None else (rows, *spec.shape)
         count = int(np.prod(shape, dtype=np.int64))
         arr = np.frombuffer(v, spec.numpy, count=count, offset=at).reshape(shape)
+        arr.flags.writeable = False  # a view of the record (or of the map): materialize copies it
         if spec.field.dtype == "bool" and count and arr.view(np.uint8).max() > 1:
             raise ValueError("bool bytes other than 0 and 1")  # the slow path names the field
         if rows is not None:
