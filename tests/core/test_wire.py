@@ -248,3 +248,51 @@ def test_schemas_the_wire_path_does_not_take(tmp_path: Path) -> None:
     )
     assert WireDecoder.of(varying.schema) is None
     assert same(list(varying), [np.zeros(n, np.float32) for n in (1, 2, 3)])
+
+
+def _general_flatten(node: Any) -> tuple[Any, list[Any]]:
+    """flatten() without the flat-tuple shortcut: the tuple walked child by child."""
+    from torchrecord._core.structure import flatten
+
+    if type(node) is tuple:
+        parts = [flatten(x) for x in node]
+        return {"t": "tuple", "c": [t for t, _ in parts]}, [leaf for _, ls in parts for leaf in ls]
+    return flatten(node)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        (b"x", 1),
+        ("s", 2.5, True, None, np.zeros(2), torch.ones(1)),
+        (b"x", [1, 2]),  # a number list: a leaf, but not a plain one (the general walk)
+        (b"x", (1, 2)),
+        (),
+    ],
+)
+def test_a_flat_tuple_flattens_as_the_general_walk(sample: Any) -> None:
+    from torchrecord._core.structure import flatten
+
+    tree, leaves = flatten(sample)
+    want_tree, want_leaves = _general_flatten(sample)
+    assert tree == want_tree and len(leaves) == len(want_leaves)
+    assert all(a is b for a, b in zip(leaves, want_leaves))
+
+
+def test_scalar_fields_collate_to_the_same_tensors_as_stacking_them() -> None:
+    from torchrecord._core.kinds import collate_samples
+    from torchrecord._core.schema import Field, Schema
+
+    schema = Schema(
+        {"t": "tuple", "c": [{"t": "leaf"}] * 3},
+        [Field("0", "int", "int64", ()), Field("1", "float", "float64", ()), Field("2", "bool", "bool", ())],
+    )
+    batch = collate_samples([(2**63 - 1, -0.0, True), (-(2**63), math.nan, False)], schema)
+    stacked = [
+        torch.from_numpy(np.stack([np.asarray(x) for x in col]))
+        for col in zip(*[(2**63 - 1, -0.0, True), (-(2**63), math.nan, False)])
+    ]
+    assert same(list(batch), stacked)
+    assert [t.dtype for t in batch] == [torch.int64, torch.float64, torch.bool]
+    mixed = collate_samples([(np.int64(1), 1.0, True), (2, 2.0, False)], schema)  # not all Python ints: stacked
+    assert mixed[0].dtype == torch.int64 and mixed[0].tolist() == [1, 2]
