@@ -121,7 +121,19 @@ def _collate_field(column: list[Any], fld: Field) -> Any:
         return column
     if fld.kind == "tensor":
         return torch.stack(column)
+    scalar = _SCALAR_TYPES.get(fld.kind) if not fld.shape else None
+    if scalar is not None and column and all(type(x) is scalar[0] for x in column):
+        # Python scalars of the field's kind: one conversion, the same array as stacking them one by one
+        return as_tensor(np.array(column, dtype=scalar[1]), fld.dtype)
     return as_tensor(np.stack([np.asarray(x) for x in column]), fld.dtype)
+
+
+#: scalar kinds: the Python type the reader gives, and the dtype ``np.asarray`` gives it
+_SCALAR_TYPES: dict[str, tuple[type, Any]] = {
+    "int": (int, np.int64),
+    "float": (float, np.float64),
+    "bool": (bool, np.bool_),
+}
 
 
 def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, where: str) -> Any:

@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
+import torch
+
 from torchrecord.errors import SampleTypeError
 
 __all__ = ["field_names", "first_difference", "flatten", "number_list_dtype", "unflatten"]
@@ -28,6 +31,8 @@ Tree = dict[str, Any]
 _LEAF: Tree = {"t": "leaf"}
 
 _NUMBERS = frozenset({bool, int, float})
+#: leaf types that are never structures (no tuple, list or Mapping among them or their instances)
+_PLAIN = frozenset({bool, int, float, bytes, str, type(None), np.ndarray, torch.Tensor})
 
 
 def number_list_dtype(node: Any) -> str | None:
@@ -59,6 +64,13 @@ def flatten(sample: Any) -> tuple[Tree, list[Any]]:
 def _flatten(node: Any, leaves: list[Any], depth: int) -> Tree:
     if depth > 32:
         raise SampleTypeError("sample nesting is deeper than 32 levels")
+    if type(node) is tuple and depth < 32:
+        for x in node:
+            if type(x) not in _PLAIN:
+                break
+        else:  # a flat tuple of plain leaves (the usual sample): what the general walk below gives
+            leaves.extend(node)
+            return {"t": "tuple", "c": [_LEAF] * len(node)}
     if isinstance(node, tuple) and not hasattr(node, "_fields"):
         return {"t": "tuple", "c": [_flatten(x, leaves, depth + 1) for x in node]}
     if isinstance(node, list):

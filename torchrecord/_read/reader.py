@@ -27,6 +27,7 @@ import numpy as np
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.kinds import check_bools
 from torchrecord._core.layout import FixedLayout
+from torchrecord._core.wire import WireDecoder
 from torchrecord._order import windows as _order
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
@@ -147,9 +148,13 @@ class ShareReader:
         ]
         plan = [split_runs(runs, self.offsets) for runs in window_runs]
         # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make
-        # (compressed sets: views, decompressed straight from the map into the window)
+        # (compressed sets: views, decompressed straight from the map into the window). Records the
+        # wire path reads (strings and fixed-shape fields) are views too: only their payloads are copied
         layout = self.layout
-        buffers = layout is not None and (layout.length >= JOIN_LIMIT or layout.expander is not None)
+        if layout is not None:
+            buffers = layout.length >= JOIN_LIMIT or layout.expander is not None
+        else:
+            buffers = WireDecoder.of(self.file.schema) is not None
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
             if plan and self.advise:
