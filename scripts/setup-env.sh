@@ -10,7 +10,7 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null
 python -m pip install -q --no-compile torch==2.13.0  # no up-front byte-compiling of all of torch
-python -m pip install -q -e '.[dev]'
+python -m pip install -q --no-compile -e '.[dev]'  # modules compile on first import instead
 # robomimic 0.3.0, the oracle of tests/test_robomimic*.py: --no-deps, because its metadata lists a bare
 # torch, torchvision, tensorboard and egl_probe; robomimic.utils.dataset needs only torch, numpy, h5py,
 # tqdm and termcolor (the dev extra)

@@ -129,7 +129,8 @@ def test_a_dropped_recordfile_stays_in_the_small_idle_cache(one_set: Path) -> No
 # -- bounded -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["closed", "dropped"])
+# closed explicitly is the easy case (about 16 s): --runslow; dropped, which the cache must handle, always runs
+@pytest.mark.parametrize("how", [pytest.param("closed", marks=pytest.mark.slow), "dropped"])
 def test_opening_2000_sets_one_after_another_keeps_descriptors_bounded(tmp_path: Path, one_set: Path, how: str) -> None:
     paths = copies(tmp_path, one_set, 2000)
     before = total_descriptors()
