@@ -269,7 +269,7 @@ def write_chart(
 
 
 WORKER_HEADERS = ["workload", "loader", "workers", "samples/s", "x 0 workers", "x in-memory"]
-_TORCHRECORD = ("torchrecord", "torchrecord-batch", "torchrecord-packed")
+_TORCHRECORD = ("torchrecord", "torchrecord-batch", "torchrecord-loader", "torchrecord-packed")
 IN_MEMORY = "in-memory-limit"
 
 
@@ -311,6 +311,12 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
         sample0 = _at(measurements, workload, "torchrecord", 0)
         sample2 = _at(measurements, workload, "torchrecord", 2)
         memory = _at(measurements, workload, IN_MEMORY, None)
+        # RecordLoader (bundles) against the same batch mode at 0 workers, where it is a plain DataLoader
+        loader0 = _at(measurements, workload, "torchrecord-loader", 0) or batch0
+        loader2 = _at(measurements, workload, "torchrecord-loader", 2)
+        if loader0 and loader2:
+            what = f"{workload}: batch mode, RecordLoader 2 workers / 0 workers"
+            rows.append(_target_row(what, loader2 / loader0, 1.7 if transform_us else 0.9))
         if transform_us:
             if batch0 and batch2:
                 rows.append(_target_row(f"{workload}: batch mode, 2 workers / 0 workers", batch2 / batch0, 1.7))

@@ -53,6 +53,13 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
             "torchrecord-batch", batch_mode=True, shuffle_buffer=opts.shuffle_buffer, transform_us=opts.transform_us
         ),
         TorchRecordLoader(
+            "torchrecord-loader",
+            batch_mode=True,
+            shuffle_buffer=opts.shuffle_buffer,
+            transform_us=opts.transform_us,
+            record_loader=True,
+        ),
+        TorchRecordLoader(
             "torchrecord-packed",
             batch_mode=True,
             samples_per_record=opts.samples_per_record,

@@ -108,6 +108,8 @@ class TorchRecordLoader(Loader):
             ``None`` stores one sample per record.
         shuffle_buffer: RecordDataset's ``shuffle_buffer``.
         transform_us: a per-sample :class:`BusyTransform` of this many microseconds (0: none).
+        record_loader: batch mode through ``torchrecord.RecordLoader`` (its workers hand
+            several batches over at once) instead of ``DataLoader(batch_size=None)``.
 
     Per-sample mode collates with ``torchrecord.collate`` (what the docs recommend with workers).
     """
@@ -120,14 +122,18 @@ class TorchRecordLoader(Loader):
         samples_per_record: int | None = None,
         shuffle_buffer: int = 2048,
         transform_us: float = 0.0,
+        record_loader: bool = False,
     ) -> None:
         self.name = name
         self.batch_mode = batch_mode
+        self.record_loader = record_loader
         self.samples_per_record = samples_per_record
         self.shuffle_buffer = shuffle_buffer
         self.transform_us = transform_us
         mode = (
-            "RecordDataset(batch_size=B), DataLoader(batch_size=None)"
+            "RecordDataset(batch_size=B), RecordLoader (bundles of batches)"
+            if record_loader
+            else "RecordDataset(batch_size=B), DataLoader(batch_size=None)"
             if batch_mode
             else ("RecordDataset, DataLoader(batch_size=B, collate_fn=torchrecord.collate)")
         )
@@ -171,6 +177,8 @@ class TorchRecordLoader(Loader):
             batch_size=batch,
             transform=transform,
         )
+        if self.record_loader:
+            return _Epochs(dataset, torchrecord.RecordLoader(dataset, **worker_options(num_workers)))
         if self.batch_mode:
             return _Epochs(dataset, DataLoader(dataset, batch_size=None, **worker_options(num_workers)))
         collate = getattr(torchrecord, "collate", None)  # older torchrecords (benchmarked as baselines) lack it

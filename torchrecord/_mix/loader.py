@@ -6,26 +6,60 @@ every rank. ``RecordLoader.state_dict`` gathers every rank's position over ``tor
 (a collective: every rank calls it) and merges them with :func:`loader_position`; any rank
 resumes its own share of that one position. It needs only ``torch.distributed``.
 
+With workers, in batch mode, each worker hands several consecutive batches over as one DataLoader item
+(a bundle, ``torchrecord._read.ipc.bundled``) and the loader yields them one by one: the DataLoader's
+fixed cost per item is paid once per bundle, in the worker and in the main process.
+
 It sits on the ``_mix`` layer beside :mod:`torchrecord._mix.position` (which it uses), above
 ``_read`` (whose ``RecordDataset`` it reads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from torchrecord._mix.position import loader_position
 from torchrecord._read.dataset import RecordDataset
+from torchrecord._read.ipc import Bundle
 from torchrecord.errors import ArgumentError, ArgumentTypeError, ResumeStateError
 
 __all__ = ["RecordLoader"]
 
 #: DataLoader options the loader sets itself, or that would break the count it derives the position from.
 _REFUSED = ("shuffle", "sampler", "batch_sampler", "drop_last")
+
+
+#: a default bundle holds at least this many bytes of batches (batches of 16 MiB or more go alone), and at
+#: most _MAX_BUNDLE batches (``python -m benchmarks.run --loaders torchrecord-batch torchrecord-loader``)
+_BUNDLE_BYTES = 16 << 20
+_MAX_BUNDLE = 32
+
+
+def auto_bundle(dataset: RecordDataset) -> int:
+    """The default batches per handover: enough batches for 16 MiB, at most 32 (1 when a batch's size is unknown)."""
+    layout = dataset._fixed_layout() if dataset.batch_size is not None else None
+    if layout is None:
+        return 1
+    batch_bytes = max(1, dataset.batch_size or 1) * max(1, sum(layout.sample_bytes))
+    return max(1, min(_MAX_BUNDLE, -(-_BUNDLE_BYTES // batch_bytes)))
+
+
+class _BundlingInit:
+    """A worker_init_fn: the worker's copy of the dataset hands over ``size`` batches at a time, then the user's."""
+
+    def __init__(self, size: int, then: Callable[[int], Any] | None) -> None:
+        self.size, self.then = size, then
+
+    def __call__(self, worker_id: int) -> None:
+        info = get_worker_info()
+        if info is not None:
+            info.dataset._bundle = self.size  # type: ignore[attr-defined]
+        if self.then is not None:
+            self.then(worker_id)
 
 
 def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -58,6 +92,11 @@ class RecordLoader(DataLoader[Any]):
             loader yields its batches as they are; in per-sample mode give the loader's
             ``batch_size`` here (1 when left out: single samples).
         num_workers: DataLoader workers per rank.
+        bundle: batch mode with workers: consecutive batches a worker hands over
+            as one DataLoader item (yielded one by one, in the same order as
+            without bundles, so positions do not depend on it). Default: enough batches for 16 MiB, at most 32 (1 for
+            a set without a fixed layout, or batches of 16 MiB or more). 1 turns
+            bundles off. A worker keeps about 3 bundles of batches in flight.
         batch_size: per-sample mode only: samples per batch of the DataLoader (the
             dataset's ``loader_batch_size`` when it has one).
         **loader_kwargs: passed to the DataLoader (``collate_fn``, ``pin_memory``,
@@ -67,12 +106,19 @@ class RecordLoader(DataLoader[Any]):
 
     Raises:
         ArgumentTypeError: ``dataset`` is not a ``RecordDataset``.
-        ArgumentError: a refused option, ``batch_size`` in batch mode, or a negative
-            ``num_workers``.
+        ArgumentError: a refused option, ``batch_size`` in batch mode, a negative
+            ``num_workers``, or a ``bundle`` that is not an integer >= 1 (or above 1 in
+            per-sample mode).
     """
 
     def __init__(
-        self, dataset: RecordDataset, *, num_workers: int = 0, batch_size: int | None = None, **loader_kwargs: Any
+        self,
+        dataset: RecordDataset,
+        *,
+        num_workers: int = 0,
+        batch_size: int | None = None,
+        bundle: int | None = None,
+        **loader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, RecordDataset):
             raise ArgumentTypeError(
@@ -99,6 +145,20 @@ class RecordLoader(DataLoader[Any]):
             if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
                 raise ArgumentError(f"batch_size must be an integer >= 1, got {batch_size!r}")
             self._per_batch = batch_size
+        if bundle is not None and (isinstance(bundle, bool) or not isinstance(bundle, int) or bundle < 1):
+            raise ArgumentError(f"bundle must be an integer >= 1, got {bundle!r}")
+        if bundle is not None and bundle > 1 and self._per_batch is not None:
+            raise ArgumentError(
+                f"{dataset.file.path}: RecordLoader(bundle={bundle}) hands whole batches over; in per-sample mode "
+                "the DataLoader collates them: make the dataset with batch_size= to use bundles"
+            )
+        if self._per_batch is not None or num_workers == 0:
+            bundle = 1
+        elif bundle is None:
+            bundle = auto_bundle(dataset)
+        self.bundle: int = bundle
+        if bundle > 1:
+            loader_kwargs["worker_init_fn"] = _BundlingInit(bundle, loader_kwargs.get("worker_init_fn"))
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers, **loader_kwargs)
         self._epoch = dataset.epoch  # the epoch `_handed_out` counts in
         self._handed_out = 0  # batches handed out in `_epoch`
@@ -119,10 +179,30 @@ class RecordLoader(DataLoader[Any]):
         self._epoch, self._handed_out, self._exhausted = self.record_dataset.epoch, self._resume_at, False
         self._elastic, self._pending = self._pending, None  # an elastic resume holds for this iteration only
         self._resume_at = 0
-        for batch in super().__iter__():
-            self._handed_out += 1
-            yield batch
+        round_: list[Bundle] = []  # the bundles of one round, one per worker with batches left
+        for item in super().__iter__():
+            if type(item) is not Bundle:
+                self._handed_out += 1
+                yield item
+                continue
+            if round_ and item.round != round_[0].round:
+                yield from self._interleaved(round_)
+                round_ = []
+            round_.append(item)
+        yield from self._interleaved(round_)
         self._exhausted = True
+
+    def _interleaved(self, round_: list[Bundle]) -> Iterator[Any]:
+        """The batches of one round of bundles in the order a DataLoader without bundles yields them: the first
+        batch of each worker in turn, then the second... (so the order, and positions, do not depend on bundles)."""
+        columns = [bundle.batches for bundle in round_]
+        round_.clear()
+        for i in range(max((len(c) for c in columns), default=0)):
+            for column in columns:
+                if i < len(column):
+                    batch, column[i] = column[i], None  # held here no longer than the user holds it
+                    self._handed_out += 1
+                    yield batch
 
     def _mine(self) -> tuple[int, dict[str, Any]]:
         """This rank's batches handed out and position in the dataset's current epoch."""

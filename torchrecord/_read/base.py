@@ -36,7 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchrecord._order import partition as _partition
 from torchrecord._read import glue as _glue
 from torchrecord._read import resume as _resume
-from torchrecord._read.ipc import for_parent
+from torchrecord._read.ipc import bundled, for_parent
 from torchrecord._store.checked import Check, parse_check
 from torchrecord.errors import ArgumentError, ArgumentTypeError, LoaderMismatchError, ResumeStateError
 
@@ -302,12 +302,18 @@ class ReaderDataset(IterableDataset[Any]):
         return len(loader)
 
     # -- the state header ------------------------------------------------------------------
+    #: batches per handover in a DataLoader worker (``RecordLoader`` sets it in its workers' copies)
+    _bundle: int = 1
+
     def _handed_over(self, items: Iterator[Any]) -> Iterator[Any]:
         """``items`` as they leave this process: in a DataLoader worker in batch mode, each batch through the
-        one handover (:func:`torchrecord._read.ipc.for_parent`); samples and the main process's items as they are.
+        one handover (:func:`torchrecord._read.ipc.for_parent`), or :attr:`_bundle` batches at a time
+        (:func:`torchrecord._read.ipc.bundled`); samples and the main process's items as they are.
         """
         if getattr(self, "batch_size", None) is None or not in_worker():
             return items
+        if self._bundle > 1:
+            return bundled(items, self._bundle)
         return (for_parent(item) for item in items)
 
     def _state_header(self, reader: Reader, epoch: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -37,8 +37,10 @@ from torchrecord.errors import ArgumentError
 
 __all__ = [
     "BY_VALUE_LIMIT",
+    "Bundle",
     "HANDOVER_ENV",
     "PACK_LIMIT",
+    "bundled",
     "by_value",
     "for_parent",
     "handover_choice",
@@ -104,6 +106,58 @@ def for_parent(batch: Any) -> Any:
     if slots.available():
         return slots.into_slot(batch)
     return one_storage(batch)
+
+
+class Bundle:
+    """Consecutive batches of one worker, handed over as one DataLoader item; ``RecordLoader`` yields them one
+    by one. The DataLoader's fixed cost per item (its queues, their threads, pickling) is then paid once for
+    all of them, on both sides. ``round`` is the bundle's place in the worker's pass (0, 1, ...): a
+    DataLoader takes one item from each worker in turn, so the bundles of one round arrive together.
+    """
+
+    __slots__ = ("batches", "round")
+
+    def __init__(self, batches: Any, round: int) -> None:
+        self.batches: list[Any] = batches
+        self.round = round
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Bundle, (self.batches, self.round))
+
+    def pin_memory(self) -> Bundle:
+        """The bundle with its batches' tensors in pinned memory (the DataLoader's pin-memory thread calls it)."""
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Bundle([pin_memory(batch) for batch in self.batches], self.round)  # type: ignore[no-untyped-call]
+
+
+def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
+    """``items`` (batches) in bundles of ``size``, ready to leave the worker.
+
+    Batches above :data:`BY_VALUE_LIMIT` leave one by one through
+    :func:`for_parent` as they are made (a batch gathered straight into a slot
+    stays there); smaller ones are collected and cross together, as one buffer.
+    """
+    if slots.available():
+        slots.keep_spare(4 * size + 4)  # the bundles queued and the one being built come back a bundle at a time
+    handed: list[Any] = []  # batches through for_parent, one by one
+    small: list[Any] = []  # batches that cross together at the end of the bundle
+    rounds = 0
+    for item in items:
+        if small or (not handed and _tensor_bytes(item) <= BY_VALUE_LIMIT):
+            small.append(item)
+        else:
+            handed.append(for_parent(item))
+        if len(handed) + len(small) == size:
+            yield Bundle(for_parent(small) if small else handed, rounds)
+            handed, small, rounds = [], [], rounds + 1
+    if handed or small:
+        yield Bundle(for_parent(small) if small else handed, rounds)
+
+
+def _tensor_bytes(batch: Any) -> int:
+    """The bytes of ``batch``'s CPU tensors."""
+    return sum(leaf.nbytes for leaf in flatten(batch)[1] if isinstance(leaf, torch.Tensor) and leaf.is_cpu)
 
 
 def slot_allocator(batch_bytes: int) -> Callable[[int, list[int]], list[np.ndarray]] | None:

@@ -47,6 +47,7 @@ __all__ = [
     "dtype_name",
     "dtype_of",
     "into_slot",
+    "keep_spare",
     "mapped_segments",
     "worker_segments",
 ]
@@ -106,6 +107,7 @@ class _Pool:
         self.retired: list[tuple[int, int, int]] = []  # keys the main process may forget
         self.lock = threading.Lock()
         self.allocated: _Segment | None = None  # the segment of the last allocate(), until a batch takes it
+        self.spare = _SPARE  # free segments kept beyond the ones in use
 
     def take(self, size: int) -> _Segment:
         """A free segment with room for ``size`` bytes (a new one when none is free)."""
@@ -119,7 +121,7 @@ class _Pool:
                 self.segments.append(segment)
             segment.local_views = True
             spare = sorted((s for s in free if s is not segment), key=lambda s: s.capacity)
-            for old in spare[: max(0, len(spare) - _SPARE)]:
+            for old in spare[: max(0, len(spare) - self.spare)]:
                 self.segments.remove(old)
                 self.retired.append(old.key)
                 old.close()
@@ -134,6 +136,13 @@ def _worker_pool() -> _Pool:
     if _pool is None or _pool.pid != os.getpid():  # a forked child never uses its parent's segments
         _pool = _Pool()
     return _pool
+
+
+def keep_spare(count: int) -> None:
+    """Keep at least ``count`` free segments in this worker rather than closing them: a worker that hands
+    batches over in bundles gets a bundle's segments back at once and needs them again soon."""
+    pool = _worker_pool()
+    pool.spare = max(pool.spare, count)
 
 
 def worker_segments() -> int:

@@ -1,0 +1,147 @@
+"""RecordLoader's bundles: several batches per handover, yielded in exactly a plain DataLoader's order.
+
+Every batch of every epoch is kept and compared afterwards (kept batches stay
+valid while the workers go on), with real DataLoader workers under fork and
+spawn, small batches (crossing together by value) and large ones (each in a slot).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import torchrecord
+from tests.conftest import IndexedImages
+from torchrecord import RecordDataset, RecordLoader
+from torchrecord._mix.loader import auto_bundle
+from torchrecord._read import ipc, slots
+from torchrecord.errors import ArgumentError
+
+SMALL, LARGE = 4, 64  # image side: 48-byte samples (a batch crosses by value), 12 KB ones (a batch in a slot)
+
+
+def _write(tmp_path: Path, count: int, size: int) -> Path:
+    path = tmp_path / f"set-{count}-{size}.tr"
+    torchrecord.write_record(IndexedImages(count, size), path, progress=False)
+    return path
+
+
+def _epochs(loader: Any, dataset: RecordDataset, epochs: range) -> list[list[Any]]:
+    kept = []
+    for epoch in epochs:
+        dataset.set_epoch(epoch)
+        kept.append(list(loader))
+    return kept
+
+
+def _assert_same(got: list[list[Any]], want: list[list[Any]]) -> None:
+    assert [len(e) for e in got] == [len(e) for e in want]
+    for epoch_got, epoch_want in zip(got, want):
+        for (images, labels), (want_images, want_labels) in zip(epoch_got, epoch_want):
+            assert torch.equal(labels, want_labels)
+            assert torch.equal(images, want_images)
+            # each image still holds its own sample's pixels (the batch was not overwritten meanwhile)
+            assert torch.equal(images[:, 0, 0, 0], (labels % 251).to(torch.uint8))
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE])
+@pytest.mark.parametrize("bundle", [None, 3])
+def test_bundles_yield_every_batch_a_dataloader_yields_in_its_order(tmp_path: Path, size: int, bundle: Any) -> None:
+    path = _write(tmp_path, 203, size)  # 51 batches of 4: uneven shares, a short last batch
+    settings = {"batch_size": 4, "shuffle_buffer": 16, "seed": 3}
+    plain_ds = RecordDataset(path, **settings)
+    plain = DataLoader(plain_ds, batch_size=None, num_workers=2, persistent_workers=True)
+    want = _epochs(plain, plain_ds, range(3))
+    ds = RecordDataset(path, **settings)
+    loader = RecordLoader(ds, num_workers=2, bundle=bundle, persistent_workers=True, multiprocessing_context="fork")
+    assert loader.bundle == (3 if bundle == 3 else auto_bundle(ds))
+    assert loader.bundle > 1
+    got = _epochs(loader, ds, range(3))
+    _assert_same(got, want)
+
+
+def test_bundles_in_spawn_workers_with_pin_memory(tmp_path: Path) -> None:
+    path = _write(tmp_path, 150, LARGE)
+    settings = {"batch_size": 8, "shuffle_buffer": 16, "seed": 1}
+    plain_ds = RecordDataset(path, **settings)
+    want = _epochs(DataLoader(plain_ds, batch_size=None, num_workers=0), plain_ds, range(1))
+    ds = RecordDataset(path, **settings)
+    loader = RecordLoader(ds, num_workers=1, bundle=4, pin_memory=True, multiprocessing_context="spawn")
+    # pin_memory without an accelerator: torch warns and pins nothing (with one, Bundle.pin_memory pins)
+    with pytest.warns(UserWarning, match="pin_memory") if not torch.accelerator.is_available() else nullcontext():
+        got = _epochs(loader, ds, range(1))
+    _assert_same(got, want)
+
+
+def test_a_worker_with_no_batches_and_more_workers_than_bundles(tmp_path: Path) -> None:
+    path = _write(tmp_path, 9, SMALL)  # 3 batches of 4 (the last short) over 4 workers: one gets none
+    settings = {"batch_size": 4, "shuffle_buffer": 4, "seed": 2}
+    plain_ds = RecordDataset(path, **settings)
+    want = _epochs(DataLoader(plain_ds, batch_size=None, num_workers=4), plain_ds, range(2))
+    ds = RecordDataset(path, **settings)
+    got = _epochs(RecordLoader(ds, num_workers=4, bundle=2), ds, range(2))
+    _assert_same(got, want)
+
+
+def test_a_resumed_epoch_with_bundles_plays_the_rest_in_order(tmp_path: Path) -> None:
+    path = _write(tmp_path, 203, LARGE)
+    settings = {"batch_size": 4, "shuffle_buffer": 16, "seed": 4}
+    for stop in (5, 6, 12):  # inside a bundle and at a round's end (bundles of 3 over 2 workers)
+        ds = RecordDataset(path, **settings)
+        ds.set_epoch(2)
+        loader = RecordLoader(ds, num_workers=2, bundle=3)
+        full = list(loader)
+        it = iter(loader)
+        head = [next(it) for _ in range(stop)]
+        state = loader.state_dict()
+        del it, head
+        fresh = RecordDataset(path, **settings)
+        resumed = RecordLoader(fresh, num_workers=2, bundle=3)
+        resumed.load_state_dict(state)
+        _assert_same([list(resumed)], [full[stop:]])
+
+
+def test_workers_reuse_their_segments_across_epochs_of_bundles(tmp_path: Path) -> None:
+    """A bundle's segments come back at once; the worker keeps them rather than closing and making new ones."""
+    path = _write(tmp_path, 400, LARGE)  # batches of 8 x 12 KB: in slots
+    ds = RecordDataset(path, batch_size=8, shuffle_buffer=16)
+    loader = RecordLoader(ds, num_workers=2, bundle=8, persistent_workers=True)
+
+    def made() -> dict[int, int]:  # per worker, the highest segment number mapped so far (keys: pid, nonce, n)
+        return {pid: max(n for p, _, n in slots._mappings if p == pid) for pid, _, _ in slots._mappings}
+
+    _epochs(loader, ds, range(1))  # every batch of the epoch kept, then let go
+    after_first = made()
+    for epoch in range(1, 5):
+        _epochs(loader, ds, range(epoch, epoch + 1))
+    assert len(after_first) == 2
+    assert made() == after_first
+
+
+def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
+    path = _write(tmp_path, 20, SMALL)
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ArgumentError, match="bundle must be an integer"):
+            RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, bundle=bad)
+    with pytest.raises(ArgumentError, match="per-sample mode"):
+        RecordLoader(RecordDataset(path), num_workers=2, batch_size=4, bundle=2)
+    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 1
+    assert RecordLoader(RecordDataset(path, batch_size=4), num_workers=0).bundle == 1
+    # a set without a fixed layout: the batch size is unknown, no bundles by default
+    var = tmp_path / "var.tr"
+    torchrecord.write_record([(torch.zeros(i + 1),) for i in range(10)], var, progress=False, schema={"0": [None]})
+    assert RecordLoader(RecordDataset(var, batch_size=2), num_workers=2).bundle == 1
+
+
+def test_bundle_pickles_with_its_round() -> None:
+    import pickle
+
+    bundle = ipc.Bundle([torch.arange(3), {"a": torch.ones(2)}], 7)
+    back = pickle.loads(pickle.dumps(bundle))
+    assert back.round == 7 and torch.equal(back.batches[0], torch.arange(3))
+    assert torch.equal(back.batches[1]["a"], torch.ones(2))
