@@ -82,9 +82,13 @@ def column_leaves(a: np.ndarray, fld: Field) -> list[Any]:
 def split_columns(typed: Sequence[np.ndarray], schema: Schema) -> Iterator[Any]:
     """The samples of a batch of typed columns, one by one, in the written structure."""
     columns = [column_leaves(a, f) for a, f in zip(typed, schema.fields)]
-    build = sample_builder(schema.tree)
-    for leaves in zip(*columns):
-        yield build(list(leaves))
+    tree = schema.tree
+    if tree["t"] == "tuple" and all(c["t"] == "leaf" for c in tree["c"]):
+        return zip(*columns)  # the usual sample, a flat tuple: built by zip itself
+    if tree["t"] == "leaf":
+        return iter(columns[0])
+    build = sample_builder(tree)
+    return (build(list(leaves)) for leaves in zip(*columns))
 
 
 def stack_columns(typed: Sequence[np.ndarray], schema: Schema) -> Any:

@@ -63,8 +63,13 @@ class Items:
         step = SAMPLE_CHUNK
         if reader.layout is not None:
             step = max(1, min(step, SAMPLE_CHUNK_BYTES // max(1, sum(reader.layout.sample_bytes))))
+        plain = self.transform is None and reader.fixed and self.schema is not None
         for chunk, indices in reader.indexed_chunks(step, start):
-            yield from self.samples(chunk, reader.fixed, indices)
+            if plain:
+                assert self.schema is not None
+                yield from split_columns(chunk, self.schema)  # one generator less for every sample
+            else:
+                yield from self.samples(chunk, reader.fixed, indices)
 
     def samples(self, chunk: Any, fixed: bool, indices: np.ndarray | None = None) -> Iterator[Any]:
         """The samples of one chunk (typed columns when ``fixed``, else decoded samples), transformed.
