@@ -11,6 +11,7 @@ arrive here:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -157,25 +158,57 @@ def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, wh
     """
     if not batch:
         return []
-    flat = [flatten(sample) for sample in batch]
-    tree = flat[0][0]
-    for i, (other, _) in enumerate(flat):
+    tree, first = flatten(batch[0])
+    rows: list[Sequence[Any]] = [first]
+    width = len(first)
+    flat_tuple = tree["t"] == "tuple" and all(c["t"] == "leaf" for c in tree["c"])
+    for i in range(1, len(batch)):
+        sample = batch[i]
+        if flat_tuple and type(sample) is tuple and len(sample) == width and _PLAIN.issuperset(map(type, sample)):
+            rows.append(sample)  # what flatten gives, without building and comparing its tree
+            continue
+        other, leaves_of = flatten(sample)
         if other != tree:
             raise SchemaError(
                 f"{where}: the transform returned samples of different structures in one batch (sample 0 and "
                 f"sample {i} of the batch differ); return one structure, or pass collate_fn= to collate them"
             )
-    origins = [{id(leaf): f for leaf, f in zip(flatten(src)[1], schema.fields)} for src in sources]
+        rows.append(leaves_of)
+    plain_sources = schema.tree["t"] == "tuple" and all(c["t"] == "leaf" for c in schema.tree["c"])
+    origins: list[Sequence[Any]] = [src if plain_sources and type(src) is tuple else flatten(src)[1] for src in sources]
+    fields = schema.fields
     leaves: list[Any] = []
-    for j in range(len(flat[0][1])):
-        column = [leaves_of[j] for _, leaves_of in flat]
-        found = [origins[s].get(id(leaf)) for s, leaf in enumerate(column)]
-        fld = found[0]
-        if fld is not None and all(f is fld for f in found):
-            leaves.append(_collate_field(column, fld))
+    for j in range(width):
+        column = [row[j] for row in rows]
+        # a leaf passed through unchanged is the very object of its field in the source: collated by the field
+        f = _origin(origins[0], column[0])
+        if f is not None and _all_from(origins, column, f):
+            leaves.append(_collate_field(column, fields[f]))
         else:
             leaves.append(_collate_any(column))
     return unflatten(tree, leaves)
+
+
+def _all_from(origins: list[Sequence[Any]], column: list[Any], f: int) -> bool:
+    """Is every leaf of ``column`` its source's field ``f`` itself, and no later field's object (C-level loops)?"""
+    if not all(map(operator.is_, [origin[f] for origin in origins], column)):
+        return False
+    for g in range(f + 1, len(origins[0])):  # sources of one schema: the same fields
+        if any(map(operator.is_, [origin[g] for origin in origins], column)):
+            return False
+    return True
+
+
+#: leaf types that are never structures (as torchrecord._core.structure's flat-tuple test)
+_PLAIN = frozenset({bool, int, float, bytes, str, type(None), np.ndarray, torch.Tensor})
+
+
+def _origin(source_leaves: Sequence[Any], leaf: Any) -> int | None:
+    """The field whose leaf in the source is ``leaf`` itself (the last one, when several hold that object)."""
+    for f in range(len(source_leaves) - 1, -1, -1):
+        if source_leaves[f] is leaf:
+            return f
+    return None
 
 
 def collate_any(batch: list[Any], where: str) -> Any:
