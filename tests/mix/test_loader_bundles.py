@@ -130,6 +130,8 @@ def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
             RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, bundle=bad)
     with pytest.raises(ArgumentError, match="per-sample mode"):
         RecordLoader(RecordDataset(path), num_workers=2, batch_size=4, bundle=2)
+    with pytest.raises(ArgumentError, match="in_order=False"):
+        RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, in_order=False)
     assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 1
     assert RecordLoader(RecordDataset(path, batch_size=4), num_workers=0).bundle == 1
     # a set without a fixed layout: the batch size is unknown, no bundles by default

@@ -107,8 +107,8 @@ class RecordLoader(DataLoader[Any]):
     Raises:
         ArgumentTypeError: ``dataset`` is not a ``RecordDataset``.
         ArgumentError: a refused option, ``batch_size`` in batch mode, a negative
-            ``num_workers``, or a ``bundle`` that is not an integer >= 1 (or above 1 in
-            per-sample mode).
+            ``num_workers``, ``in_order=False``, or a ``bundle`` that is not an integer
+            >= 1 (or above 1 in per-sample mode).
     """
 
     def __init__(
@@ -145,6 +145,11 @@ class RecordLoader(DataLoader[Any]):
             if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
                 raise ArgumentError(f"batch_size must be an integer >= 1, got {batch_size!r}")
             self._per_batch = batch_size
+        if loader_kwargs.get("in_order", True) is not True:
+            raise ArgumentError(
+                "RecordLoader hands batches out in the dataset's order (its state and bundles depend on it): "
+                "in_order=False is refused"
+            )
         if bundle is not None and (isinstance(bundle, bool) or not isinstance(bundle, int) or bundle < 1):
             raise ArgumentError(f"bundle must be an integer >= 1, got {bundle!r}")
         if bundle is not None and bundle > 1 and self._per_batch is not None:
