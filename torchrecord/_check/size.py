@@ -13,6 +13,7 @@ from typing import Any
 
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.codec import decode_leaves
+from torchrecord._store.record_file import shard_file
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk
 
@@ -44,7 +45,7 @@ def payload_bytes(rf: RecordSet, *, scan: bool) -> int | None:
         return None
     total = 0
     for s in range(rf.num_shards):
-        shard = rf.shard(s)
+        shard = shard_file(rf, s)
         fields, k, count = shard.schema.fields, shard.samples_per_record, int(shard.metadata["count"])
         env, db = shard.environment()
         with Walk(env, db, shard.path) as walk:

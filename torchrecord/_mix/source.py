@@ -40,6 +40,7 @@ from torchrecord._read.reader import Share, ShareReader, split_runs
 from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.checked import Check, checks_crc, parse_check
 from torchrecord._store.forkgate import lmdb_calls
+from torchrecord._store.record_file import shard_file
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
 from torchrecord.errors import ArgumentError, SchemaError, VariableShapeWarning
@@ -193,7 +194,7 @@ class FileSource(Source):
     def open(self) -> None:
         with _OPEN_LOCK, lmdb_calls():
             if self.file.num_shards == 1:  # one file: open it now; a sharded set opens each shard as it reads it
-                self.file.shard(0).environment()
+                shard_file(self.file, 0).environment()
             else:
                 self.file.read_header()
 
@@ -225,7 +226,7 @@ class FileSource(Source):
         records: list[int] = []  # over all shards: decode() finds each one's shard
         offsets = file.shard_offsets
         for s, start, stop in split_runs(runs, offsets):
-            shard = file.shard(s)
+            shard = shard_file(file, s)
             env, db = shard.environment()
             base = int(offsets[s])
             with Walk(env, db, shard.path, crc_db=shard.crc_db if self.verify else None) as walk:

@@ -32,7 +32,7 @@ from torchrecord._order import windows as _order
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
 from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
-from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_file import RecordFile, shard_file
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
 from torchrecord.errors import ArgumentError
@@ -356,7 +356,7 @@ class _ShardWalks:
         """The open walk over shard ``s`` (opening, and for a remote set fetching, it first)."""
         held = self._walks.get(s)
         if held is None:
-            file = self.set.shard(s)
+            file = shard_file(self.set, s)
             env, db = file.environment()
             crc_db = file.crc_db if self.verify else None
             walk = Walk(env, db, file.path, crc_db=crc_db, buffers=self.buffers).__enter__()

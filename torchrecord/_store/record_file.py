@@ -28,12 +28,22 @@ from torchrecord._store.walk import PIECE, Walk, check_crc, record_runs
 from torchrecord.errors import (
     CorruptRecordError,
     IndexOutOfRangeError,
+    InternalError,
     NotARecordSetError,
     RecordReplacedError,
     StructureError,
 )
 
-__all__ = ["RecordFile"]
+__all__ = ["RecordFile", "shard_file"]
+
+
+def shard_file(records: RecordSet, s: int) -> RecordFile:
+    """Shard ``s`` of ``records``, typed as the single file every shard is (``RecordSet`` cannot name this
+    class: this module builds on it)."""
+    shard = records.shard(s)
+    if not isinstance(shard, RecordFile):
+        raise InternalError(f"{records.path}: shard {s} is a {type(shard).__name__}, not a single record file")
+    return shard
 
 
 class RecordFile(RecordSet):

@@ -29,7 +29,7 @@ import abc
 import operator
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -37,9 +37,6 @@ from torchrecord._core.schema import Schema
 from torchrecord._store.subset import position as subset_position
 from torchrecord._store.summary import WriteSummary
 from torchrecord.errors import ArgumentTypeError, IndexOutOfRangeError, NotARecordSetError
-
-if TYPE_CHECKING:  # a set's shards are single files; record_file imports this module at run time
-    from torchrecord._store.record_file import RecordFile
 
 __all__ = ["MANIFEST_NAME", "RecordSet", "is_sharded", "is_url", "not_one_file"]
 
@@ -251,8 +248,9 @@ class RecordSet(abc.ABC):
         """int64[num_shards + 1]: shard ``s`` holds samples ``offsets[s] .. offsets[s+1]-1``."""
 
     @abc.abstractmethod
-    def shard(self, s: int) -> RecordFile:
-        """Shard ``s`` as a :class:`~torchrecord.RecordFile` (a single file is its own shard 0)."""
+    def shard(self, s: int) -> RecordSet:
+        """Shard ``s`` as a :class:`~torchrecord.RecordFile` (a single file is its own shard 0; subclasses
+        declare the type, which this module cannot name: ``record_file`` builds on it)."""
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard, index in that shard) of sample ``index`` (in range)."""
