@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
@@ -148,3 +149,114 @@ def test_batch_transform_and_collate_errors_name_the_batch(images: str) -> None:
     with pytest.raises(RuntimeError, match="bad batch") as info:
         next(iter(RecordDataset(images, batch_size=8, collate_fn=fail_batch)))
     assert "collating a batch of" in _notes(info.value)
+
+
+# -- a room: where a worker stacks a batch (torchrecord._read.ipc.slot_room), here one plain buffer ----------
+class _Buffer:
+    """A room of one uint8 buffer, handing out 64-byte aligned tensors in turn (as torchrecord._read.slots.room)."""
+
+    def __init__(self) -> None:
+        self.block = torch.empty(0, dtype=torch.uint8)
+        self.sizes: list[int] = []
+
+    def __call__(self, sizes: list[int]) -> Callable[[tuple[int, ...], torch.dtype], torch.Tensor]:
+        self.sizes = sizes
+        self.block = torch.zeros(sum(-(-s // 64) * 64 for s in sizes), dtype=torch.uint8)
+        at = 0
+
+        def place(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            nonlocal at
+            size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+            if not size:
+                return torch.empty(shape, dtype=dtype)
+            out = self.block[at : at + size].view(dtype).view(shape)
+            at += -(-size // 64) * 64
+            return out
+
+        return place
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        start = self.block.data_ptr()
+        return tensor.nbytes == 0 or start <= tensor.data_ptr() < start + self.block.numel()
+
+
+def _same_tree(got: Any, want: Any) -> None:
+    assert type(got) is type(want)
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for key in want:
+            _same_tree(got[key], want[key])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            _same_tree(a, b)
+    elif isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    else:
+        assert got == want
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    from torchrecord._core.structure import flatten
+
+    return [leaf for leaf in flatten(tree)[1] if isinstance(leaf, torch.Tensor)]
+
+
+def _made(i: int) -> dict[str, Any]:
+    return {
+        "img": torch.full((3, 4, 4), i, dtype=torch.uint8),
+        "half": torch.full((2,), i / 3).to(torch.bfloat16),
+        "grid": np.full((2, 2), i, np.float32),
+        "np_scalar": np.int16(i),
+        "n": i,
+        "x": i / 2,
+        "flag": bool(i % 2),
+        "ragged": torch.arange(i % 3 + 1),
+        "name": f"s{i}",
+        "empty": torch.zeros(0, 3),
+        "mixed": torch.zeros(2, dtype=torch.float32 if i else torch.float64),  # dtypes differ: a list
+    }
+
+
+def test_a_room_gets_every_tensor_of_the_batch_and_the_batch_is_the_same(make_record: Callable[..., str]) -> None:
+    from torchrecord._core.kinds import collate_any, collate_samples, collate_transformed
+
+    samples = [_made(i) for i in range(6)]
+    want = collate_any(samples, "here")
+    room = _Buffer()
+    got = collate_any(samples, "here", room)
+    _same_tree(got, want)
+    assert all(room.holds(t) for t in _tensors(got))
+    assert not any(room.holds(t) for t in _tensors(want) if t.nbytes)
+    assert len(room.sizes) == len(_tensors(want))
+
+    written = [{k: v for k, v in s.items() if k not in ("mixed", "empty", "np_scalar")} for s in samples]
+    stored = RecordFile(make_record(written, schema={"ragged": [None]}))
+    sources = [stored[i] for i in range(len(samples))]
+    made = [
+        {**s, "mixed": m["mixed"], "np_scalar": m["np_scalar"], "more": s["img"] + 1} for s, m in zip(sources, samples)
+    ]
+    for collate in (
+        lambda room: collate_transformed(made, sources, stored.schema, "here", room),
+        lambda room: collate_samples(sources, stored.schema, room),
+    ):
+        room = _Buffer()
+        got = collate(room)
+        _same_tree(got, collate(None))
+        assert all(room.holds(t) for t in _tensors(got))
+        assert room.sizes
+
+
+def test_a_room_that_declines_and_tensors_it_cannot_take() -> None:
+    from torchrecord._core.kinds import collate_any
+
+    samples = [{"w": torch.ones(3, requires_grad=True) * i, "v": torch.ones(2) * i} for i in range(4)]
+    want = collate_any(samples, "here")
+    _same_tree(collate_any(samples, "here", lambda sizes: None), want)  # fresh memory
+    room = _Buffer()
+    got = collate_any(samples, "here", room)
+    _same_tree(got, want)
+    assert got["w"].requires_grad and not room.holds(got["w"])  # autograd: stacked as always
+    assert room.holds(got["v"])

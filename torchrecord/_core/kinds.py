@@ -11,6 +11,7 @@ arrive here:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -23,6 +24,8 @@ from torchrecord._core.structure import Tree, flatten, unflatten
 from torchrecord.errors import CorruptRecordError, SchemaError
 
 __all__ = [
+    "Place",
+    "Room",
     "as_tensor",
     "check_bools",
     "collate_any",
@@ -113,24 +116,166 @@ def sample_builder(tree: Tree) -> Callable[[list[Any]], Any]:
     return lambda leaves: unflatten(tree, leaves)
 
 
-def collate_samples(batch: list[Any], schema: Schema) -> Any:
-    """Collate samples by the schema: fixed numeric fields stack into tensors, the rest become lists."""
+#: where a batch is stacked: ``place(shape, dtype)`` gives an empty tensor to stack a leaf into, one call per leaf
+Place = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+#: a collation's ``room``: given the bytes of each tensor of the batch about to be built, where to build them
+#: (a :data:`Place`), or None for fresh memory. A DataLoader worker passes
+#: ``torchrecord._read.ipc.slot_room``, so that a batch is stacked straight into the shared-memory slot it
+#: leaves the worker in, instead of being copied there.
+Room = Callable[[list[int]], Place | None]
+
+
+def collate_samples(batch: list[Any], schema: Schema, room: Room | None = None) -> Any:
+    """Collate samples by the schema: fixed numeric fields stack into tensors, the rest become lists.
+
+    ``room``: where to build the batch's tensors (see :data:`Room`); None: fresh memory.
+    """
     flat = [flatten(sample)[1] for sample in batch]
-    leaves = [_collate_field([leaves_of[i] for leaves_of in flat], fld) for i, fld in enumerate(schema.fields)]
-    return unflatten(schema.tree, leaves)
+    defer = room is not None
+    leaves = [_collate_field([leaves_of[i] for leaves_of in flat], fld, defer) for i, fld in enumerate(schema.fields)]
+    return _built(schema.tree, leaves, room)
 
 
-def _collate_field(column: list[Any], fld: Field) -> Any:
-    """One field's leaves by the schema: stacked when the field is fixed, else a list."""
+def _collate_field(column: list[Any], fld: Field, defer: bool = False) -> Any:
+    """One field's leaves by the schema: stacked when the field is fixed, else a list.
+
+    ``defer``: a column that stacks as it is comes back as a :class:`_Stack`, stacked later where :func:`_built`
+    says (the same tensor as stacking it now).
+    """
     if not fld.is_fixed:
         return column
     if fld.kind == "tensor":
+        if defer and _stackable_tensors(column):
+            return _Stack(column, torch.Size((len(column), *column[0].shape)), column[0].dtype)
         return torch.stack(column)
     scalar = _SCALAR_TYPES.get(fld.kind) if not fld.shape else None
     if scalar is not None and column and all(type(x) is scalar[0] for x in column):
         # Python scalars of the field's kind: one conversion, the same array as stacking them one by one
         return as_tensor(np.array(column, dtype=scalar[1]), fld.dtype)
-    return as_tensor(np.stack([np.asarray(x) for x in column]), fld.dtype)
+    arrays = [np.asarray(x) for x in column]
+    if defer:
+        stack = _numpy_stack(arrays, fld.dtype)
+        if stack is not None:
+            return stack
+    return as_tensor(np.stack(arrays), fld.dtype)
+
+
+class _Stack:
+    """A column of tensors (or NumPy arrays) of one shape and dtype, to be stacked once it is known where.
+
+    ``build(out)`` gives what stacking the column gives (``torch.stack``, or ``as_tensor(np.stack(...))``
+    for arrays), stacked into ``out`` (an empty tensor of ``shape`` and ``dtype``) or, for None, fresh memory.
+    """
+
+    __slots__ = ("as_dtype", "column", "dtype", "numpy", "shape")
+
+    def __init__(
+        self, column: list[Any], shape: torch.Size, dtype: torch.dtype, numpy: bool = False, as_dtype: str = ""
+    ) -> None:
+        self.column, self.shape, self.dtype, self.numpy, self.as_dtype = column, shape, dtype, numpy, as_dtype
+
+    def nbytes(self) -> int:
+        return self.shape.numel() * _itemsize(self.dtype)
+
+    def build(self, out: torch.Tensor | None) -> torch.Tensor:
+        if self.numpy:
+            if out is None:
+                return as_tensor(np.stack(self.column), self.as_dtype)
+            target = out.numpy()
+            np.stack(self.column, out=target)
+            return as_tensor(target, self.as_dtype)
+        if out is None:
+            return torch.stack(self.column)
+        return torch.stack(self.column, out=out)
+
+
+def _stackable_tensors(column: list[Any]) -> bool:
+    """Do ``column``'s tensors stack into an ``out=`` tensor exactly as ``torch.stack`` stacks them: one shape
+    and dtype, contiguous, on the CPU, no autograd?"""
+    if not column:
+        return False
+    first = column[0]
+    if not isinstance(first, torch.Tensor):
+        return False
+    shape, dtype = first.shape, first.dtype
+    return all(
+        isinstance(x, torch.Tensor)
+        and x.shape == shape
+        and x.dtype == dtype
+        and x.is_cpu
+        and not x.requires_grad
+        and x.is_contiguous()
+        for x in column
+    )
+
+
+def _numpy_stack(arrays: list[Any], as_dtype: str) -> _Stack | None:
+    """A deferred ``as_tensor(np.stack(arrays), as_dtype)``, for arrays of one shape and one native numeric dtype."""
+    if not arrays:
+        return None
+    first = arrays[0]
+    shape, dtype = first.shape, first.dtype
+    held = _torch_dtype(dtype)
+    if held is None or not all(a.shape == shape and a.dtype == dtype for a in arrays):
+        return None
+    return _Stack(arrays, torch.Size((len(arrays), *shape)), held, numpy=True, as_dtype=as_dtype)
+
+
+@functools.cache
+def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype | None:
+    """The torch dtype of ``torch.from_numpy`` of an array of ``dtype``; None where it takes none."""
+    if dtype.kind not in "biufc" or not dtype.isnative:
+        return None
+    try:
+        return torch.from_numpy(np.empty(0, dtype)).dtype
+    except (TypeError, ValueError):
+        return None
+
+
+@functools.cache
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _placeable(leaf: Any) -> bool:
+    """A tensor that leaves a worker in a slot (torchrecord._read.slots takes CPU tensors without autograd)."""
+    return isinstance(leaf, torch.Tensor) and leaf.is_cpu and not leaf.requires_grad
+
+
+def _built(tree: Tree, leaves: list[Any], room: Room | None) -> Any:
+    """The batch of ``tree`` with ``leaves``, each :class:`_Stack` stacked: all the batch's tensors in the
+    ``room`` when one is given and says where (the ones not stacked here, such as scalar columns or the
+    tensors of a list, are copied there), else in fresh memory."""
+    if room is not None:
+        sizes: list[int] = []
+        for leaf in leaves:
+            if type(leaf) is _Stack:
+                sizes.append(leaf.nbytes())
+            elif _placeable(leaf):
+                sizes.append(leaf.nbytes)
+            elif type(leaf) is list:
+                sizes.extend(x.nbytes for x in leaf if _placeable(x))
+        place = room(sizes) if sizes else None
+        if place is not None:
+            return unflatten(tree, [_placed(leaf, place) for leaf in leaves])
+    return unflatten(tree, [leaf.build(None) if type(leaf) is _Stack else leaf for leaf in leaves])
+
+
+def _placed(leaf: Any, place: Place) -> Any:
+    """``leaf`` built by ``place``: a :class:`_Stack` stacked there, a tensor (or a list's) copied there."""
+    if type(leaf) is _Stack:
+        return leaf.build(place(tuple(leaf.shape), leaf.dtype))
+    if _placeable(leaf):
+        return _copied(leaf, place)
+    if type(leaf) is list and any(_placeable(x) for x in leaf):
+        return [_copied(x, place) if _placeable(x) else x for x in leaf]
+    return leaf
+
+
+def _copied(tensor: torch.Tensor, place: Place) -> torch.Tensor:
+    out = place(tuple(tensor.shape), tensor.dtype)
+    out.copy_(tensor)
+    return out
 
 
 #: scalar kinds: the Python type the reader gives, and the dtype ``np.asarray`` gives it
@@ -141,7 +286,9 @@ _SCALAR_TYPES: dict[str, tuple[type, Any]] = {
 }
 
 
-def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, where: str) -> Any:
+def collate_transformed(
+    batch: list[Any], sources: list[Any], schema: Schema, where: str, room: Room | None = None
+) -> Any:
     """Collate what a transform returned, the same way as untransformed samples wherever it can.
 
     ``sources[i]`` is the decoded sample the transform turned into ``batch[i]``.
@@ -152,6 +299,7 @@ def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, wh
     and dtype are stacked into a tensor, Python numbers become a tensor (int64,
     float64 or bool), anything else (strings, bytes, tensors of different
     shapes, other objects) stays a list. The samples must share one structure.
+    ``room``: where to build the batch's tensors (see :data:`Room`); None: fresh memory.
 
     Raises:
         SchemaError: the transformed samples have different structures.
@@ -177,16 +325,17 @@ def collate_transformed(batch: list[Any], sources: list[Any], schema: Schema, wh
     plain_sources = schema.tree["t"] == "tuple" and all(c["t"] == "leaf" for c in schema.tree["c"])
     origins: list[Sequence[Any]] = [src if plain_sources and type(src) is tuple else flatten(src)[1] for src in sources]
     fields = schema.fields
+    defer = room is not None
     leaves: list[Any] = []
     for j in range(width):
         column = [row[j] for row in rows]
         # a leaf passed through unchanged is the very object of its field in the source: collated by the field
         f = _origin(origins[0], column[0])
         if f is not None and _all_from(origins, column, f):
-            leaves.append(_collate_field(column, fields[f]))
+            leaves.append(_collate_field(column, fields[f], defer))
         else:
-            leaves.append(_collate_any(column))
-    return unflatten(tree, leaves)
+            leaves.append(_collate_any(column, defer))
+    return _built(tree, leaves, room)
 
 
 def _all_from(origins: list[Sequence[Any]], column: list[Any], f: int) -> bool:
@@ -211,8 +360,10 @@ def _origin(source_leaves: Sequence[Any], leaf: Any) -> int | None:
     return None
 
 
-def collate_any(batch: list[Any], where: str) -> Any:
+def collate_any(batch: list[Any], where: str, room: Room | None = None) -> Any:
     """Collate samples of no schema by what they hold (see :func:`collate_transformed`'s made leaves).
+
+    ``room``: where to build the batch's tensors (see :data:`Room`); None: fresh memory.
 
     Raises:
         SchemaError: the samples have different structures.
@@ -228,14 +379,18 @@ def collate_any(batch: list[Any], where: str) -> Any:
                 "differ); return one structure from the transform, or pass collate_fn= to collate them"
             )
     columns = zip(*(leaves for _, leaves in flat))
-    return unflatten(tree, [_collate_any(list(column)) for column in columns])
+    defer = room is not None
+    return _built(tree, [_collate_any(list(column), defer) for column in columns], room)
 
 
-def _collate_any(column: list[Any]) -> Any:
-    """Leaves of no known field: stack what has one shape and dtype, keep the rest a list."""
+def _collate_any(column: list[Any], defer: bool = False) -> Any:
+    """Leaves of no known field: stack what has one shape and dtype, keep the rest a list (``defer``: see
+    :func:`_collate_field`)."""
     first = column[0]
     if isinstance(first, torch.Tensor):
         if all(isinstance(x, torch.Tensor) and x.shape == first.shape and x.dtype == first.dtype for x in column):
+            if defer and _stackable_tensors(column):
+                return _Stack(column, torch.Size((len(column), *first.shape)), first.dtype)
             return torch.stack(column)
         return column
     if isinstance(first, (np.ndarray, np.generic)) and first.dtype.kind in "biufc":
@@ -243,6 +398,10 @@ def _collate_any(column: list[Any]) -> Any:
             isinstance(x, (np.ndarray, np.generic)) and x.shape == first.shape and x.dtype == first.dtype
             for x in column
         ):
+            if defer:
+                stack = _numpy_stack(column, "")
+                if stack is not None:
+                    return stack
             return torch.from_numpy(np.stack(column))
         return column
     if all(type(x) is bool for x in column):

@@ -379,6 +379,7 @@ class MixedDataset(ReaderDataset):
             batch_transform=self.batch_transform,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
+            room=self._stack_room(),
         )
 
     def _samples(self, mixer: Mixer) -> Iterator[Any]:

@@ -33,10 +33,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from torchrecord._core.kinds import Room
 from torchrecord._order import partition as _partition
 from torchrecord._read import glue as _glue
 from torchrecord._read import resume as _resume
-from torchrecord._read.ipc import bundled, for_parent
+from torchrecord._read.ipc import bundled, for_parent, slot_room
 from torchrecord._store.checked import Check, parse_check
 from torchrecord.errors import ArgumentError, ArgumentTypeError, LoaderMismatchError, ResumeStateError
 
@@ -304,6 +305,14 @@ class ReaderDataset(IterableDataset[Any]):
     # -- the state header ------------------------------------------------------------------
     #: batches per handover in a DataLoader worker (``RecordLoader`` sets it in its workers' copies)
     _bundle: int = 1
+
+    def _stack_room(self) -> Room | None:
+        """Where this reader builds the batches it collates: in a DataLoader worker in batch mode, straight in
+        the slot each leaves in when it crosses in one (:func:`torchrecord._read.ipc.slot_room`), so
+        :meth:`_handed_over` need not copy it; else None (fresh memory)."""
+        if getattr(self, "batch_size", None) is None or not in_worker():
+            return None
+        return slot_room
 
     def _handed_over(self, items: Iterator[Any]) -> Iterator[Any]:
         """``items`` as they leave this process: in a DataLoader worker in batch mode, each batch through the

@@ -564,6 +564,7 @@ class RecordDataset(ReaderDataset):
             batch_transform=self.batch_transform,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
+            room=self._stack_room(),
         )
         return self._handed_over(self._counted(items.of(reader, start)))
 

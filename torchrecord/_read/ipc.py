@@ -46,6 +46,7 @@ __all__ = [
     "handover_choice",
     "one_storage",
     "slot_allocator",
+    "slot_room",
 ]
 
 #: batches up to this many bytes of tensors are repacked (above it, the copy costs more than it saves)
@@ -163,12 +164,22 @@ def _tensor_bytes(batch: Any) -> int:
 def slot_allocator(batch_bytes: int) -> Callable[[int, list[int]], list[np.ndarray]] | None:
     """Where a worker should gather a batch of ``batch_bytes`` so that :func:`for_parent` need not copy it:
     :func:`torchrecord._read.slots.allocate` when the batch will cross in a slot, else None (fresh arrays)."""
+    return slots.allocate if _in_a_slot(batch_bytes) else None
+
+
+def slot_room(sizes: list[int]) -> Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None:
+    """Where a worker should stack a batch whose tensors hold ``sizes`` bytes so that :func:`for_parent` need
+    not copy it: room in a slot (:func:`torchrecord._read.slots.room`) when the batch will cross in one, else
+    None (fresh memory). The ``room`` a collation takes (``torchrecord._core.kinds.Room``)."""
+    return slots.room(sizes) if _in_a_slot(sum(sizes)) else None
+
+
+def _in_a_slot(batch_bytes: int) -> bool:
+    """Will a batch of ``batch_bytes`` of tensors cross in a slot (:func:`for_parent`'s rule)?"""
     if not slots.available():
-        return None
+        return False
     choice = handover_choice()
-    if choice == "slot" or (choice == "auto" and batch_bytes > BY_VALUE_LIMIT):
-        return slots.allocate
-    return None
+    return choice == "slot" or (choice == "auto" and batch_bytes > BY_VALUE_LIMIT)
 
 
 def handover_choice() -> str:

@@ -22,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from torchrecord._core.kinds import collate_any, collate_samples, collate_transformed, split_columns, stack_columns
+from torchrecord._core.kinds import (
+    Room,
+    collate_any,
+    collate_samples,
+    collate_transformed,
+    split_columns,
+    stack_columns,
+)
 from torchrecord._core.schema import Schema
 from torchrecord._read.reader import ShareReader
 
@@ -45,6 +52,9 @@ class Items:
         transform, collate_fn, batch_transform: the user's functions (or None).
         batch_size: samples per batch (None: single samples).
         drop_last: drop a short last batch.
+        room: where a batch collated here is built (``torchrecord._core.kinds.Room``): in a DataLoader worker
+            ``torchrecord._read.ipc.slot_room``, so the batch is stacked straight into the slot it leaves in;
+            None: fresh memory. A ``collate_fn`` of the user builds where it likes.
     """
 
     path: str
@@ -54,6 +64,7 @@ class Items:
     batch_transform: Callable[[Any], Any] | None = None
     batch_size: int | None = None
     drop_last: bool = False
+    room: Room | None = None
 
     def of(self, reader: ShareReader, start: int) -> Iterator[Any]:
         """The items of ``reader``'s share from item ``start`` (samples, or batches in batch mode)."""
@@ -120,9 +131,9 @@ class Items:
         ``chunk`` holds typed columns when ``fixed``, else samples (decoded ones, or
         for a dataset without a schema its items). ``indices`` name the samples in notes.
         """
-        schema, transform, collate = self.schema, self.transform, self.collate_fn
+        schema, transform, collate, room = self.schema, self.transform, self.collate_fn, self.room
         if transform is None and collate is None and schema is not None:
-            batch = stack_columns(chunk, schema) if fixed else collate_samples(chunk, schema)
+            batch = stack_columns(chunk, schema) if fixed else collate_samples(chunk, schema, room)
         else:
             sources = list(split_columns(chunk, schema)) if fixed and schema is not None else list(chunk)
             samples = sources
@@ -135,9 +146,9 @@ class Items:
                 if collate is not None:
                     batch = collate(samples)
                 elif schema is not None:
-                    batch = collate_transformed(samples, sources, schema, self.path)
+                    batch = collate_transformed(samples, sources, schema, self.path, room)
                 else:
-                    batch = collate_any(samples, self.path)
+                    batch = collate_any(samples, self.path, room)
             except Exception as exc:
                 add_note(exc, f"torchrecord: collating a batch of {self.path} failed ({_which(indices)})")
                 raise

@@ -31,6 +31,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import reduction
 from typing import Any
@@ -49,6 +50,7 @@ __all__ = [
     "into_slot",
     "keep_spare",
     "mapped_segments",
+    "room",
     "worker_segments",
 ]
 
@@ -200,6 +202,43 @@ def allocate(rows: int, row_bytes: list[int]) -> list[np.ndarray]:
     base = np.frombuffer(owner, dtype=np.uint8)  # type: ignore[call-overload]
     pool.allocated = segment
     return [base[o : o + size].reshape(rows, b) for o, size, b in zip(offsets, sizes, row_bytes)]
+
+
+def room(sizes: list[int]) -> Callable[[tuple[int, ...], torch.dtype], torch.Tensor]:
+    """Room in one free segment of this worker for tensors of ``sizes`` bytes: a function ``place(shape, dtype)``
+    that hands out an empty tensor there, one after another (each 64-byte aligned).
+
+    The collation of a batch stacks its leaves straight into them (``torch.stack(..., out=place(...))``);
+    :func:`into_slot` then hands that batch over without copying it again. A request beyond the room, or
+    of no bytes, gets a fresh tensor (the batch is then copied into a slot as usual).
+    """
+    end = sum(-(-size // _ALIGN) * _ALIGN for size in sizes)
+    pool = _worker_pool()
+    segment = pool.take(end)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
+    weakref.finalize(owner, _let_go_locally, segment)
+    base = torch.from_numpy(np.frombuffer(owner, dtype=np.uint8))  # type: ignore[call-overload]
+    pool.allocated = segment
+    cursor = 0
+
+    def place(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nonlocal cursor
+        size = _itemsize(dtype)
+        for d in shape:
+            size *= d
+        at = cursor
+        if not size or at + size > end:
+            return torch.empty(shape, dtype=dtype)
+        cursor = at + -(-size // _ALIGN) * _ALIGN
+        raw = base[at : at + size]
+        return (raw if dtype is torch.uint8 else raw.view(dtype)).view(shape)
+
+    return place
+
+
+@functools.cache
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
 
 
 def _in_place(pool: _Pool, leaves: list[Any]) -> tuple[_Segment, list[tuple[Any, ...]]] | None:

@@ -391,6 +391,7 @@ class WindowDataset(ReaderDataset):
             batch_transform=self.batch_transform,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
+            room=self._stack_room(),
         )
         pending: list[dict[str, Any]] = []
         held = 0
