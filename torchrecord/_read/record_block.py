@@ -137,4 +137,5 @@ def _unique(values: np.ndarray) -> np.ndarray:
         seen = np.zeros(hi - lo + 1, bool)
         seen[values - lo] = True
         return np.flatnonzero(seen) + lo
-    return np.unique(values)
+    ordered = np.sort(values)  # np.unique would import numpy.ma (about 22 ms) in a fresh process
+    return ordered[np.r_[True, ordered[1:] != ordered[:-1]]]

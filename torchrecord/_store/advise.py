@@ -90,7 +90,8 @@ def cached_pages(path: str, sample: int | None = None) -> tuple[int, int] | None
                         if mincore(ctypes.c_void_p(base), size, state.ctypes.data) != 0:
                             return None
                         return int((state & 1).sum()), pages
-                    chosen = np.unique(np.linspace(0, pages - 1, sample).astype(np.int64)).tolist()
+                    spread = np.linspace(0, pages - 1, sample).astype(np.int64)  # sorted; np.unique would
+                    chosen = spread[np.r_[True, spread[1:] != spread[:-1]]].tolist()  # import numpy.ma: 22 ms
                     state = np.zeros(1, np.uint8)
                     cached = 0
                     for page in chosen:
