@@ -269,7 +269,13 @@ def write_chart(
 
 
 WORKER_HEADERS = ["workload", "loader", "workers", "samples/s", "x 0 workers", "x in-memory"]
-_TORCHRECORD = ("torchrecord", "torchrecord-batch", "torchrecord-loader", "torchrecord-packed")
+_TORCHRECORD = (
+    "torchrecord",
+    "torchrecord-sample-loader",
+    "torchrecord-batch",
+    "torchrecord-loader",
+    "torchrecord-packed",
+)
 IN_MEMORY = "in-memory-limit"
 
 
@@ -317,6 +323,11 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
         if loader0 and loader2:
             what = f"{workload}: batch mode, RecordLoader 2 workers / 0 workers"
             rows.append(_target_row(what, loader2 / loader0, 1.7 if transform_us else 0.9))
+        sampled0 = _at(measurements, workload, "torchrecord-sample-loader", 0) or sample0
+        sampled2 = _at(measurements, workload, "torchrecord-sample-loader", 2)
+        if transform_us and sampled0 and sampled2:
+            what = f"{workload}: per-sample, RecordLoader 2 workers / 0 workers"
+            rows.append(_target_row(what, sampled2 / sampled0, 1.7))
         if transform_us:
             if batch0 and batch2:
                 rows.append(_target_row(f"{workload}: batch mode, 2 workers / 0 workers", batch2 / batch0, 1.7))

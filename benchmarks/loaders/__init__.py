@@ -60,6 +60,13 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
             record_loader=True,
         ),
         TorchRecordLoader(
+            "torchrecord-sample-loader",
+            batch_mode=False,
+            shuffle_buffer=opts.shuffle_buffer,
+            transform_us=opts.transform_us,
+            record_loader=True,
+        ),
+        TorchRecordLoader(
             "torchrecord-packed",
             batch_mode=True,
             samples_per_record=opts.samples_per_record,

@@ -131,7 +131,7 @@ class TorchRecordLoader(Loader):
         self.shuffle_buffer = shuffle_buffer
         self.transform_us = transform_us
         mode = (
-            "RecordDataset(batch_size=B), RecordLoader (bundles of batches)"
+            ("RecordDataset(batch_size=B), " if batch_mode else "RecordDataset, ") + "RecordLoader (bundles of batches)"
             if record_loader
             else "RecordDataset(batch_size=B), DataLoader(batch_size=None)"
             if batch_mode
@@ -178,7 +178,8 @@ class TorchRecordLoader(Loader):
             transform=transform,
         )
         if self.record_loader:
-            return _Epochs(dataset, torchrecord.RecordLoader(dataset, **worker_options(num_workers)))
+            sample_batch = {} if self.batch_mode else {"batch_size": data.batch_size}
+            return _Epochs(dataset, torchrecord.RecordLoader(dataset, **sample_batch, **worker_options(num_workers)))
         if self.batch_mode:
             return _Epochs(dataset, DataLoader(dataset, batch_size=None, **worker_options(num_workers)))
         collate = getattr(torchrecord, "collate", None)  # older torchrecords (benchmarked as baselines) lack it

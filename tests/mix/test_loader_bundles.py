@@ -131,11 +131,9 @@ def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ArgumentError, match="bundle must be an integer"):
             RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, bundle=bad)
-    with pytest.raises(ArgumentError, match="per-sample mode"):
-        RecordLoader(RecordDataset(path), num_workers=2, batch_size=4, bundle=2)
     with pytest.raises(ArgumentError, match="in_order=False"):
         RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, in_order=False)
-    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 1
+    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 32  # 48-byte samples
     assert RecordLoader(RecordDataset(path, batch_size=4), num_workers=0).bundle == 1
     # a set without a fixed layout: the batch size is unknown, no bundles by default
     var = tmp_path / "var.tr"
@@ -143,10 +141,48 @@ def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
     assert RecordLoader(RecordDataset(var, batch_size=2), num_workers=2).bundle == 1
 
 
-def test_bundle_pickles_with_its_round() -> None:
+def test_bundle_pickles_with_its_worker() -> None:
     import pickle
 
     bundle = ipc.Bundle([torch.arange(3), {"a": torch.ones(2)}], 7)
     back = pickle.loads(pickle.dumps(bundle))
-    assert back.round == 7 and torch.equal(back.batches[0], torch.arange(3))
+    assert back.worker == 7 and torch.equal(back.batches[0], torch.arange(3))
     assert torch.equal(back.batches[1]["a"], torch.ones(2))
+
+
+def _per_sample_labels(batches: list[Any]) -> list[list[int]]:
+    return [labels.tolist() for _, labels in batches]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_per_sample_bundles_yield_what_a_dataloader_yields(tmp_path: Path, context: str) -> None:
+    """Per-sample mode: each worker fetches several loader batches of samples at once; same batches, same order."""
+    path = _write(tmp_path, 203, LARGE)
+    settings = {"shuffle_buffer": 16, "seed": 6}
+    plain_ds = RecordDataset(path, **settings)
+    plain = DataLoader(plain_ds, batch_size=4, num_workers=2, collate_fn=torchrecord.collate)
+    want = _epochs(plain, plain_ds, range(2))
+    ds = RecordDataset(path, **settings)
+    loader = RecordLoader(
+        ds, num_workers=2, batch_size=4, bundle=3, multiprocessing_context=context, persistent_workers=True
+    )
+    assert len(loader) == len(plain) == 51
+    got = _epochs(loader, ds, range(2))
+    _assert_same(got, want)
+
+
+def test_a_resumed_per_sample_epoch_with_bundles_plays_the_rest_in_order(tmp_path: Path) -> None:
+    path = _write(tmp_path, 203, SMALL)
+    for stop in (4, 7):
+        ds = RecordDataset(path, shuffle_buffer=16, seed=8)
+        ds.set_epoch(1)
+        loader = RecordLoader(ds, num_workers=2, batch_size=4, bundle=3)
+        full = list(loader)
+        it = iter(loader)
+        head = [next(it) for _ in range(stop)]
+        state = loader.state_dict()
+        del it, head
+        fresh = RecordDataset(path, shuffle_buffer=16, seed=8)
+        resumed = RecordLoader(fresh, num_workers=2, batch_size=4, bundle=3)
+        resumed.load_state_dict(state)
+        _assert_same([list(resumed)], [full[stop:]])

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from torchrecord._mix.position import loader_position
 from torchrecord._read.dataset import RecordDataset
-from torchrecord._read.ipc import Bundle
+from torchrecord._read.ipc import Bundle, for_parent, worker_id
 from torchrecord.errors import ArgumentError, ArgumentTypeError, ResumeStateError
 
 __all__ = ["RecordLoader"]
@@ -39,13 +39,36 @@ _BUNDLE_BYTES = 16 << 20
 _MAX_BUNDLE = 32
 
 
-def auto_bundle(dataset: RecordDataset) -> int:
-    """The default batches per handover: enough batches for 16 MiB, at most 32 (1 when a batch's size is unknown)."""
-    layout = dataset._fixed_layout() if dataset.batch_size is not None else None
+def auto_bundle(dataset: RecordDataset, loader_batch_size: int | None = None) -> int:
+    """The default batches per handover: enough batches for 16 MiB, at most 32 (1 when a batch's size is unknown).
+
+    ``loader_batch_size``: per-sample mode, the samples of a loader batch (batch mode: the dataset's batch size).
+    """
+    layout = dataset._fixed_layout()
     if layout is None:
         return 1
-    batch_bytes = max(1, dataset.batch_size or 1) * max(1, sum(layout.sample_bytes))
+    per_batch = dataset.batch_size if dataset.batch_size is not None else (loader_batch_size or 1)
+    batch_bytes = max(1, per_batch) * max(1, sum(layout.sample_bytes))
     return max(1, min(_MAX_BUNDLE, -(-_BUNDLE_BYTES // batch_bytes)))
+
+
+def _default_collate() -> Callable[[list[Any]], Any]:
+    from torchrecord._read.collate import collate
+
+    return collate
+
+
+class _CollateBundle:
+    """A DataLoader collate_fn for per-sample mode with bundles: the samples of several loader batches in, each
+    batch of ``size`` samples collated by ``collate`` and made ready to leave the worker, out as one Bundle."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any], size: int) -> None:
+        self.collate, self.size = collate, size
+
+    def __call__(self, samples: list[Any]) -> Bundle:
+        size = self.size
+        batches = [for_parent(self.collate(samples[i : i + size])) for i in range(0, len(samples), size)]
+        return Bundle(batches, worker_id())
 
 
 class _BundlingInit:
@@ -60,6 +83,23 @@ class _BundlingInit:
             info.dataset._bundle = self.size  # type: ignore[attr-defined]
         if self.then is not None:
             self.then(worker_id)
+
+
+class _LoaderShape:
+    """The loader a per-sample RecordLoader with bundles stands for (its DataLoader fetches several batches at
+    once): ``len(dataset)`` called from its ``__len__`` checks this one's batch size."""
+
+    def __init__(self, batch_size: int, num_workers: int) -> None:
+        self.batch_size, self.num_workers, self.drop_last = batch_size, num_workers, False
+        self.dataset: RecordDataset | None = None
+
+    def batches_of(self, dataset: RecordDataset) -> int:
+        self.dataset = dataset
+        return -(-self.__len__() // self.batch_size)
+
+    def __len__(self) -> int:
+        assert self.dataset is not None
+        return len(self.dataset)  # the dataset sees this loader asking, and warns about its count if it must
 
 
 def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,11 +132,14 @@ class RecordLoader(DataLoader[Any]):
             loader yields its batches as they are; in per-sample mode give the loader's
             ``batch_size`` here (1 when left out: single samples).
         num_workers: DataLoader workers per rank.
-        bundle: batch mode with workers: consecutive batches a worker hands over
-            as one DataLoader item (yielded one by one, in the same order as
-            without bundles, so positions do not depend on it). Default: enough batches for 16 MiB, at most 32 (1 for
-            a set without a fixed layout, or batches of 16 MiB or more). 1 turns
-            bundles off. A worker keeps about 3 bundles of batches in flight.
+        bundle: with workers: consecutive batches a worker hands over as one
+            DataLoader item (yielded one by one, in the same order as without
+            bundles, so positions do not depend on it). Default: enough batches for
+            16 MiB, at most 32 (1 for a set without a fixed layout, or batches of 16
+            MiB or more). 1 turns bundles off. A worker keeps about 3 bundles of
+            batches in flight. In per-sample mode each worker fetches the samples of
+            ``bundle`` batches at once and collates each batch with ``collate_fn``
+            (default ``torchrecord.collate``).
         batch_size: per-sample mode only: samples per batch of the DataLoader (the
             dataset's ``loader_batch_size`` when it has one).
         **loader_kwargs: passed to the DataLoader (``collate_fn``, ``pin_memory``,
@@ -108,7 +151,7 @@ class RecordLoader(DataLoader[Any]):
         ArgumentTypeError: ``dataset`` is not a ``RecordDataset``.
         ArgumentError: a refused option, ``batch_size`` in batch mode, a negative
             ``num_workers``, ``in_order=False``, or a ``bundle`` that is not an integer
-            >= 1 (or above 1 in per-sample mode).
+            >= 1.
     """
 
     def __init__(
@@ -152,17 +195,18 @@ class RecordLoader(DataLoader[Any]):
             )
         if bundle is not None and (isinstance(bundle, bool) or not isinstance(bundle, int) or bundle < 1):
             raise ArgumentError(f"bundle must be an integer >= 1, got {bundle!r}")
-        if bundle is not None and bundle > 1 and self._per_batch is not None:
-            raise ArgumentError(
-                f"{dataset.file.path}: RecordLoader(bundle={bundle}) hands whole batches over; in per-sample mode "
-                "the DataLoader collates them: make the dataset with batch_size= to use bundles"
-            )
-        if self._per_batch is not None or num_workers == 0:
+        if num_workers == 0:
             bundle = 1
         elif bundle is None:
-            bundle = auto_bundle(dataset)
+            bundle = auto_bundle(dataset, self._per_batch)
         self.bundle: int = bundle
-        if bundle > 1:
+        if bundle > 1 and self._per_batch is not None:
+            # per-sample mode: each worker fetches `bundle` loader batches of samples at once and collates them
+            # one by one (torchrecord.collate unless told otherwise), handed over as one bundle
+            collate = loader_kwargs.pop("collate_fn", None) or _default_collate()
+            loader_kwargs["collate_fn"] = _CollateBundle(collate, self._per_batch)
+            batch_size = self._per_batch * bundle
+        elif bundle > 1:
             loader_kwargs["worker_init_fn"] = _BundlingInit(bundle, loader_kwargs.get("worker_init_fn"))
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers, **loader_kwargs)
         self._epoch = dataset.epoch  # the epoch `_handed_out` counts in
@@ -172,6 +216,13 @@ class RecordLoader(DataLoader[Any]):
         self._elastic: dict[str, Any] | None = None  # a position of other ranks or workers, loaded in `_epoch`
         self._pending: dict[str, Any] | None = None  # that position, loaded for the next iteration
         self._elastic_batches = 0  # and the batches of its state
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank, as a plain DataLoader of the same batch size yields them."""
+        dataset = self.record_dataset
+        if self._per_batch is None or self.bundle == 1:
+            return super().__len__()
+        return _LoaderShape(self._per_batch, self.num_workers).batches_of(dataset)
 
     @property
     def record_dataset(self) -> RecordDataset:
@@ -190,7 +241,7 @@ class RecordLoader(DataLoader[Any]):
                 self._handed_out += 1
                 yield item
                 continue
-            if round_ and item.round != round_[0].round:
+            if round_ and item.worker <= round_[-1].worker:  # the turn came back: a new round
                 yield from self._interleaved(round_)
                 round_ = []
             round_.append(item)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from torchrecord._core.structure import flatten, unflatten
 from torchrecord._read import slots
@@ -47,6 +48,7 @@ __all__ = [
     "one_storage",
     "slot_allocator",
     "slot_room",
+    "worker_id",
 ]
 
 #: batches up to this many bytes of tensors are repacked (above it, the copy costs more than it saves)
@@ -112,24 +114,31 @@ def for_parent(batch: Any) -> Any:
 class Bundle:
     """Consecutive batches of one worker, handed over as one DataLoader item; ``RecordLoader`` yields them one
     by one. The DataLoader's fixed cost per item (its queues, their threads, pickling) is then paid once for
-    all of them, on both sides. ``round`` is the bundle's place in the worker's pass (0, 1, ...): a
-    DataLoader takes one item from each worker in turn, so the bundles of one round arrive together.
+    all of them, on both sides. ``worker`` is the DataLoader worker that made it: a DataLoader takes one
+    item from each worker in turn (worker 0 first), so a round of bundles ends where the worker number
+    stops growing.
     """
 
-    __slots__ = ("batches", "round")
+    __slots__ = ("batches", "worker")
 
-    def __init__(self, batches: Any, round: int) -> None:
+    def __init__(self, batches: Any, worker: int) -> None:
         self.batches: list[Any] = batches
-        self.round = round
+        self.worker = worker
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Bundle, (self.batches, self.round))
+        return (Bundle, (self.batches, self.worker))
 
     def pin_memory(self) -> Bundle:
         """The bundle with its batches' tensors in pinned memory (the DataLoader's pin-memory thread calls it)."""
         from torch.utils.data._utils.pin_memory import pin_memory
 
-        return Bundle([pin_memory(batch) for batch in self.batches], self.round)  # type: ignore[no-untyped-call]
+        return Bundle([pin_memory(batch) for batch in self.batches], self.worker)  # type: ignore[no-untyped-call]
+
+
+def worker_id() -> int:
+    """This process's DataLoader worker number (0 outside a worker)."""
+    info = get_worker_info()
+    return info.id if info is not None else 0
 
 
 def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
@@ -141,19 +150,19 @@ def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
     """
     if slots.available():
         slots.keep_spare(4 * size + 4)  # the bundles queued and the one being built come back a bundle at a time
+    worker = worker_id()
     handed: list[Any] = []  # batches through for_parent, one by one
     small: list[Any] = []  # batches that cross together at the end of the bundle
-    rounds = 0
     for item in items:
         if small or (not handed and _tensor_bytes(item) <= BY_VALUE_LIMIT):
             small.append(item)
         else:
             handed.append(for_parent(item))
         if len(handed) + len(small) == size:
-            yield Bundle(for_parent(small) if small else handed, rounds)
-            handed, small, rounds = [], [], rounds + 1
+            yield Bundle(for_parent(small) if small else handed, worker)
+            handed, small = [], []
     if handed or small:
-        yield Bundle(for_parent(small) if small else handed, rounds)
+        yield Bundle(for_parent(small) if small else handed, worker)
 
 
 def _tensor_bytes(batch: Any) -> int:
