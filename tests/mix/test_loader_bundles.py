@@ -133,7 +133,7 @@ def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
             RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, bundle=bad)
     with pytest.raises(ArgumentError, match="in_order=False"):
         RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, in_order=False)
-    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 32  # 48-byte samples
+    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 8  # 48-byte samples: the cap
     assert RecordLoader(RecordDataset(path, batch_size=4), num_workers=0).bundle == 1
     # a set without a fixed layout: the batch size is unknown, no bundles by default
     var = tmp_path / "var.tr"

@@ -36,11 +36,11 @@ _REFUSED = ("shuffle", "sampler", "batch_sampler", "drop_last")
 #: a default bundle holds at least this many bytes of batches (batches of 16 MiB or more go alone), and at
 #: most _MAX_BUNDLE batches (``python -m benchmarks.run --loaders torchrecord-batch torchrecord-loader``)
 _BUNDLE_BYTES = 16 << 20
-_MAX_BUNDLE = 32
+_MAX_BUNDLE = 8
 
 
 def auto_bundle(dataset: RecordDataset, loader_batch_size: int | None = None) -> int:
-    """The default batches per handover: enough batches for 16 MiB, at most 32 (1 when a batch's size is unknown).
+    """The default batches per handover: enough batches for 16 MiB, at most 8 (1 when a batch's size is unknown).
 
     ``loader_batch_size``: per-sample mode, the samples of a loader batch (batch mode: the dataset's batch size).
     """
@@ -135,7 +135,7 @@ class RecordLoader(DataLoader[Any]):
         bundle: with workers: consecutive batches a worker hands over as one
             DataLoader item (yielded one by one, in the same order as without
             bundles, so positions do not depend on it). Default: enough batches for
-            16 MiB, at most 32 (1 for a set without a fixed layout, or batches of 16
+            16 MiB, at most 8 (1 for a set without a fixed layout, or batches of 16
             MiB or more). 1 turns bundles off. A worker keeps about 3 bundles of
             batches in flight. In per-sample mode each worker fetches the samples of
             ``bundle`` batches at once and collates each batch with ``collate_fn``
