@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from torchrecord._mix.position import loader_position
 from torchrecord._read.dataset import RecordDataset
-from torchrecord._read.ipc import Bundle, for_parent, worker_id
+from torchrecord._read.ipc import Bundle, for_parent, keep_bundles, worker_id
 from torchrecord.errors import ArgumentError, ArgumentTypeError, ResumeStateError
 
 __all__ = ["RecordLoader"]
@@ -67,6 +67,7 @@ class _CollateBundle:
 
     def __call__(self, samples: list[Any]) -> Bundle:
         size = self.size
+        keep_bundles(-(-len(samples) // size))  # a bundle's slots come back together: kept, not made anew
         batches = [for_parent(self.collate(samples[i : i + size])) for i in range(0, len(samples), size)]
         return Bundle(batches, worker_id())
 

@@ -45,6 +45,7 @@ __all__ = [
     "by_value",
     "for_parent",
     "handover_choice",
+    "keep_bundles",
     "one_storage",
     "slot_allocator",
     "slot_room",
@@ -141,6 +142,13 @@ def worker_id() -> int:
     return info.id if info is not None else 0
 
 
+def keep_bundles(size: int) -> None:
+    """This worker keeps the slots of its bundles of ``size`` batches: the bundles queued and the one being
+    built come back a bundle at a time, and are needed again soon (instead of closed and made anew)."""
+    if slots.available():
+        slots.keep_spare(4 * size + 4)
+
+
 def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
     """``items`` (batches) in bundles of ``size``, ready to leave the worker.
 
@@ -148,8 +156,7 @@ def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
     :func:`for_parent` as they are made (a batch gathered straight into a slot
     stays there); smaller ones are collected and cross together, as one buffer.
     """
-    if slots.available():
-        slots.keep_spare(4 * size + 4)  # the bundles queued and the one being built come back a bundle at a time
+    keep_bundles(size)
     worker = worker_id()
     handed: list[Any] = []  # batches through for_parent, one by one
     small: list[Any] = []  # batches that cross together at the end of the bundle
