@@ -179,3 +179,34 @@ def test_written_and_read_in_one_process_then_forked(tmp_path: Path) -> None:
     assert len(rf) == 40
     ds = RecordDataset(path)
     assert_exactly_once(_labels(_loader(ds, "fork")), 40)
+
+
+_LEFT_OPEN = textwrap.dedent(
+    """
+    import sys
+    import torchrecord
+    from torch.utils.data import DataLoader
+
+    path = sys.argv[1]
+    iterators = [
+        iter(torchrecord.RecordDataset(path, batch_size=8)),
+        iter(torchrecord.RecordDataset(path)),
+        iter(DataLoader(torchrecord.RecordDataset(path, batch_size=8), batch_size=None)),
+        iter(torchrecord.MixedDataset([path, path], batch_size=8)),
+        iter(torchrecord.RecordLoader(torchrecord.RecordDataset(path), batch_size=8, num_workers=1)),
+    ]
+    for it in iterators:
+        next(it)
+    print("left open")
+    """
+)
+
+
+def test_an_iterator_left_open_at_exit_prints_nothing(images: str) -> None:
+    # a user who takes one batch and exits (a REPL, a quick script) must not see a traceback from
+    # the reader's clean-up running while the interpreter tears its modules down
+    out = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, images], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "left open"
+    assert out.stderr == "", out.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -183,8 +184,12 @@ class RecordFile(RecordSet):
 
         Not hard (a reader's pass ended): the file stays in the process's small
         cache of idle files, so the next use finds it, and its snapshot, again
-        unless the cache needed the room.
+        unless the cache needed the room. At interpreter exit (a reader's iterator
+        left open is closed while modules are torn down) it does nothing: the
+        process's end closes the file.
         """
+        if sys.is_finalizing():
+            return
         finalizer, self._finalizer = self._finalizer, None
         if finalizer is not None and finalizer.detach() is not None and self._handle is not None:
             _envcache.release(self._handle, hard)
