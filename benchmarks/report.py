@@ -338,6 +338,13 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
             rows.append(_target_row(f"{workload}: batch mode, 2 workers / 0 workers", batch2 / batch0, 0.9))
         if batch0 and memory:
             rows.append(_target_row(f"{workload}: batch mode, 0 workers / in-memory gather", batch0 / memory, 0.8))
+        packed0 = _at(measurements, workload, "torchrecord-packed", 0)
+        if packed0 and memory:  # the set write_record makes by default for small samples
+            what = f"{workload}: batch mode, packed set, 0 workers / in-memory gather"
+            rows.append(_target_row(what, packed0 / memory, 0.8))
         if batch0 and sample0:
             rows.append(_target_row(f"{workload}: per-sample / batch mode, 0 workers", sample0 / batch0, 0.5))
+        if batch0 and _at(measurements, workload, "torchrecord-sample-loader", 0):
+            what = f"{workload}: per-sample RecordLoader / batch mode, 0 workers"
+            rows.append(_target_row(what, sampled0 / batch0, 0.5))
     return [r for r in rows if r is not None]

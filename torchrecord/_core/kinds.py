@@ -36,6 +36,7 @@ __all__ = [
     "sample_builder",
     "split_columns",
     "stack_columns",
+    "take_split_column",
 ]
 
 
@@ -83,9 +84,37 @@ def column_leaves(a: np.ndarray, fld: Field) -> list[Any]:
     return leaves
 
 
+#: per scalar kind, the dtype ``default_collate`` gives a batch of its Python values
+_COLLATED_SCALARS = {"int": np.dtype(np.int64), "float": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
+
+#: The columns split last in this process, by ``id`` of their first leaf: (the per-sample leaves, the column
+#: as the tensor collating them gives). :func:`take_split_column` hands a column out once, when a batch
+#: holds exactly its leaves; the next split replaces them all.
+_last_split: dict[int, tuple[list[Any], torch.Tensor]] = {}
+
+
 def split_columns(typed: Sequence[np.ndarray], schema: Schema) -> Iterator[Any]:
-    """The samples of a batch of typed columns, one by one, in the written structure."""
-    columns = [column_leaves(a, f) for a, f in zip(typed, schema.fields)]
+    """The samples of a batch of typed columns, one by one, in the written structure.
+
+    The columns of tensor and number fields are remembered (:func:`take_split_column`): a per-sample
+    DataLoader whose batches are these chunks then collates each field without copying it again.
+    """
+    global _last_split
+    columns = []
+    split: dict[int, tuple[list[Any], torch.Tensor]] = {}
+    for a, f in zip(typed, schema.fields):
+        whole = None
+        if f.kind == "tensor":
+            whole = as_tensor(a, f.dtype)
+            leaves: list[Any] = list(whole.unbind(0))
+        else:
+            leaves = column_leaves(a, f)
+            if _COLLATED_SCALARS.get(f.kind) == a.dtype and a.ndim == 1 and a.flags.writeable:
+                whole = torch.from_numpy(a)
+        columns.append(leaves)
+        if whole is not None and leaves:
+            split[id(leaves[0])] = (leaves, whole)
+    _last_split = split
     tree = schema.tree
     if tree["t"] == "tuple" and all(c["t"] == "leaf" for c in tree["c"]):
         return zip(*columns)  # the usual sample, a flat tuple: built by zip itself
@@ -93,6 +122,26 @@ def split_columns(typed: Sequence[np.ndarray], schema: Schema) -> Iterator[Any]:
         return iter(columns[0])
     build = sample_builder(tree)
     return (build(list(leaves)) for leaves in zip(*columns))
+
+
+def take_split_column(column: Sequence[Any]) -> torch.Tensor | None:
+    """The tensor of the column last split (:func:`split_columns`) whose leaves ``column`` is, all and in order;
+    None otherwise, or when that column was handed out already.
+
+    It holds what ``torch.stack`` (tensors) or ``torch.tensor`` (numbers) of ``column`` would, without a copy:
+    the samples' tensors are its rows. A per-sample DataLoader whose batch is one chunk of the reader gets it.
+    """
+    if not len(column):
+        return None
+    split = _last_split
+    key = id(column[0])
+    entry = split.get(key)
+    if entry is None:
+        return None
+    leaves, whole = entry
+    if len(leaves) != len(column) or not all(map(operator.is_, leaves, column)):
+        return None
+    return whole if split.pop(key, None) is entry else None  # once: a second collation stacks a copy
 
 
 def stack_columns(typed: Sequence[np.ndarray], schema: Schema) -> Any:

@@ -64,11 +64,14 @@ class _CollateBundle:
 
     def __init__(self, collate: Callable[[list[Any]], Any], size: int) -> None:
         self.collate, self.size = collate, size
+        # torchrecord.collate hands its batch over itself (stacked into its slot); a user's collate_fn does not
+        self.hands_over = collate is _default_collate()
 
     def __call__(self, samples: list[Any]) -> Bundle:
-        size = self.size
+        size, collate = self.size, self.collate
         keep_bundles(-(-len(samples) // size))  # a bundle's slots come back together: kept, not made anew
-        batches = [for_parent(self.collate(samples[i : i + size])) for i in range(0, len(samples), size)]
+        parts = [samples[i : i + size] for i in range(0, len(samples), size)]
+        batches = [collate(part) for part in parts] if self.hands_over else [for_parent(collate(p)) for p in parts]
         return Bundle(batches, worker_id())
 
 
@@ -142,7 +145,11 @@ class RecordLoader(DataLoader[Any]):
             ``bundle`` batches at once and collates each batch with ``collate_fn``
             (default ``torchrecord.collate``).
         batch_size: per-sample mode only: samples per batch of the DataLoader (the
-            dataset's ``loader_batch_size`` when it has one).
+            dataset's ``loader_batch_size`` when it has one). The dataset then reads
+            one batch of samples at a time, and ``collate_fn`` (default
+            ``torchrecord.collate``, which gives ``default_collate``'s batches) is given
+            them; with 0 workers ``torchrecord.collate`` takes each field's column as it
+            was read, without stacking a copy.
         **loader_kwargs: passed to the DataLoader (``collate_fn``, ``pin_memory``,
             ``multiprocessing_context``, ``prefetch_factor``, ``timeout``,
             ``worker_init_fn``...); ``shuffle``, ``sampler``, ``batch_sampler`` and
@@ -189,6 +196,7 @@ class RecordLoader(DataLoader[Any]):
             if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
                 raise ArgumentError(f"batch_size must be an integer >= 1, got {batch_size!r}")
             self._per_batch = batch_size
+            dataset._sample_chunk = batch_size  # read a loader batch at a time: collated without a copy
         if loader_kwargs.get("in_order", True) is not True:
             raise ArgumentError(
                 "RecordLoader hands batches out in the dataset's order (its state and bundles depend on it): "
@@ -201,11 +209,14 @@ class RecordLoader(DataLoader[Any]):
         elif bundle is None:
             bundle = auto_bundle(dataset, self._per_batch)
         self.bundle: int = bundle
+        if self._per_batch is not None and loader_kwargs.get("collate_fn") is None:
+            # per-sample mode collates with torchrecord.collate unless told otherwise: default_collate's batches,
+            # handed over through torchrecord's slots in a worker, and one chunk's column without a copy at 0
+            loader_kwargs["collate_fn"] = _default_collate()
         if bundle > 1 and self._per_batch is not None:
             # per-sample mode: each worker fetches `bundle` loader batches of samples at once and collates them
-            # one by one (torchrecord.collate unless told otherwise), handed over as one bundle
-            collate = loader_kwargs.pop("collate_fn", None) or _default_collate()
-            loader_kwargs["collate_fn"] = _CollateBundle(collate, self._per_batch)
+            # one by one, handed over as one bundle
+            loader_kwargs["collate_fn"] = _CollateBundle(loader_kwargs["collate_fn"], self._per_batch)
             batch_size = self._per_batch * bundle
         elif bundle > 1:
             loader_kwargs["worker_init_fn"] = _BundlingInit(bundle, loader_kwargs.get("worker_init_fn"))

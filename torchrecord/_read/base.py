@@ -305,6 +305,10 @@ class ReaderDataset(IterableDataset[Any]):
     # -- the state header ------------------------------------------------------------------
     #: batches per handover in a DataLoader worker (``RecordLoader`` sets it in its workers' copies)
     _bundle: int = 1
+    #: per-sample mode: samples read at a time, the loader's batch size when a ``RecordLoader`` knows it
+    #: (None: the reader's own rule). It only cuts the reading, never the order: a batch that is one chunk
+    #: is collated by ``torchrecord.collate`` without a copy.
+    _sample_chunk: int | None = None
 
     def _stack_room(self) -> Room | None:
         """Where this reader builds the batches it collates: in a DataLoader worker in batch mode, straight in

@@ -7,7 +7,11 @@ over the way torchrecord's batch mode does (``torchrecord._read.ipc.for_parent``
 by value when small, else a slot the worker reuses). A batch that will cross in
 a slot is stacked straight into it (``torchrecord._read.ipc.slot_room``), so
 the handover copies nothing; a smaller one is stacked into ordinary memory.
-Outside a worker it is ``default_collate`` with plain stacking.
+Outside a worker it is ``default_collate``, except that a batch which is exactly
+one chunk the reader split into samples (a DataLoader batch size the dataset
+knows: ``RecordLoader(batch_size=B)`` or ``loader_batch_size=B``) gets each
+tensor or number field's column as it was read (``take_split_column``) instead
+of a stacked copy of it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 from torch.utils.data._utils.collate import collate as _collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
-from torchrecord._core.kinds import Place
+from torchrecord._core.kinds import Place, take_split_column
 from torchrecord._read.base import in_worker
 from torchrecord._read.ipc import for_parent, slot_room
 
@@ -28,10 +32,25 @@ __all__ = ["collate"]
 
 
 def _stack(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
-    return torch.stack(list(batch), 0)
+    whole = take_split_column(batch)  # the batch is one chunk the reader split: its column, not a copy
+    return whole if whole is not None else torch.stack(list(batch), 0)
 
 
-_COLLATE_MAP = {**default_collate_fn_map, torch.Tensor: _stack}
+def _numbers(collate_numbers: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """default_collate's function for Python numbers, taking the column the numbers were split from first."""
+
+    def collate_column(batch: Sequence[Any], *, collate_fn_map: Any = None) -> torch.Tensor:
+        whole = take_split_column(batch)
+        return whole if whole is not None else collate_numbers(batch, collate_fn_map=collate_fn_map)
+
+    return collate_column
+
+
+_COLLATE_MAP: dict[Any, Callable[..., Any]] = {
+    **default_collate_fn_map,
+    torch.Tensor: _stack,
+    **{kind: _numbers(default_collate_fn_map[kind]) for kind in (int, float)},  # bools reach int's (a subclass)
+}
 
 
 def collate(samples: Sequence[Any]) -> Any:

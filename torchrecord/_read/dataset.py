@@ -565,6 +565,7 @@ class RecordDataset(ReaderDataset):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             room=self._stack_room(),
+            sample_chunk=self._sample_chunk or self.loader_batch_size,
         )
         return self._handed_over(self._counted(items.of(reader, start)))
 

@@ -52,6 +52,9 @@ class Items:
         transform, collate_fn, batch_transform: the user's functions (or None).
         batch_size: samples per batch (None: single samples).
         drop_last: drop a short last batch.
+        sample_chunk: per-sample mode, samples read at a time (the DataLoader's batch size when the dataset
+            knows it: a batch is then one chunk, which ``torchrecord.collate`` takes without a copy); None:
+            :data:`SAMPLE_CHUNK`, at most :data:`SAMPLE_CHUNK_BYTES`.
         room: where a batch collated here is built (``torchrecord._core.kinds.Room``): in a DataLoader worker
             ``torchrecord._read.ipc.slot_room``, so the batch is stacked straight into the slot it leaves in;
             None: fresh memory. A ``collate_fn`` of the user builds where it likes.
@@ -65,6 +68,7 @@ class Items:
     batch_size: int | None = None
     drop_last: bool = False
     room: Room | None = None
+    sample_chunk: int | None = None
 
     def of(self, reader: ShareReader, start: int) -> Iterator[Any]:
         """The items of ``reader``'s share from item ``start`` (samples, or batches in batch mode)."""
@@ -72,7 +76,9 @@ class Items:
 
     def _samples(self, reader: ShareReader, start: int) -> Iterator[Any]:
         step = SAMPLE_CHUNK
-        if reader.layout is not None:
+        if self.sample_chunk is not None:
+            step = self.sample_chunk
+        elif reader.layout is not None:
             step = max(1, min(step, SAMPLE_CHUNK_BYTES // max(1, sum(reader.layout.sample_bytes))))
         plain = self.transform is None and reader.fixed and self.schema is not None
         for chunk, indices in reader.indexed_chunks(step, start):
