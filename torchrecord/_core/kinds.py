@@ -32,6 +32,7 @@ __all__ = [
     "collate_samples",
     "collate_transformed",
     "column_leaves",
+    "forget_split",
     "materialize",
     "sample_builder",
     "split_columns",
@@ -124,6 +125,12 @@ def split_columns(typed: Sequence[np.ndarray], schema: Schema) -> Iterator[Any]:
     return (build(list(leaves)) for leaves in zip(*columns))
 
 
+def forget_split() -> None:
+    """Drop the columns :func:`split_columns` remembers (a reader's pass ended)."""
+    global _last_split
+    _last_split = {}
+
+
 def take_split_column(column: Sequence[Any]) -> torch.Tensor | None:
     """The tensor of the column last split (:func:`split_columns`) whose leaves ``column`` is, all and in order;
     None otherwise, or when that column was handed out already.
@@ -193,6 +200,9 @@ def _collate_field(column: list[Any], fld: Field, defer: bool = False) -> Any:
     """
     if not fld.is_fixed:
         return column
+    whole = None if defer else take_split_column(column)
+    if whole is not None:  # the leaves a transform passed through, all of one chunk's column in order
+        return whole
     if fld.kind == "tensor":
         if defer and _stackable_tensors(column):
             return _Stack(column, torch.Size((len(column), *column[0].shape)), column[0].dtype)

@@ -27,6 +27,7 @@ from torchrecord._core.kinds import (
     collate_any,
     collate_samples,
     collate_transformed,
+    forget_split,
     split_columns,
     stack_columns,
 )
@@ -81,12 +82,15 @@ class Items:
         elif reader.layout is not None:
             step = max(1, min(step, SAMPLE_CHUNK_BYTES // max(1, sum(reader.layout.sample_bytes))))
         plain = self.transform is None and reader.fixed and self.schema is not None
-        for chunk, indices in reader.indexed_chunks(step, start):
-            if plain:
-                assert self.schema is not None
-                yield from split_columns(chunk, self.schema)  # one generator less for every sample
-            else:
-                yield from self.samples(chunk, reader.fixed, indices)
+        try:
+            for chunk, indices in reader.indexed_chunks(step, start):
+                if plain:
+                    assert self.schema is not None
+                    yield from split_columns(chunk, self.schema)  # one generator less for every sample
+                else:
+                    yield from self.samples(chunk, reader.fixed, indices)
+        finally:
+            forget_split()  # the pass is over: its last columns are the user's to keep or drop
 
     def samples(self, chunk: Any, fixed: bool, indices: np.ndarray | None = None) -> Iterator[Any]:
         """The samples of one chunk (typed columns when ``fixed``, else decoded samples), transformed.
