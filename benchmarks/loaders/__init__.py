@@ -39,6 +39,15 @@ class LoaderOptions:
     transform_us: float = 0.0
 
 
+#: the one-sample-per-record torchrecord loaders: (name, batch mode, through RecordLoader)
+_TORCHRECORD_VARIANTS = [
+    ("torchrecord", False, False),
+    ("torchrecord-batch", True, False),
+    ("torchrecord-loader", True, True),
+    ("torchrecord-sample-loader", False, True),
+]
+
+
 def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
     """Every loader by name, in report order: competitors first, then the limits."""
     opts = options or LoaderOptions()
@@ -46,25 +55,15 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
         NpyFolderLoader(),
         LmdbPickleLoader(),
         WebDatasetLoader(opts.shuffle_buffer),
-        TorchRecordLoader(
-            "torchrecord", batch_mode=False, shuffle_buffer=opts.shuffle_buffer, transform_us=opts.transform_us
-        ),
-        TorchRecordLoader(
-            "torchrecord-batch", batch_mode=True, shuffle_buffer=opts.shuffle_buffer, transform_us=opts.transform_us
-        ),
-        TorchRecordLoader(
-            "torchrecord-loader",
-            batch_mode=True,
-            shuffle_buffer=opts.shuffle_buffer,
-            transform_us=opts.transform_us,
-            record_loader=True,
-        ),
-        TorchRecordLoader(
-            "torchrecord-sample-loader",
-            batch_mode=False,
-            shuffle_buffer=opts.shuffle_buffer,
-            transform_us=opts.transform_us,
-            record_loader=True,
+        *(
+            TorchRecordLoader(
+                name,
+                batch_mode=batch_mode,
+                shuffle_buffer=opts.shuffle_buffer,
+                transform_us=opts.transform_us,
+                record_loader=record_loader,
+            )
+            for name, batch_mode, record_loader in _TORCHRECORD_VARIANTS
         ),
         TorchRecordLoader(
             "torchrecord-packed",
