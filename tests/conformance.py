@@ -33,6 +33,15 @@ The parts (after torchdata's ``run_test_save_load_state``, for datasets):
    it yields) is refused with the reader's documented error (``ValueError``, or a
    ``TorchRecordError``) by ``check_loader`` or when it runs, rather than
    silently yielding something else.
+7. :func:`check_record_loader`: ``torchrecord.RecordLoader`` with 2 workers (bundles
+   on) yields exactly what a plain DataLoader with 2 workers yields, in order, and
+   ``len()`` of it.
+8. :func:`check_elastic_resume`: a ``RecordLoader`` state taken mid-epoch on 2
+   workers (through JSON), resumed on 3 workers and on 0: what was played plus the
+   rest is the epoch, every item once; a state taken mid-way through that resumed
+   pass, resumed again on 2 workers, still gives every item once; and
+   ``loader_position`` turns a torchdata ``StatefulDataLoader``'s state (each
+   worker's dataset state) into a position that resumes on 0 workers the same way.
 
 Per-sample mode is read through ``DataLoader(batch_size=case.batch_size)`` (the
 way it is used), telling the reader with ``loader_batch_size=`` where its class
@@ -64,6 +73,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from tests.helpers import assert_exactly_once
+from torchrecord import RecordLoader, loader_position
 from torchrecord.errors import TorchRecordError
 
 __all__ = [
@@ -76,6 +86,8 @@ __all__ = [
     "check_len_loader",
     "check_pickling",
     "check_reader_contract",
+    "check_elastic_resume",
+    "check_record_loader",
     "check_refuses_breaking_loader",
     "check_set_epoch",
     "check_state_in_another_process",
@@ -562,6 +574,106 @@ def _warnings_allowed() -> Iterator[None]:
         yield
 
 
+# -- 7. RecordLoader ----------------------------------------------------------------------------------------
+
+
+def record_loader(case: Case, reader: Any, mode: str, num_workers: int) -> RecordLoader:
+    """``torchrecord.RecordLoader`` over ``reader`` (the DataLoader's batch size in per-sample mode)."""
+    kwargs: dict[str, Any] = {"batch_size": case.batch_size} if mode == SAMPLE else {}
+    if num_workers:
+        kwargs["multiprocessing_context"] = CONTEXT
+    return RecordLoader(reader, num_workers=num_workers, **kwargs)
+
+
+def check_record_loader(case: Case, *, epoch: int = 1) -> None:
+    """RecordLoader with 2 workers (bundles on) yields the plain DataLoader's items, in order, and its ``len()``."""
+    if not case.dataloader:
+        return
+    for mode in case.modes:
+        where = f"{case.name} {mode} mode, 2 workers"
+        reader = case.reader(mode)
+        reader.set_epoch(epoch)
+        plain = items(case, loader(case, reader, mode, num_workers=2))
+        reader = case.reader(mode)
+        reader.set_epoch(epoch)
+        run = record_loader(case, reader, mode, 2)
+        got = items(case, run)
+        assert got == plain, (
+            f"{where}: RecordLoader yields {len(got)} items, a plain DataLoader {len(plain)} (first difference at "
+            f"item {_first_difference(got, plain)})"
+        )
+        assert len(run) == len(got), f"{where}: len(RecordLoader) is {len(run)}, it yields {len(got)}"
+
+
+# -- 8. elastic resume -------------------------------------------------------------------------------------------
+
+
+def _played_then_state(run: Any, case: Case, k: int) -> tuple[list[list[Hashable]], Any]:
+    """The first ``k`` items of ``run`` and its state after them (through JSON); the rest is not read."""
+    played: list[list[Hashable]] = []
+    it = iter(run)
+    for _ in range(k):
+        played.append(list(case.identity(next(it))))
+    state = json.loads(json.dumps(run.state_dict()))
+    del it
+    return played, state
+
+
+def _resumed_loader(case: Case, mode: str, epoch: int, state: Any, num_workers: int) -> RecordLoader:
+    reader = case.reader(mode)
+    reader.set_epoch(epoch)
+    run = record_loader(case, reader, mode, num_workers)
+    run.load_state_dict(state)
+    return run
+
+
+def check_elastic_resume(case: Case, *, epoch: int = 1) -> None:
+    """A mid-epoch RecordLoader state of 2 workers resumes on 3 and on 0 workers, and again on 2: every item once.
+
+    Also: ``loader_position`` of a torchdata ``StatefulDataLoader``'s state (2 workers) resumes the
+    dataset itself (0 workers) with every item once.
+    """
+    if not case.dataloader:
+        return
+    expected = case.epoch(1)
+    for mode in case.modes:
+        reader = case.reader(mode)
+        reader.set_epoch(epoch)
+        total = sum(1 for _ in record_loader(case, reader, mode, 2))
+        k = random.Random(case.seed + 11).randint(1, max(1, total - 1))
+        reader = case.reader(mode)
+        reader.set_epoch(epoch)
+        played, state = _played_then_state(record_loader(case, reader, mode, 2), case, k)
+        for workers in (3, 0):
+            where = f"{case.name} {mode} mode, {k} of {total} items on 2 workers, resumed on {workers}"
+            run = _resumed_loader(case, mode, epoch, state, workers)
+            rest = items(case, run)
+            assert_epoch(flat(played + rest), expected, where)
+            assert_epoch(flat(items(case, run)), expected, f"{where}, the next pass (the resume point is used once)")
+        where = f"{case.name} {mode} mode, resumed on 3 workers, stopped again, resumed on 2"
+        run = _resumed_loader(case, mode, epoch, state, 3)
+        n = sum(1 for _ in _resumed_loader(case, mode, epoch, state, 3))
+        again, state2 = _played_then_state(run, case, n // 2)
+        assert json.loads(json.dumps(loader_position(state2))) == state2["position"], f"{where}: loader_position"
+        rest = items(case, _resumed_loader(case, mode, epoch, state2, 2))
+        assert_epoch(flat(played + again + rest), expected, where)
+        _check_stateful_position(case, mode, epoch, k, expected)
+
+
+def _check_stateful_position(case: Case, mode: str, epoch: int, k: int, expected: Epoch) -> None:
+    """loader_position of a StatefulDataLoader's state (2 workers) resumes the dataset alone: every item once."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    reader = case.reader(mode)
+    reader.set_epoch(epoch)
+    played, state = _played_then_state(loader(case, reader, mode, num_workers=2, stateful=True), case, k)
+    position = loader_position(state)
+    fresh = case.reader(mode)
+    fresh.set_epoch(epoch)
+    fresh.load_state_dict(json.loads(json.dumps(position)))
+    rest = items(case, loader(case, fresh, mode))
+    assert_epoch(flat(played + rest), expected, f"{case.name} {mode} mode: a StatefulDataLoader state's position")
+
+
 # -- all of it -----------------------------------------------------------------------------------------------
 
 #: Every check by name, in the order :func:`check_reader_contract` runs them.
@@ -573,6 +685,8 @@ CHECKS: dict[str, Callable[[Case], None]] = {
     "len_loader": check_len_loader,
     "pickling": check_pickling,
     "refuses_breaking_loader": check_refuses_breaking_loader,
+    "record_loader": check_record_loader,
+    "elastic_resume": check_elastic_resume,
 }
 
 

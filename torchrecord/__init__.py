@@ -13,10 +13,10 @@ from torchrecord._check.verify import VerifyReport, verify
 from torchrecord._core.schema import Field, Schema
 from torchrecord._memory.batches import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord._mix.dataset import MixedDataset
-from torchrecord._mix.loader import RecordLoader
-from torchrecord._mix.position import loader_position
 from torchrecord._read.collate import collate
 from torchrecord._read.dataset import RecordDataset
+from torchrecord._read.loader import RecordLoader
+from torchrecord._read.state import loader_position
 from torchrecord._robomimic.datasets import SequenceDataset, WindowDataset
 from torchrecord._shards.open import open_set
 from torchrecord._shards.sharded import ShardedSet
@@ -24,7 +24,6 @@ from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.summary import SkippedSample, WriteSummary
 from torchrecord._streams.dataset import StreamDataset
-from torchrecord._streams.loader import StreamLoader
 from torchrecord._version import __version__
 from torchrecord._write.shards import finalize_shards, write_shard
 from torchrecord._write.writer import RecordWriter, write_record
@@ -61,6 +60,9 @@ from torchrecord.errors import (
     WriteError,
     WriterClosedError,
 )
+
+#: The loader of a StreamDataset is the one loader of every reader (the name of earlier versions).
+StreamLoader = RecordLoader
 
 __all__ = [
     "ArgumentError",

@@ -21,7 +21,7 @@ import torch
 from torchrecord._memory.columns import Columns, SampleList, epoch_rng
 from torchrecord._memory.load import Subset, load_columns
 from torchrecord._order.group_batches import GroupPlan, check_offsets, offsets_from_ids, plan_epoch
-from torchrecord._read import resume as _resume
+from torchrecord._read import rules as _resume
 from torchrecord._shards.open import SetLike
 from torchrecord.errors import ArgumentError, ResumeStateError
 

@@ -14,16 +14,18 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from torchrecord._mix import resume as _mix_resume
-from torchrecord._mix.mixer import Mixer, Picked, Placement
-from torchrecord._mix.resume import MIX_POSITION_KIND, MIX_STATE_KIND, placement_problem, reader_units_of
+from torchrecord._mix.mixer import Mixer, Picked
+from torchrecord._mix.placement import Placement, placement_problem
 from torchrecord._mix.source import FileSource, Source, SourceInfo, shared_schema
 from torchrecord._order import mix_plan as _mix_plan
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
-from torchrecord._read import resume as _resume
-from torchrecord._read.base import Reader, ReaderDataset, check_choice, in_worker
+from torchrecord._order.mix_parts import MixEpochPlan, MixPart
+from torchrecord._order.plan import Part
+from torchrecord._read import rules as r
+from torchrecord._read.base import ReaderDataset, check_choice, in_worker
 from torchrecord._read.items import Items
+from torchrecord._read.state import Start
 from torchrecord._shards.open import SetLike
 from torchrecord._store.checked import Check
 from torchrecord.errors import ArgumentError, ResumeStateError, TorchRecordWarning
@@ -217,16 +219,13 @@ class MixedDataset(ReaderDataset):
         self.max_defer, self.read_ahead_bytes, self.threads = max_defer, read_ahead_bytes, threads
         digest = hashlib.sha256("\n".join(info.set_id for info in self.infos).encode()).hexdigest()
         self.set_id = "mix-" + digest[:32]
-        self._plan_cache: tuple[int, _mix_plan.MixPlan] | None = None
-        self._resume: dict[str, Any] | None = None
+        self._plan_cache: MixEpochPlan | None = None
         self._live: dict[str, Any] | None = None  # the current iteration (this process)
-        self._yielded = 0
         self._unyielded = 0  # samples of the current chunk not yet yielded (sample mode)
-        self._iter_epoch: int | None = None
         self._board = _StatsBoard(len(self.sources))  # the workers' figures, for stats() in the main process
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["_live"] = None  # threads and locks stay in the process that iterates
         state["_plan_cache"] = None
         return state
@@ -234,24 +233,34 @@ class MixedDataset(ReaderDataset):
     # -- configuration ------------------------------------------------------
     def plan(self) -> _mix_plan.MixPlan:
         """This epoch's draws over all ranks (a pure function of the sources, weights, seed and epoch)."""
-        epoch = self.epoch
-        if self._plan_cache is None or self._plan_cache[0] != epoch:
-            self._plan_cache = (
-                epoch,
-                _mix_plan.plan_epoch(self.counts, block=self.draw_size, seed=self.seed, epoch=epoch, rates=self._rates),
-            )
-        return self._plan_cache[1]
+        return self._epoch_plan().draws
 
     @property
     def epoch_length(self) -> int:
         """Samples per mix epoch over all ranks (before padding or cutting for the ranks)."""
         return sum(self.counts)
 
-    STATE_KIND = MIX_STATE_KIND
-    RETIRED_STATE_KEYS: ClassVar[Mapping[str, str]] = {"block": "draw_size"}
+    STATE_KIND = "torchrecord.MixedDataset"
+    PLAN_KEYS: ClassVar[Mapping[str, str]] = {
+        "sizes": "its sources' sizes",
+        "counts": "its samples per source and epoch (weights, stop, epoch_size)",
+        "rates": "its draw rates (weights)",
+        "draw_size": "its draw_size",
+        "seed": "its seed",
+        "shuffle": "its shuffle",
+        "window": "its mixing window (shuffle_buffer, batch_size)",
+        "drop_last": "its drop_last",
+        "batch_size": "its batch_size",
+        "loader_batch_size": "its loader_batch_size",
+        "policy": "its policy",
+        "horizon": "its max_defer",
+    }
 
     def _set_id(self) -> str:
         return self.set_id
+
+    def _where(self) -> str:
+        return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"
 
     def _per_rank(self) -> int:
         return _partition.samples_per_rank(self.epoch_length, self._distributed[1], self.drop_last)
@@ -263,71 +272,73 @@ class MixedDataset(ReaderDataset):
         per_sample = max(info.bytes_per_sample for info in self.infos)
         return _order.window_size(self.shuffle_buffer, self.batch_size or 1, per_sample)
 
-    def _settings(self, num_workers: int) -> dict[str, Any]:
+    def _horizon(self) -> int:
+        return self.max_defer if self.policy == "ready" else 1
+
+    def _epoch_plan(self) -> MixEpochPlan:
+        plan = MixEpochPlan(
+            sizes=tuple(i.count for i in self.infos),
+            blocks=tuple(_mix_plan.order_block(i.count, self.draw_size, i.samples_per_record) for i in self.infos),
+            counts=tuple(self.counts),
+            rates=tuple(self._rates) if self._rates is not None else None,
+            draw_size=self.draw_size,
+            seed=int(self.seed),
+            epoch=self.epoch,
+            shuffle=bool(self.shuffle),
+            window=self._window(),
+            step=self.batch_size or _SAMPLE_MODE_BATCH,
+            drop_last=bool(self.drop_last),
+            batch_size=self.batch_size,
+            loader_batch_size=self.loader_batch_size,
+        )
+        if self._plan_cache is None or self._plan_cache.key != plan.key:
+            self._plan_cache = plan  # keeps its draws, worked out once per epoch
+        return self._plan_cache
+
+    def _plan_keys(self) -> dict[str, Any]:
+        plan = self._epoch_plan()
         return {
-            "sizes": [info.count for info in self.infos],
-            "counts": list(self.counts),
-            "rates": self._rates,
-            "draw_size": self.draw_size,
-            "seed": int(self.seed),
-            "shuffle": bool(self.shuffle),
-            "window": self._window(),
-            "drop_last": bool(self.drop_last),
-            "batch_size": self.batch_size,
-            "world_size": self._distributed[1],
-            "num_workers": num_workers,
-            "worker_unit": self._unit(num_workers),
+            "sizes": list(plan.sizes),
+            "counts": list(plan.counts),
+            "rates": list(plan.rates) if plan.rates is not None else None,
+            "draw_size": plan.draw_size,
+            "seed": plan.seed,
+            "shuffle": plan.shuffle,
+            "window": plan.window,
+            "drop_last": plan.drop_last,
+            "batch_size": plan.batch_size,
+            "loader_batch_size": plan.loader_batch_size,
             "policy": self.policy,
             "horizon": self._horizon(),
         }
 
-    def _horizon(self) -> int:
-        return self.max_defer if self.policy == "ready" else 1
+    def _batch_bytes(self) -> int | None:
+        per_sample = max(info.bytes_per_sample for info in self.infos)
+        return (self.batch_size or 1) * per_sample
 
     # -- iteration ------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
-        started = time.perf_counter()  # first_batch_seconds counts the plan and the mixer's start too
-        who = self.reader()
-        rank, worker, num_workers = who.rank, who.worker, who.num_workers
-        plan = self.plan()
-        if self._resume is None:  # a fresh epoch: this reader's part of the plan
-            base, placement, yielded = None, Placement(), 0
-            units = _mix_plan.reader_units(
-                plan,
-                rank=rank,
-                world_size=who.world_size,
-                worker=worker,
-                num_workers=num_workers,
-                drop_last=self.drop_last,
-                batch_size=self._unit(num_workers),
-            )
-        else:  # a loaded resume point: used by this iteration only
-            base, placement, yielded, units = self._resume_point(plan, who)
-        seed, epoch, shuffle = self.seed, self.epoch, self.shuffle
-
-        def order(j: int, n: int) -> np.ndarray:
-            if not shuffle:
-                return np.arange(n)
-            return _order.window_order(n, seed=seed, epoch=epoch, rank=rank, worker=worker, window=j)
-
-        blocks = [_mix_plan.order_block(i.count, self.draw_size, i.samples_per_record) for i in self.infos]
-        seeds = [_mix_plan.source_seed(self.seed, s) for s in range(len(self.infos))]
-        sizes = [i.count for i in self.infos]
+    def _read(self, start: Start, part: Part) -> Iterator[Any]:
+        assert isinstance(part, MixPart)
+        started = time.perf_counter()  # first_batch_seconds counts the mixer's start too
+        plan = self._epoch_plan()
+        units = part.units
+        placement = start.progress
+        if placement is None:  # exact: where the reader stands follows from the samples it handed out
+            placement = part.placement_at(plan.samples(start.yielded, part))
 
         def runs_of(u: int) -> list[tuple[int, int]]:
-            s, lo = int(units.source[u]), int(units.stream[u])
-            return _mix_plan.stream_runs(sizes[s], blocks[s], seeds[s], lo, lo + int(units.length[u]))
+            return plan.source_runs(int(units.source[u]), int(units.stream[u]), int(units.length[u]))
 
         mixer = Mixer(
             self.sources,
             units.source,
             units.length,
             runs_of,
-            window=self._window(),
-            step=self.batch_size or _SAMPLE_MODE_BATCH,
-            order=order,
+            window=part.window,
+            step=part.step,
+            order=part.order,
             horizon=self._horizon(),
-            placement=placement,
+            placement=Placement.from_state(placement),
             readahead={
                 "columns": self.fixed,
                 "estimate": [i.bytes_per_sample for i in self.infos],
@@ -335,23 +346,18 @@ class MixedDataset(ReaderDataset):
                 "threads": self.threads,
             },
         )
-        self._live = {
-            "mixer": mixer,
-            "started": started,
-            "wall": time.time(),
-            "first": None,
-            "base": base,
-            "reader": (rank, worker, num_workers),
-        }
-        self._iter_epoch, self._yielded, self._unyielded = epoch, yielded, 0
+        self._live = {"mixer": mixer, "started": started, "wall": time.time(), "first": None}
+        self._unyielded = 0
         items = self._batches(mixer) if self.batch_size is not None else self._samples(mixer)
-        return self._handed_over(self._counted(items))
+        return self._with_stats(items)
 
-    def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
+    def _with_stats(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items``, noting the time to the first one, and posting a DataLoader worker's figures on the board."""
         live = self._live
+        assert live is not None
         info = get_worker_info()
         post = None
-        if info is not None and live is not None:  # a DataLoader worker: its figures go on the board
+        if info is not None:  # a DataLoader worker: its figures go on the board
             row = self._board.row(info.id, info.seed - info.id, self.epoch, info.num_workers, live["wall"])
             every = 1 if self.batch_size is not None else _SAMPLE_MODE_BATCH
 
@@ -359,11 +365,10 @@ class MixedDataset(ReaderDataset):
                 if row is not None:
                     self._board.post(row, self._figures(live))
 
-        for item in items:
-            self._yielded += 1
-            if live is not None and live["first"] is None:
+        for count, item in enumerate(items, start=1):
+            if live["first"] is None:
                 live["first"] = time.perf_counter() - live["started"]
-            if post is not None and (self._yielded % every == 0 or self._yielded == 1):
+            if post is not None and (count % every == 0 or count == 1):
                 post()
             yield item
         if post is not None:
@@ -401,6 +406,39 @@ class MixedDataset(ReaderDataset):
                 return
             batch = items.batch(*_chunk_of(picked))
             yield (batch, torch.from_numpy(picked.source)) if self.tag_source else batch
+
+    # -- progress (policy="ready") -------------------------------------------------------
+    def _progress(self) -> Any:
+        """With ``policy="ready"`` the reader's placement: which units are placed is not a function of the count."""
+        live = self._live
+        if self.policy != "ready" or live is None:
+            return None
+        placement = live["mixer"].placement.to_state()
+        placement["offset"] -= self._unyielded
+        return placement
+
+    def _progress_problem(self, progress: Any, part: Part) -> str | None:
+        if self.policy != "ready":
+            return "with policy='exact' a reader's placement follows from the items it yielded; states keep none"
+        assert isinstance(part, MixPart)
+        problem = placement_problem(progress, part.units.length, window=part.window, step=part.step, exact=False)
+        return None if problem is None else f"{problem[0]} {r.show(problem[1])}: {problem[2]}"
+
+    def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
+        """As :meth:`RecordDataset.position_after`; ``policy="exact"`` only (see the raise).
+
+        Raises:
+            ResumeStateError: ``policy="ready"`` places draws as they are read, so a count of
+                batches does not say which were handed out: save the dataset's own
+                ``state_dict`` (0 workers) or a torchdata ``StatefulDataLoader``'s state.
+        """
+        if self.policy == "ready":
+            raise ResumeStateError(
+                f"{self._where()}: with policy='ready' draws are placed as they are read, so the batches a loader "
+                "handed out do not give the position: save the dataset's state_dict() (0 workers), a torchdata "
+                "StatefulDataLoader's state, or use policy='exact'"
+            )
+        return super().position_after(batches, num_workers=num_workers, loader_batch_size=loader_batch_size)
 
     # -- statistics ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -470,222 +508,6 @@ class MixedDataset(ReaderDataset):
             handed=[int(x) for x in mixer.handed.tolist()],
             workers=0,
         )
-
-    # -- resume -------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """This reader's resume point: plain, JSON-serialisable values.
-
-        It holds ``kind``, ``version``, ``set_id`` (a digest of the sources'
-        set ids), ``epoch``, the settings that decide the plan, who this reader is,
-        the items it yielded and where its mix stands (which draws are placed, the
-        draws of the current window, and how many of its samples
-        were handed out).
-        """
-        who = self.reader()
-        state = self._state_header(who, self._iter_epoch if self._iter_epoch is not None else self.epoch)
-        state.update(self._settings(who.num_workers))
-        live = self._live
-        if live is not None and live["reader"] == (who.rank, who.worker, who.num_workers):
-            placement = live["mixer"].placement.to_state()
-            placement["offset"] -= self._unyielded
-            base = live["base"]
-        else:
-            placement, base = Placement().to_state(), None
-        state.update(yielded=self._yielded, base=base, placement=placement)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the current epoch from a state or a position; the next iteration starts there.
-
-        ``state`` is what :meth:`state_dict` returned (same ranks, workers and
-        settings: with ``policy="exact"`` exactly the rest of the epoch in the same
-        order, with ``"ready"`` every sample not yet handed out, once), or a
-        position from :func:`torchrecord.loader_position` (any world size and
-        number of workers: every sample not yet handed out, exactly once over the
-        new readers). Call :meth:`set_epoch` with the saved epoch first.
-
-        Raises:
-            ValueError: a state of other sources, of a later epoch, of a newer
-                state version, or of other weights, draw_size, seed or shuffle. A
-                state of an earlier epoch is ignored with a warning.
-        """
-        self._refresh_distributed()
-        self._resume = self._accept_state(
-            state,
-            kinds=(MIX_STATE_KIND, MIX_POSITION_KIND),
-            plan=self._settings(1),
-            plan_keys=("sizes", "counts", "rates", "draw_size", "seed", "shuffle"),
-            advice="resume with the same sources, weights, stop rule, draw_size, seed and shuffle",
-        )
-        if self._resume is not None:
-            try:
-                self._check_resume(self._resume, self.plan(), 0)
-            except ResumeStateError:
-                self._resume = None
-                raise
-
-    def _check_resume(self, state: Mapping[str, Any], plan: _mix_plan.MixPlan, depth: int) -> None:
-        """Every field of a state or position (and of the positions it rests on), against this dataset.
-
-        The settings must be this dataset's (the unit workers were cut on follows from them, the world
-        size and the number of workers); each reader named one of the run's, and each placement one its
-        units allow (:func:`~torchrecord._mix.resume.placement_problem`). Nothing is expanded before it
-        is checked against the reader's units.
-        """
-        r = _resume
-        where = self._where()
-        kind = str(state.get("kind")) if isinstance(state, Mapping) else "MixedDataset"
-        if depth > r.MAX_DEPTH:
-            r.refuse(where, kind, "base", "...", f"positions nest more than {r.MAX_DEPTH} deep")
-        if not isinstance(state, Mapping) or state.get("kind") != (MIX_POSITION_KIND if depth else state.get("kind")):
-            r.refuse(where, kind, "base", state, f"must be None or a {MIX_POSITION_KIND} position")
-        mine = self._settings(1)
-        rules: dict[str, r.Rule] = {key: r.anything for key in ("kind", "version", "set_id", "epoch")}
-        for key in ("sizes", "counts", "rates", "draw_size", "seed", "shuffle", "window", "drop_last", "batch_size"):
-            rules[key] = r.equal(mine[key], f"its {key}")
-        rules.update(
-            policy=r.equal(self.policy, "its policy"),
-            horizon=r.equal(self._horizon(), "its max_defer"),
-            world_size=r.integer(1, r.MAX_READERS),
-            num_workers=r.integer(1, r.MAX_READERS),
-            worker_unit=r.integer(1),
-            base=r.anything,
-        )
-        position = state.get("kind") == MIX_POSITION_KIND
-        if position:
-            rules["readers"] = r.rows(r.integer(0), r.integer(0), r.anything, names=("rank", "worker", "placement"))
-        else:
-            rules.update(rank=r.integer(0), worker=r.integer(0), yielded=r.integer(0), placement=r.anything)
-        # states saved before draw rates existed have no "rates": fine where this mix has none either
-        optional = ("rates",) if mine["rates"] is None else ()
-        r.check_state(state, rules, where=where, what=kind, optional=optional)
-        if depth:  # a base: the same set and epoch as the state resting on it
-            r.check_state(
-                state,
-                {"set_id": r.equal(self.set_id, "its set_id"), "epoch": r.equal(self.epoch, "its epoch")},
-                where=where,
-                what=kind,
-                every_key=False,
-                prefix="base.",
-            )
-        world, workers = int(state["world_size"]), int(state["num_workers"])
-        if world * workers > r.MAX_READERS:
-            r.refuse(where, kind, "num_workers", workers, f"{world} ranks x {workers} workers are too many readers")
-        per_rank = _partition.samples_per_rank(self.epoch_length, world, self.drop_last)
-        unit = _partition.worker_unit(per_rank, workers, self.batch_size, self.loader_batch_size)
-        if state["worker_unit"] != unit:
-            r.refuse(
-                where,
-                kind,
-                "worker_unit",
-                state["worker_unit"],
-                f"a run of this dataset on {world} ranks x {workers} workers cuts worker shares on {unit} samples",
-            )
-        base = state["base"]
-        if base is not None:
-            self._check_resume(base, plan, depth + 1)
-        if position:
-            same = world == self._distributed[1] and base is None
-            r.check_readers(
-                state["readers"],
-                world_size=world,
-                num_workers=workers,
-                where=where,
-                what=kind,
-                field="readers",
-                rank=self._distributed[0] if same else None,
-            )
-            readers = [(int(a), int(b), p) for a, b, p in state["readers"]]
-        else:
-            r.check_state(
-                state,
-                {
-                    "rank": r.integer(0, world - 1, what="the last rank of its world_size"),
-                    "worker": r.integer(0, workers - 1, what="the last worker of its num_workers"),
-                },
-                where=where,
-                what=kind,
-                every_key=False,
-            )
-            readers = [(int(state["rank"]), int(state["worker"]), state["placement"])]
-        for rank, worker, placement in readers:
-            units = _mix_resume.reader_units_of(
-                plan,
-                base,
-                rank=rank,
-                world_size=world,
-                worker=worker,
-                num_workers=workers,
-                drop_last=self.drop_last,
-                unit=unit,
-            )
-            problem = placement_problem(
-                placement,
-                units.length,
-                window=self._window(),
-                step=self.batch_size or _SAMPLE_MODE_BATCH,
-                exact=self._horizon() == 1,
-            )
-            if problem:
-                field, value, reason = problem
-                r.refuse(
-                    where,
-                    kind,
-                    field if not position else f"readers (rank {rank}, worker {worker}) {field}",
-                    value,
-                    reason,
-                )
-            if not position and state["yielded"] > int(units.length.sum()):
-                r.refuse(
-                    where,
-                    kind,
-                    "yielded",
-                    state["yielded"],
-                    f"the reader's units hold {int(units.length.sum())} samples",
-                )
-
-    def _where(self) -> str:
-        return f"MixedDataset of {len(self.sources)} sources ({self.names[0]}, ...)"
-
-    def _resume_point(self, plan: _mix_plan.MixPlan, who: Reader) -> tuple[Any, Placement, int, _mix_plan.Units]:
-        """(base position, placement, items yielded, units) of this reader under the loaded resume point (used once)."""
-        resume, self._resume = self._resume, None
-        rank, worker, num_workers = who.rank, who.worker, who.num_workers
-        base: dict[str, Any] | None = None
-        placement, yielded = Placement(), 0
-        if resume is not None and int(resume["epoch"]) == self.epoch:
-            same = all(resume.get(k) == v for k, v in self._settings(num_workers).items())
-            if resume["kind"] == MIX_STATE_KIND:
-                if not (same and (resume["rank"], resume["worker"]) == (rank, worker)):
-                    raise ResumeStateError(
-                        f"{self._where()}: this state belongs to rank {resume['rank']} worker {resume['worker']} of "
-                        f"{resume['world_size']} ranks x {resume['num_workers']} workers with its settings, not to "
-                        f"rank {rank} worker {worker} of {who.world_size} x {num_workers}: merge the states of every "
-                        "reader with torchrecord.loader_position(...) and load that position instead"
-                    )
-                base, placement, yielded = (
-                    resume.get("base"),
-                    Placement.from_state(resume["placement"]),
-                    int(resume["yielded"]),
-                )
-            else:
-                assert resume["kind"] == MIX_POSITION_KIND
-                mine = [p for r, w, p in resume["readers"] if (r, w) == (rank, worker)]
-                if same and resume.get("base") is None and mine:
-                    placement = Placement.from_state(mine[0])
-                else:
-                    base = resume
-        units = reader_units_of(
-            plan,
-            base,
-            rank=rank,
-            world_size=who.world_size,
-            worker=worker,
-            num_workers=num_workers,
-            drop_last=self.drop_last,
-            unit=self._unit(num_workers),
-        )
-        return base, placement, yielded, units
 
 
 def _chunk_of(picked: Picked) -> tuple[Any, bool]:

@@ -39,112 +39,19 @@ again). Resuming rebuilds the current window from its units and continues; with
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from torchrecord._mix.placement import Placement
 from torchrecord._mix.readahead import ReadAhead
 from torchrecord._mix.source import Chunk, Source
-from torchrecord.errors import ArgumentError
+from torchrecord._order.mix_parts import window_target
 
-__all__ = ["Mixer", "Picked", "Placement", "compress", "expand", "window_target"]
+__all__ = ["Mixer", "Picked"]
 
 Run = tuple[int, int]
-
-
-def compress(indices: Sequence[int]) -> list[list[int]]:
-    """Indices as runs [a, b) of consecutive ascending values, in their order."""
-    out: list[list[int]] = []
-    for i in indices:
-        if out and out[-1][1] == i:
-            out[-1][1] = i + 1
-        else:
-            out.append([int(i), int(i) + 1])
-    return out
-
-
-def expand(runs: Sequence[Sequence[int]]) -> list[int]:
-    """The indices of :func:`compress`'s runs, in order."""
-    return [i for a, b in runs for i in range(int(a), int(b))]
-
-
-def window_target(j: int, window: int, step: int) -> int:
-    """Samples window ``j`` holds at least: ``step`` at first, about half more per window, then ``window``.
-
-    The ramp-up is a pure function (a resume point stores no sizes): multiples
-    ``m * step`` with ``m`` = 1, 2, 3, 4, 6, 9, 13, ... (each ``m + m // 2``,
-    at least ``m + 1``), capped at ``window``. ``step`` is the chunk the mixer
-    hands out (the batch size); a step at or above ``window`` means no ramp.
-    """
-    if j < 0:
-        raise ArgumentError(f"window index must be >= 0, got {j}")
-    window = max(1, int(window))
-    step = max(1, min(int(step), window))
-    m = 1
-    for _ in range(j):
-        if m * step >= window:
-            break
-        m += max(1, m // 2)
-    return min(window, m * step)
-
-
-@dataclass
-class Placement:
-    """Where a reader's mix stands (see the module docstring).
-
-    Attributes:
-        window: index of the current window (-1 before the first).
-        members: its units, in planned order.
-        offset: its samples handed out.
-        prefix: units [0, prefix) are all placed.
-        extra: units past ``prefix`` that are placed.
-    """
-
-    window: int = -1
-    members: list[int] = field(default_factory=list)
-    offset: int = 0
-    prefix: int = 0
-    extra: set[int] = field(default_factory=set)
-
-    def to_state(self) -> dict[str, Any]:
-        """Plain, JSON-serialisable values."""
-        return {
-            "window": self.window,
-            "members": compress(self.members),
-            "offset": self.offset,
-            "prefix": self.prefix,
-            "extra": compress(sorted(self.extra)),
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Placement:
-        return cls(
-            int(state["window"]),
-            expand(state["members"]),
-            int(state["offset"]),
-            int(state["prefix"]),
-            set(expand(state["extra"])),
-        )
-
-    def place(self, i: int) -> None:
-        if i == self.prefix:
-            self.prefix += 1
-            while self.prefix in self.extra:
-                self.extra.discard(self.prefix)
-                self.prefix += 1
-        else:
-            self.extra.add(i)
-
-    def unplaced(self, count: int) -> list[int]:
-        """The units not placed yet, in planned order."""
-        rest = np.arange(self.prefix, count, dtype=np.int64)
-        if self.extra:
-            keep = np.ones(len(rest), bool)
-            keep[[i - self.prefix for i in self.extra if i < count]] = False
-            rest = rest[keep]
-        out: list[int] = rest.tolist()
-        return out
 
 
 @dataclass

@@ -36,7 +36,8 @@ import numpy as np
 
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import Field, Schema
-from torchrecord._read.reader import Share, ShareReader, split_runs
+from torchrecord._order.share import Share
+from torchrecord._read.reader import ShareReader, split_runs
 from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.checked import Check, checks_crc, parse_check
 from torchrecord._store.forkgate import lmdb_calls
@@ -162,7 +163,6 @@ class FileSource(Source):
         check = parse_check(check)
         self.file: RecordSet = open_set(file, check=check)
         self.verify = checks_crc(check)
-        self._layout: tuple[FixedLayout | None] | None = None
         self._info: SourceInfo | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -187,9 +187,7 @@ class FileSource(Source):
 
     def layout(self) -> FixedLayout | None:
         """The set's fixed layout, or None when its schema is not fixed."""
-        if self._layout is None:
-            self._layout = (FixedLayout.of_file(self.file),)
-        return self._layout[0]
+        return self.file.fixed_layout()
 
     def open(self) -> None:
         with _OPEN_LOCK, lmdb_calls():
@@ -210,7 +208,7 @@ class FileSource(Source):
             layout = self.layout()
             if layout is None:
                 raise ArgumentError(f"{file.path}: the set's schema is not fixed; it cannot be read as columns")
-            share = Share(tuple(runs), 0, 0, 0, 0, shuffle=False, window=max(1, n))
+            share = Share.in_order(tuple(runs))
             # no read-ahead hints: their thread would be joined inside this read, which a fork waits for
             reader = ShareReader(file, share, layout=layout, verify=self.verify, advise=False)
             typed = next(reader.chunks(max(1, n)), None)
@@ -218,7 +216,7 @@ class FileSource(Source):
                 return Chunk(0, columns=[np.zeros((0, *(d or 0 for d in f.shape))) for f in layout.fields])
             return Chunk(n, columns=typed, nbytes=sum(int(c.nbytes) for c in typed))
         if file.samples_per_record > 1:
-            share = Share(tuple(runs), 0, 0, 0, 0, shuffle=False, window=max(1, n))
+            share = Share.in_order(tuple(runs))
             reader = ShareReader(file, share, layout=None, verify=self.verify, advise=False)
             samples = list(next(reader.chunks(max(1, n)), []))
             return Chunk(n, samples=samples, nbytes=n * self.describe().bytes_per_sample)

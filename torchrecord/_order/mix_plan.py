@@ -345,22 +345,25 @@ def order_block(size: int, block: int, samples_per_record: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _source_order(size: int, block: int, seed: int, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    starts = _partition.block_order(size, block, seed, q, True)
+def _source_order(
+    size: int, block: int, seed: int, q: int, shuffle: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    starts = _partition.block_order(size, block, seed, q, shuffle)
     lengths = np.minimum(starts + block, size) - starts
     return starts, lengths, np.cumsum(lengths)
 
 
-def stream_runs(size: int, block: int, seed: int, lo: int, hi: int) -> list[Run]:
+def stream_runs(size: int, block: int, seed: int, lo: int, hi: int, shuffle: bool = True) -> list[Run]:
     """The sample runs of stream positions [lo, hi) of a source of ``size`` samples (see step 3).
 
-    ``block`` is the source's :func:`order_block`, ``seed`` its :func:`source_seed`.
+    ``block`` is the source's :func:`order_block`, ``seed`` its :func:`source_seed`; without
+    ``shuffle`` every pass over the source reads it in stored order.
     """
     runs: list[Run] = []
     while lo < hi:
         q, a = divmod(lo, size)
         b = min(a + hi - lo, size)
-        starts, lengths, ends = _source_order(size, block, seed, q)
+        starts, lengths, ends = _source_order(size, block, seed, q, shuffle)
         i = int(np.searchsorted(ends, a, side="right"))
         pos = a
         while pos < b:

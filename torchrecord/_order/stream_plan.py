@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from torchrecord._order.plan import EpochPlan, Reader
 from torchrecord.errors import ArgumentError
 
-__all__ = ["Cells", "StreamPlan", "plan_streams"]
+__all__ = ["Cells", "StreamEpochPlan", "StreamPlan", "Steps", "plan_streams"]
 
 _TAG = 0x73747265  # "stre"
 
@@ -191,3 +193,51 @@ def plan_streams(
         total -= total % steps  # whole batches only: the frames of a partial last batch are dropped too
     dropped = int(np.maximum(lengths - total, 0).sum())
     return StreamPlan(offsets, order, lengths, total, dropped)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """One stream reader's part: the positions ``rank * steps + t`` of the batches ``t`` it builds, in order."""
+
+    steps: np.ndarray
+    offset: int
+
+    @property
+    def size(self) -> int:
+        return len(self.steps)
+
+    def positions(self) -> np.ndarray:
+        return self.steps + self.offset
+
+    def first(self, n: int, progress: Any = None) -> np.ndarray:
+        return self.steps[:n] + self.offset
+
+    def batches(self, start: int = 0) -> list[int]:
+        """The batch indices this reader builds from its ``start``-th on."""
+        out: list[int] = self.steps[start:].tolist()
+        return out
+
+
+@dataclass(frozen=True)
+class StreamEpochPlan(EpochPlan):
+    """A stream epoch's batches over every reader: worker w of n builds batches t with ``t % n == w``.
+
+    Positions are ``rank * steps + t``: each rank plays its own streams. The rest of a
+    position is dealt out the same way, batch by batch in order, so a DataLoader (which
+    takes one batch from each worker in turn) yields the rest in order, on any number of
+    workers.
+    """
+
+    steps: int
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return ("stream", self.steps)
+
+    def part(self, reader: Reader, rest: np.ndarray | None = None) -> Steps:
+        offset = reader.rank * self.steps
+        if rest is None:
+            mine = np.arange(self.steps, dtype=np.int64)
+        else:
+            mine = rest[(rest >= offset) & (rest < offset + self.steps)] - offset
+        return Steps(mine[reader.worker :: reader.num_workers], offset)

@@ -14,7 +14,7 @@ from typing import Any
 
 from torchrecord._order import partition as _partition
 
-__all__ = ["calling_loader", "loader_problem"]
+__all__ = ["calling_loader", "loader_batches_again", "loader_problem"]
 
 
 def calling_loader(dataset: Any) -> Any:
@@ -33,6 +33,25 @@ def calling_loader(dataset: Any) -> Any:
             return None
         loader = frame.f_locals.get("self")
         return loader if getattr(loader, "dataset", None) is dataset else None
+    finally:
+        del frame
+
+
+def loader_batches_again() -> bool:
+    """Is a DataLoader that collates the dataset's items into batches calling the dataset's ``__iter__``?
+
+    A DataLoader over an IterableDataset makes ``iter(dataset)`` in its fetcher's
+    ``__init__`` (in the main process, or in each worker), with ``auto_collation``
+    set when the loader has a ``batch_size``: recognised by shape, as in
+    :func:`calling_loader`.
+    """
+    try:
+        frame = sys._getframe(2)  # 0: here, 1: dataset.__iter__, 2: its caller
+    except ValueError:
+        return False
+    try:
+        fetcher = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
+        return bool(getattr(fetcher, "auto_collation", False)) and hasattr(fetcher, "collate_fn")
     finally:
         del frame
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from torchrecord._core.kinds import check_bools
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.wire import WireDecoder
 from torchrecord._order import windows as _order
+from torchrecord._order.share import Share
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
 from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
@@ -42,37 +42,6 @@ __all__ = ["LocalRun", "Share", "ShareReader", "split_runs"]
 Run = tuple[int, int]
 #: (shard, start, stop): a run of sample indices inside one shard
 LocalRun = tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class Share:
-    """What one reader reads in one epoch, and the identity its order is seeded from.
-
-    Attributes:
-        runs: runs [start, stop) of sample indices, in visiting order.
-        seed, epoch, rank, worker: seed the per-window permutations.
-        shuffle: permute each window (False: visit the runs in order).
-        window: samples per window.
-    """
-
-    runs: tuple[Run, ...]
-    seed: int
-    epoch: int
-    rank: int
-    worker: int
-    shuffle: bool
-    window: int
-
-    @property
-    def total(self) -> int:
-        """Samples in the share."""
-        return sum(stop - start for start, stop in self.runs)
-
-    def order(self, j: int, n: int) -> np.ndarray | None:
-        """The permutation of window ``j`` (``n`` samples), or None to keep run order."""
-        if not self.shuffle:
-            return None
-        return _order.window_order(n, seed=self.seed, epoch=self.epoch, rank=self.rank, worker=self.worker, window=j)
 
 
 class ShareReader:

@@ -7,7 +7,7 @@ Both read a set written by ``torchrecord.convert.from_robomimic`` through
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -15,35 +15,22 @@ from torch.utils.data import Dataset
 
 from torchrecord._core.structure import flatten, unflatten
 from torchrecord._order import partition as _partition
-from torchrecord._order import windows as _order
+from torchrecord._order.plan import Part, Reader
+from torchrecord._order.share import Share, SharePlan
 from torchrecord._order.window_plan import WindowSpec
-from torchrecord._read import resume as _resume
 from torchrecord._read.base import ReaderDataset
 from torchrecord._read.items import Items
+from torchrecord._read.state import Start
 from torchrecord._robomimic.windows import RoboWindows
 from torchrecord._shards.open import SetLike
 from torchrecord._store.checked import Check, parse_check
-from torchrecord.errors import ArgumentError, IndexOutOfRangeError, ResumeStateError
+from torchrecord.errors import ArgumentError, IndexOutOfRangeError
 
 __all__ = ["SequenceDataset", "WindowDataset"]
 
 _UNSET: Any = object()
 #: The ``kind`` of a WindowDataset state.
 STATE_KIND = "torchrecord.WindowDataset"
-#: What must match for a state to resume: the plan of the epoch and the windows.
-_PLAN_KEYS = (
-    "windows",
-    "window_spec",
-    "seed",
-    "shuffle",
-    "batch_size",
-    "drop_last",
-    "block_size",
-    "buffer",
-    "world_size",
-    "num_workers",
-    "worker_unit",
-)
 #: A WindowDataset reads at most about this many bytes of frames from the file per shuffle buffer.
 BUFFER_BYTES = 64 << 20
 
@@ -285,13 +272,22 @@ class WindowDataset(ReaderDataset):
             load_next_obs=load_next_obs,
             check=self.check,
         )
-        self._resume: dict[tuple[int, int], int] | None = None  # (worker, num_workers) -> items yielded
-        self._yielded = 0
         self._set_id_cache: str | None = None
         self.core.store.fill()  # in this process: fork workers share it
 
     # -- configuration ------------------------------------------------------
     STATE_KIND = STATE_KIND
+    PLAN_KEYS: ClassVar[Mapping[str, str]] = {
+        "windows": "its windows",
+        "window_spec": "its frame_stack, seq_length and padding",
+        "seed": "its seed",
+        "shuffle": "its shuffle",
+        "batch_size": "its batch_size",
+        "drop_last": "its drop_last",
+        "block_size": "its block size",
+        "window": "its shuffle buffer, in windows",
+        "loader_batch_size": "its loader_batch_size",
+    }
 
     def _set_id(self) -> str:
         if self._set_id_cache is None:
@@ -314,10 +310,6 @@ class WindowDataset(ReaderDataset):
         """Windows in the whole set for these parameters (= ``len(SequenceDataset(...))``)."""
         return len(self.core)
 
-    def _world(self) -> tuple[int, int]:
-        self._refresh_distributed()
-        return self._distributed
-
     def __repr__(self) -> str:
         spec = self.core.spec
         return (
@@ -328,60 +320,62 @@ class WindowDataset(ReaderDataset):
     # -- the plan -------------------------------------------------------------------
     def buffer_windows(self) -> int:
         """Windows mixed (and read) at a time by one reader."""
-        store = self.core.store
-        frame = sum(
-            int(np.prod(store.shape(n), dtype=np.int64)) * store.dtype(n).itemsize for n in self.core.file_fields
-        )
+        frame = self._frame_bytes()
         cap = BUFFER_BYTES // frame if frame else self.shuffle_buffer
         return int(max(self.batch_size or 1, min(self.shuffle_buffer, cap)))
+
+    def _epoch_plan(self) -> SharePlan:
+        count = len(self.core)
+        return SharePlan(
+            count=count,
+            block_size=self.block_size or _partition.auto_block_size(count),
+            window=self.buffer_windows(),
+            seed=int(self.seed),
+            epoch=self.epoch,
+            shuffle=bool(self.shuffle),
+            drop_last=bool(self.drop_last),
+            batch_size=self.batch_size,
+            loader_batch_size=self.loader_batch_size,
+        )
+
+    def _plan_keys(self) -> dict[str, Any]:
+        plan, spec = self._epoch_plan(), self.core.spec
+        return {
+            "windows": plan.count,
+            "window_spec": [spec.frame_stack, spec.seq_length, spec.pad_frame_stack, spec.pad_seq_length],
+            "seed": plan.seed,
+            "shuffle": plan.shuffle,
+            "batch_size": plan.batch_size,
+            "drop_last": plan.drop_last,
+            "block_size": plan.block_size,
+            "window": plan.window,
+            "loader_batch_size": plan.loader_batch_size,
+        }
 
     def reader_windows(self, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
         """The window indices one reader visits this epoch, buffer by buffer, in order (a pure plan).
 
         ``worker`` of ``num_workers`` names the reader (DataLoader workers of this rank).
         """
-        rank, world = self._world()
-        count = len(self.core)
-        block = self.block_size or _partition.auto_block_size(count)
-        runs = _partition.reader_runs(
-            count,
-            block_size=block,
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=self.shuffle,
-            rank=rank,
-            world_size=world,
-            worker=worker,
-            num_workers=num_workers,
-            drop_last=self.drop_last,
-            unit=self._unit(num_workers),
+        self._refresh_distributed()
+        rank, world = self._distributed
+        return list(self._epoch_plan().part(Reader(rank, world, worker, num_workers)).windows())
+
+    def _frame_bytes(self) -> int:
+        """The stored bytes of one frame of the fields read."""
+        store = self.core.store
+        return sum(
+            int(np.prod(store.shape(n), dtype=np.int64)) * store.dtype(n).itemsize for n in self.core.file_fields
         )
-        total = sum(b - a for a, b in runs)
-        size = self.buffer_windows()
-        out = []
-        for j in range(-(-total // size)):
-            part = _order.slice_runs(runs, j * size, min(total, (j + 1) * size))
-            index = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in part])
-            if self.shuffle:
-                order = _order.window_order(
-                    len(index), seed=self.seed, epoch=self.epoch, rank=rank, worker=worker, window=j
-                )
-                index = index[order]
-            out.append(index)
-        return out
+
+    def _batch_bytes(self) -> int | None:
+        frames = self.core.spec.frame_stack - 1 + self.core.spec.seq_length
+        return (self.batch_size or 1) * frames * self._frame_bytes()
 
     # -- iteration --------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
-        return self._handed_over(self._iter_items())
-
-    def _iter_items(self) -> Iterator[Any]:
-        who = self.reader()
-        worker, workers = who.worker, who.num_workers
-        self._yielded = 0
-        if self._resume is not None:  # a loaded resume point: used by this iteration only
-            resume, self._resume = self._resume, None
-            self._yielded = resume.get((worker, workers), 0)
-        skip = self._yielded * (self.batch_size or 1)  # windows already handed out this epoch
+    def _read(self, start: Start, part: Part) -> Iterator[Any]:
+        assert isinstance(part, Share)
+        first, skip = divmod(start.yielded * (self.batch_size or 1), part.window)  # windows handed out already
         step = self.batch_size or 256
         items = Items(
             self.core.path,
@@ -395,18 +389,15 @@ class WindowDataset(ReaderDataset):
         )
         pending: list[dict[str, Any]] = []
         held = 0
-        for index in self.reader_windows(worker, workers):
-            if skip >= len(index):
-                skip -= len(index)
-                continue
+        for index in part.windows(first):
             index, skip = index[skip:], 0
             leaves = self.core.leaves(index)
             block = self.core.block(leaves)
             at = 0
             while at < len(index):
                 n = min(step - held, len(index) - at)
-                part = [lf.select(slice(at, at + n)) for lf in leaves]
-                pending.append(self.core.assemble(part, block))
+                part_leaves = [lf.select(slice(at, at + n)) for lf in leaves]
+                pending.append(self.core.assemble(part_leaves, block))
                 held += n
                 at += n
                 if held == step:
@@ -421,101 +412,12 @@ class WindowDataset(ReaderDataset):
         tensors = [torch.from_numpy(a) for a in leaves]
         count = len(tensors[0]) if tensors else 0
         windows: Iterator[Any] = (unflatten(tree, [t[i] for t in tensors]) for i in range(count))
-        if self.batch_size is not None:
-            if self.transform is None and self.collate_fn is None:
-                batch = unflatten(tree, tensors)  # the windows, already stacked
-                out: Iterator[Any] = iter([items.finish(batch)])
-            else:
-                out = iter([items.batch(list(windows), False)])
+        if self.batch_size is None:
+            yield from items.samples(windows, False)
+        elif self.transform is None and self.collate_fn is None:
+            yield items.finish(unflatten(tree, tensors))  # the windows, already stacked
         else:
-            out = items.samples(windows, False)
-        for item in out:
-            self._yielded += 1
-            yield item
-
-    # -- resume -------------------------------------------------------------------------
-    def _plan_state(self) -> dict[str, Any]:
-        spec = self.core.spec
-        return {
-            "windows": len(self.core),
-            "window_spec": [spec.frame_stack, spec.seq_length, spec.pad_frame_stack, spec.pad_seq_length],
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "block_size": self.block_size,
-            "buffer": self.buffer_windows(),
-            "world_size": self._world()[1],
-        }
-
-    def _plan_of(self, num_workers: int) -> dict[str, Any]:
-        return {**self._plan_state(), "num_workers": num_workers, "worker_unit": self._unit(num_workers)}
-
-    def state_dict(self) -> dict[str, Any]:
-        """This reader's position: items yielded this epoch, who it is, and the plan (small, plain values)."""
-        who = self.reader()
-        state = self._state_header(who, self.epoch)
-        state["yielded"] = self._yielded
-        state.update(self._plan_of(who.num_workers))
-        return state
-
-    def load_state_dict(self, state: Any) -> None:
-        """Resume the epoch from a state (or any nesting of the states of several workers).
-
-        The next iteration of each worker continues after the items its state
-        says it yielded. Call :meth:`set_epoch` with the saved epoch first.
-        Raises ValueError for another set, a later epoch, a newer state version,
-        or other settings, ranks or windows (the order would differ).
-        """
-        found = list(_resume.find_states(state, (STATE_KIND,)))
-        if not found:
-            raise ResumeStateError(f"{self.core.path}: no WindowDataset state found in what was given")
-        resume: dict[tuple[int, int], int] = {}
-        for s in found:
-            saved = s.get("num_workers")
-            kept = self._accept_state(
-                s,
-                plan=self._plan_of(saved if isinstance(saved, int) and saved >= 1 else 1),
-                plan_keys=_PLAN_KEYS,
-                advice="resume with the same windows, settings and world size",
-            )
-            if kept is None:
-                continue
-            self._check_resume(kept)
-            if kept.get("rank") == self._world()[0]:
-                resume[(int(kept["worker"]), int(kept["num_workers"]))] = int(kept["yielded"])
-        self._resume = resume or None
-
-    def _check_resume(self, state: Mapping[str, Any]) -> None:
-        """Every field of an accepted state against this dataset (states are untrusted input)."""
-        r = _resume
-        where, kind = self._where(), STATE_KIND
-        rank, world = self._world()
-        saved = state.get("num_workers")
-        plan = self._plan_of(int(saved) if r.is_int(saved) and 1 <= saved <= r.MAX_READERS else 1)
-        rules: dict[str, r.Rule] = {key: r.anything for key in ("kind", "version", "set_id", "epoch")}
-        rules.update({key: r.equal(plan[key], f"its {key}") for key in (*_PLAN_KEYS, "worker_unit")})
-        rules.update(
-            num_workers=r.integer(1, r.MAX_READERS),
-            rank=r.integer(0, world - 1, what="the last rank of its world"),
-            worker=r.integer(0, r.MAX_READERS),
-            yielded=r.integer(0),
-        )
-        r.check_state(state, rules, where=where, what=kind)
-        workers = int(state["num_workers"])
-        if state["worker"] >= workers:
-            r.refuse(where, kind, "worker", state["worker"], f"must be below its num_workers, {workers}")
-        if state["rank"] == rank:
-            held = sum(len(i) for i in self.reader_windows(int(state["worker"]), workers))
-            most = r.reader_items(held, self.batch_size, self.drop_last)
-            if state["yielded"] > most:
-                r.refuse(
-                    where,
-                    kind,
-                    "yielded",
-                    state["yielded"],
-                    f"the reader's share of the epoch holds {most} {'batches' if self.batch_size else 'windows'}",
-                )
+            yield items.batch(list(windows), False)
 
     @property
     def records_read(self) -> int:

@@ -19,7 +19,7 @@ kept outside the samples), when the store is given them.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from torchrecord._core import dtypes as _dtypes
-from torchrecord._core.layout import FixedLayout
 from torchrecord._core.structure import flatten
-from torchrecord._read.reader import Share, ShareReader
+from torchrecord._order.plan import runs_of
+from torchrecord._order.share import Share
+from torchrecord._read.reader import ShareReader
 from torchrecord._robomimic.episodes import FinalFrames
 from torchrecord._store.record_set import RecordSet
 
@@ -43,11 +44,7 @@ Run = tuple[int, int]
 
 def record_runs_of(records: np.ndarray) -> tuple[Run, ...]:
     """Runs [start, stop) of consecutive indices in sorted, unique ``records``."""
-    if not len(records):
-        return ()
-    breaks = np.flatnonzero(np.diff(records) != 1) + 1
-    bounds = np.concatenate(([0], breaks, [len(records)]))
-    return tuple((int(records[a]), int(records[e - 1]) + 1) for a, e in itertools.pairwise(bounds))
+    return tuple(runs_of(records))
 
 
 @dataclass
@@ -91,13 +88,12 @@ class FrameStore:
         self.size = self.samples + (finals.demos if finals is not None else 0)  # indices: samples, then finals
         self.cache_records = np.asarray(cache_records, dtype=np.int64)
         self.fields = {f.name: i for i, f in enumerate(file.schema.fields)}
-        self._layout: tuple[FixedLayout | None] | None = None
         self._cache: dict[str, np.ndarray] | None = None
         self._row_of: np.ndarray | None = None
         self.records_read = 0  # records this process read from the file
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": None, "_row_of": None, "_layout": None, "records_read": 0}
+        return {**self.__dict__, "_cache": None, "_row_of": None, "records_read": 0}
 
     # -- shapes -------------------------------------------------------------------
     def shape(self, name: str) -> tuple[int, ...]:
@@ -186,10 +182,8 @@ class FrameStore:
 
     def _read_stored(self, runs: tuple[Run, ...], names: Sequence[str], step: int) -> Iterable[dict[str, np.ndarray]]:
         file = self.file
-        if self._layout is None:
-            self._layout = (FixedLayout.of_file(file),)
-        layout = self._layout[0]
-        share = Share(runs, 0, 0, 0, 0, shuffle=False, window=step)
+        layout = file.fixed_layout()
+        share = dataclasses.replace(Share.in_order(runs), window=step)
         reader = ShareReader(file, share, layout=layout, verify=self.verify)
         try:
             for chunk in reader.chunks(step):

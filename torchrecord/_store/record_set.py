@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import Schema
 from torchrecord._store.subset import position as subset_position
 from torchrecord._store.summary import WriteSummary
@@ -156,6 +157,18 @@ class RecordSet(abc.ABC):
     @abc.abstractmethod
     def __len__(self) -> int:
         """Samples in the set (in its subset, if it has one)."""
+
+    def fixed_layout(self) -> FixedLayout | None:
+        """The fixed byte layout every record of the set shares, or None (not a fixed schema).
+
+        Worked out once per set and process (it probes the first record's shape against the
+        set's size); it does not travel when the set is pickled.
+        """
+        key = (self.set_id, self.samples_per_record)
+        cached: tuple[Any, FixedLayout | None] | None = self.__dict__.get("_fixed_layout")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_fixed_layout"] = (key, FixedLayout.of_file(self))
+        return cached[1]
 
     @property
     def subset(self) -> range | np.ndarray | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -12,23 +11,23 @@ import torch
 from torchrecord._core.kinds import as_tensor, split_columns
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.structure import first_difference, flatten, unflatten
-from torchrecord._order.stream_plan import Cells, StreamPlan, plan_streams
-from torchrecord._read import resume as _resume
-from torchrecord._read.base import ReaderDataset, current_worker, in_worker
-from torchrecord._read.ipc import for_parent
+from torchrecord._order.plan import Part, Reader, runs_of
+from torchrecord._order.share import Share
+from torchrecord._order.stream_plan import Cells, Steps, StreamEpochPlan, StreamPlan, plan_streams
+from torchrecord._read.base import ReaderDataset
 from torchrecord._read.items import add_note
-from torchrecord._read.reader import Share, ShareReader
+from torchrecord._read.reader import ShareReader
 from torchrecord._read.record_block import RecordBlock
+from torchrecord._read.state import Start
 from torchrecord._shards.open import SetLike, open_set
 from torchrecord._store.checked import Check, checks_crc
 from torchrecord._store.fastread import FixedWindowReader
 from torchrecord._store.record_set import RecordSet
-from torchrecord.errors import ArgumentError, ResumeStateError, SchemaError
+from torchrecord.errors import ArgumentError, SchemaError
 
 __all__ = ["StreamDataset"]
 
 STATE_KIND = "torchrecord.StreamDataset"
-_PLAN_KEYS = ("seed", "shuffle", "drop_last", "streams", "batch_size", "steps")
 
 
 class StreamDataset(ReaderDataset):
@@ -84,7 +83,6 @@ class StreamDataset(ReaderDataset):
     """
 
     STATE_KIND = STATE_KIND
-    RETIRED_STATE_KEYS: ClassVar[Mapping[str, str]] = {"tail": "drop_last"}
 
     def __init__(
         self,
@@ -124,8 +122,6 @@ class StreamDataset(ReaderDataset):
         self.file.close()
         self.steps = int(steps)
         self._plan_cache: tuple[tuple[int, int], StreamPlan] | None = None
-        self._resume: dict[str, Any] | None = None
-        self._next_step = 0
         self.records_read = 0  # records this process read (for tests and benchmarks)
         self._template: Any = None  # a transformed frame, to shape batches that hold padding only
 
@@ -197,46 +193,53 @@ class StreamDataset(ReaderDataset):
             return f"{self.file.path}: StreamDataset needs in-order delivery: DataLoader(..., in_order=True)"
         return None
 
-    # -- iteration ------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
-        worker, workers = current_worker()
-        resume, self._resume = self._resume, None
-        if resume is None:
-            return self.batches(worker, workers)
-        if (resume["worker"], resume["num_workers"]) == (worker, workers):
-            # this worker's own saved state (torchdata loads each worker's copy with its own and
-            # restores the loader's rotation): go on with exactly the step it would build next
-            return self.batches(worker, workers, first=resume["step"])
-        # a merged position: a fresh DataLoader's rotation starts at worker 0 and step `step`
-        return self.batches(worker, workers, start=resume["step"])
+    # -- the contract -----------------------------------------------------------
+    PLAN_KEYS: ClassVar[Mapping[str, str]] = {
+        "seed": "its seed",
+        "shuffle": "its shuffle",
+        "drop_last": "its drop_last",
+        "streams": "its streams (world size x batch_size)",
+        "batch_size": "its batch_size",
+        "steps": "its steps",
+    }
 
-    def batches(
-        self, worker: int = 0, num_workers: int = 1, start: int = 0, *, first: int | None = None
-    ) -> Iterator[dict[str, Any]]:
-        """One worker's part: batches ``start + worker``, ``start + worker + num_workers``, ... in order.
+    def _plan_keys(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "streams": self._world()[1] * self.batch_size,
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+        }
+
+    def _epoch_plan(self) -> StreamEpochPlan:
+        return StreamEpochPlan(len(self))
+
+    def _read(self, start: Start, part: Part) -> Iterator[Any]:
+        assert isinstance(part, Steps)
+        for _, batch in self._build_steps(part.batches(start.yielded)):
+            yield batch
+
+    def batches(self, worker: int = 0, num_workers: int = 1) -> Iterator[dict[str, Any]]:
+        """One worker's part of this rank's epoch: batches ``worker``, ``worker + num_workers``, ... in order.
 
         A DataLoader takes one batch from each worker in turn, so the workers'
-        parts interleave back into batches ``start, start + 1, ...``. ``first``
-        overrides the first step (a worker resuming its own saved state).
+        parts interleave back into batches ``0, 1, ...``.
         """
-        if first is None:
-            first = start + worker
-        # set now, not when the generator first runs: a StatefulDataLoader asks a worker for its
-        # state before that worker has built anything (worker 1 after the loader's first batch)
-        self._next_step = first
-        return self._batches_from(first, num_workers)
+        rank, world = self._world()
+        part = self._epoch_plan().part(Reader(rank, world, worker, num_workers))
+        for _, batch in self._build_steps(part.batches()):
+            yield batch
 
-    def _batches_from(self, first: int, num_workers: int) -> Iterator[dict[str, Any]]:
-        in_a_worker = in_worker()
-        for t, batch in self._build_steps(range(first, len(self), num_workers)):
-            self._next_step = t + num_workers
-            yield for_parent(batch) if in_a_worker else batch
+    def _batch_bytes(self) -> int | None:
+        return self._frames_bytes(self.file.fixed_layout())
 
     def _build_steps(self, steps: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(t, batch t)`` for the batch indices ``steps``, in that order, read a group of batches at a time."""
         plan = self.plan()
         streams = self._streams()
-        layout = FixedLayout.of_file(self.file)
+        layout = self.file.fixed_layout()
         per_read = self._batches_per_read(layout)
         reader: FixedWindowReader | None = None  # recycles its window buffer from group to group
         i = 0
@@ -267,9 +270,9 @@ class StreamDataset(ReaderDataset):
         spreads the per-read costs (one lookup of their cells, one sort of their
         records) over many batches, which is what makes ``steps=1`` fast.
         """
-        return int(max(1, min(64, (8 << 20) // self._batch_bytes(layout))))
+        return int(max(1, min(64, (8 << 20) // self._frames_bytes(layout))))
 
-    def _batch_bytes(self, layout: FixedLayout | None) -> int:
+    def _frames_bytes(self, layout: FixedLayout | None) -> int:
         """The stored bytes of one batch's frames (16 KB a frame where the layout is not fixed)."""
         frame_bytes = layout.length // max(1, layout.rows) if layout is not None else 16 << 10
         return max(1, frame_bytes * self.batch_size * self.steps)
@@ -346,7 +349,7 @@ class StreamDataset(ReaderDataset):
         """
         every = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
         order = np.argsort(every, kind="stable")
-        chunk = self._read(every[order])
+        chunk = self._read_stored(every[order])
         position = np.empty(len(every), np.int64)
         position[order] = np.arange(len(every), dtype=np.int64)
         out: list[Any] = []
@@ -357,94 +360,15 @@ class StreamDataset(ReaderDataset):
             out.append([chunk[j] for j in rows.tolist()])
         return out
 
-    def _read(self, samples: np.ndarray) -> list[Any]:
+    def _read_stored(self, samples: np.ndarray) -> list[Any]:
         """The stored samples ``samples`` (sorted) through the read layer: one cursor seek per run."""
         if not len(samples):  # every cell is padding (this rank's streams have ended)
             return []
-        breaks = np.flatnonzero(np.diff(samples) != 1) + 1
-        bounds = np.concatenate(([0], breaks, [len(samples)]))
-        runs = tuple((int(samples[a]), int(samples[e - 1]) + 1) for a, e in itertools.pairwise(bounds))
-        share = Share(runs, self.seed, self.epoch, 0, 0, shuffle=False, window=len(samples))
+        share = Share.in_order(tuple(runs_of(samples)))
         reader = ShareReader(self.file, share, layout=None, verify=checks_crc(self.check))
         chunk = next(reader.chunks(len(samples)))
         self.records_read += reader.records_read
         return list(chunk)
-
-    # -- resume -------------------------------------------------------------------
-    def _plan_state(self) -> dict[str, Any]:
-        world = self._world()[1]
-        return {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "streams": world * self.batch_size,
-            "batch_size": self.batch_size,
-            "steps": self.steps,
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        """The step this reader builds next: small, plain, JSON-serialisable."""
-        state = self._state_header(self.reader(), self.epoch)
-        state["next_step"] = self._next_step
-        state.update(self._plan_state())
-        return state
-
-    def load_state_dict(self, state: Any) -> None:
-        """Resume from a state, or from any nesting of several (e.g. a whole loader state).
-
-        The batches continue at the earliest step any of the states would build
-        next, so a resume with another number of workers continues identically.
-        Raises ValueError for another set, a later epoch, a newer state version,
-        or another number of streams, steps or order (hidden state cannot follow).
-        """
-        found = list(_resume.find_states(state, (STATE_KIND,)))
-        if not found:
-            raise ResumeStateError(f"{self.file.path}: no StreamDataset state found in what was given")
-        mine = self._plan_state()
-        advice = (
-            "the streams would differ and hidden state could not follow: resume with the same batch size, world "
-            "size, steps, seed, shuffle and drop_last"
-        )
-        accepted = [self._accept_state(s, plan=mine, plan_keys=_PLAN_KEYS, advice=advice) for s in found]
-        kept = [s for s in accepted if s is not None]
-        for s in kept:
-            self._check_resume(s, mine)
-        if not kept:
-            self._resume = None
-        elif len(kept) == 1:
-            s = kept[0]
-            self._resume = {"step": int(s["next_step"]), "worker": s.get("worker"), "num_workers": s.get("num_workers")}
-        else:
-            self._resume = {"step": min(int(s["next_step"]) for s in kept), "worker": None, "num_workers": None}
-
-    def _check_resume(self, state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
-        """Every field of an accepted state against this dataset (states are untrusted input)."""
-        r = _resume
-        where, kind = self._where(), STATE_KIND
-        world = self._world()[1]
-        rules: dict[str, r.Rule] = {key: r.anything for key in ("kind", "version", "set_id", "epoch")}
-        rules.update({key: r.equal(mine[key], f"its {key}") for key in _PLAN_KEYS})
-        rules.update(
-            rank=r.integer(0, world - 1, what="the last rank of its world"),
-            world_size=r.equal(world, "its world size"),
-            worker=r.integer(0, r.MAX_READERS, none=True),
-            num_workers=r.integer(1, r.MAX_READERS, none=True),
-            next_step=r.integer(0),
-        )
-        r.check_state(state, rules, where=where, what=kind)
-        worker, workers = state["worker"], state["num_workers"]
-        if (worker is None) != (workers is None) or (workers is not None and worker >= workers):
-            r.refuse(
-                where,
-                kind,
-                "worker",
-                worker,
-                f"must be a worker of num_workers={workers!r} (both None for a loader's state)",
-            )
-        # a worker's state names the step it builds next: up to num_workers - 1 past the last
-        last = len(self) + (workers - 1 if workers is not None else 0)
-        if state["next_step"] > last:
-            r.refuse(where, kind, "next_step", state["next_step"], f"the epoch has {len(self)} batches")
 
 
 def _padding_cells(template: Any, cells: int, lead: tuple[int, int]) -> Any:

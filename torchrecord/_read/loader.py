@@ -1,17 +1,15 @@
-"""RecordLoader: a DataLoader over a RecordDataset whose state is the whole run's position.
+"""RecordLoader: the one loader of every reader dataset, whose state is the whole run's position.
 
 Trainers that save the loader's ``state_dict`` of one rank only (PyTorch Lightning under DDP
 writes rank 0's checkpoint and loads that one file on every rank) need a state that resumes
 every rank. ``RecordLoader.state_dict`` gathers every rank's position over ``torch.distributed``
 (a collective: every rank calls it) and merges them with :func:`loader_position`; any rank
-resumes its own share of that one position. It needs only ``torch.distributed``.
+resumes its own share of that one position, on the same world or on another. It needs only
+``torch.distributed``, and reads any :class:`~torchrecord._read.base.ReaderDataset`.
 
 With workers, in batch mode, each worker hands several consecutive batches over as one DataLoader item
 (a bundle, ``torchrecord._read.ipc.bundled``) and the loader yields them one by one: the DataLoader's
 fixed cost per item is paid once per bundle, in the worker and in the main process.
-
-It sits on the ``_mix`` layer beside :mod:`torchrecord._mix.position` (which it uses), above
-``_read`` (whose ``RecordDataset`` it reads).
 """
 
 from __future__ import annotations
@@ -22,9 +20,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DataLoader, get_worker_info
 
-from torchrecord._mix.position import loader_position
-from torchrecord._read.dataset import RecordDataset
-from torchrecord._read.ipc import Bundle, for_parent, keep_bundles, worker_id
+from torchrecord._read.base import ReaderDataset
+from torchrecord._read.ipc import BY_VALUE_LIMIT, Bundle, for_parent, keep_bundles, worker_id
+from torchrecord._read.state import MAX_EPOCH, loader_position
 from torchrecord.errors import ArgumentError, ArgumentTypeError, ResumeStateError
 
 __all__ = ["RecordLoader"]
@@ -33,22 +31,29 @@ __all__ = ["RecordLoader"]
 _REFUSED = ("shuffle", "sampler", "batch_sampler", "drop_last")
 
 
-#: a default bundle holds at least this many bytes of batches (batches of 16 MiB or more go alone), and at
-#: most _MAX_BUNDLE batches (``python -m benchmarks.run --loaders torchrecord-batch torchrecord-loader``)
+#: a default bundle of batches that cross in slots holds about this many bytes, at most _MAX_BUNDLE batches
+#: (``python -m benchmarks.run --loaders torchrecord-batch torchrecord-loader``); batches that cross by value
+#: (up to ``BY_VALUE_LIMIT``) about _VALUE_BYTES through the worker's pipe, at most _MAX_VALUE_BUNDLE
 _BUNDLE_BYTES = 16 << 20
 _MAX_BUNDLE = 8
+_VALUE_BYTES = 256 << 10
+_MAX_VALUE_BUNDLE = 64
 
 
-def auto_bundle(dataset: RecordDataset, loader_batch_size: int | None = None) -> int:
-    """The default batches per handover: enough batches for 16 MiB, at most 8 (1 when a batch's size is unknown).
+def auto_bundle(dataset: ReaderDataset, loader_batch_size: int | None = None) -> int:
+    """The default batches per handover, the one rule of every reader: about 16 MiB of batches that cross in
+    slots (at most 8), or about 256 KiB of batches small enough to cross by value (at most 64); 1 when the reader
+    cannot tell a batch's size.
 
-    ``loader_batch_size``: per-sample mode, the samples of a loader batch (batch mode: the dataset's batch size).
+    ``loader_batch_size``: per-sample mode, the samples of a loader batch (batch mode: the dataset's batch).
     """
-    layout = dataset._fixed_layout()
-    if layout is None:
+    item_bytes = dataset._batch_bytes()
+    if item_bytes is None:
         return 1
-    per_batch = dataset.batch_size if dataset.batch_size is not None else (loader_batch_size or 1)
-    batch_bytes = max(1, per_batch) * max(1, sum(layout.sample_bytes))
+    per_batch = 1 if dataset.batch_size is not None else (loader_batch_size or 1)
+    batch_bytes = max(1, per_batch * item_bytes)
+    if batch_bytes <= BY_VALUE_LIMIT:
+        return max(1, min(_MAX_VALUE_BUNDLE, -(-_VALUE_BYTES // batch_bytes)))
     return max(1, min(_MAX_BUNDLE, -(-_BUNDLE_BYTES // batch_bytes)))
 
 
@@ -95,9 +100,9 @@ class _LoaderShape:
 
     def __init__(self, batch_size: int, num_workers: int) -> None:
         self.batch_size, self.num_workers, self.drop_last = batch_size, num_workers, False
-        self.dataset: RecordDataset | None = None
+        self.dataset: ReaderDataset | None = None
 
-    def batches_of(self, dataset: RecordDataset) -> int:
+    def batches_of(self, dataset: ReaderDataset) -> int:
         self.dataset = dataset
         return -(-self.__len__() // self.batch_size)
 
@@ -116,47 +121,52 @@ def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class RecordLoader(DataLoader[Any]):
-    """A DataLoader over a :class:`RecordDataset` whose ``state_dict`` resumes every rank.
+    """The DataLoader of every torchrecord reader, whose ``state_dict`` resumes every rank on any world.
 
-    It counts the batches it hands out in the epoch. ``state_dict()`` turns the count into
-    this rank's position (:meth:`RecordDataset.position_after`), gathers the positions of
-    every rank with ``torch.distributed.all_gather_object`` and merges them with
-    :func:`torchrecord.loader_position`: the state is the same on every rank, so a trainer
-    that saves rank 0's loader state only (PyTorch Lightning under DDP) saves the whole
-    run's position. ``load_state_dict`` sets the dataset's epoch to the saved one and loads
-    the position; the next iteration of each rank plays its own share of the rest of the
-    epoch, in the same order (same ranks and workers).
+    It reads any streaming dataset of torchrecord (``RecordDataset``, ``MixedDataset``,
+    ``StreamDataset``, ``WindowDataset``...) and yields the same batches, in the same
+    order, as ``DataLoader(dataset, batch_size=None, num_workers=n)`` (in per-sample
+    mode, as ``DataLoader(dataset, batch_size=B, ...)``). It counts the batches it
+    hands out in the epoch. ``state_dict()`` turns the count into this rank's position
+    (the dataset's ``position_after``), gathers the positions of every rank with
+    ``torch.distributed.all_gather_object`` and merges them with
+    :func:`torchrecord.loader_position`: the state is the same on every rank, so a
+    trainer that saves rank 0's loader state only (PyTorch Lightning under DDP) saves
+    the whole run's position. ``load_state_dict`` sets the dataset's epoch to the saved
+    one and loads the position; the next iteration of each rank plays its own part of
+    the rest of the epoch: in the same order on the same ranks and workers, and every
+    item not yet handed out exactly once on any other number of ranks or workers.
 
     Under ``torch.distributed``, ``state_dict`` is a collective: call it on every rank at the
     same step (Lightning does). Lightning needs nothing else: it saves and restores a train
     loader that has ``state_dict`` and ``load_state_dict``.
 
     Args:
-        dataset: the record dataset. In batch mode (``batch_size`` on the dataset) the
+        dataset: the reader dataset. In batch mode (``batch_size`` on the dataset) the
             loader yields its batches as they are; in per-sample mode give the loader's
             ``batch_size`` here (1 when left out: single samples).
         num_workers: DataLoader workers per rank.
         bundle: with workers: consecutive batches a worker hands over as one
             DataLoader item (yielded one by one, in the same order as without
-            bundles, so positions do not depend on it). Default: enough batches for
-            16 MiB, at most 8 (1 for a set without a fixed layout, or batches of 16
-            MiB or more). 1 turns bundles off. A worker keeps about 3 bundles of
-            batches in flight. In per-sample mode each worker fetches the samples of
-            ``bundle`` batches at once and collates each batch with ``collate_fn``
-            (default ``torchrecord.collate``).
+            bundles, so positions do not depend on it). Default: one rule for every
+            reader, about 16 MiB of batches that cross in shared-memory slots (at most
+            8), or about 256 KiB of batches small enough to cross by value (at most
+            64); 1 where the reader cannot tell a batch's size. 1 turns bundles off. In
+            per-sample mode each worker fetches the samples of ``bundle`` batches at
+            once and collates each batch with ``collate_fn`` (default
+            ``torchrecord.collate``).
         batch_size: per-sample mode only: samples per batch of the DataLoader (the
-            dataset's ``loader_batch_size`` when it has one). The dataset then reads
-            one batch of samples at a time, and ``collate_fn`` (default
+            dataset's ``loader_batch_size`` when it has one). ``collate_fn`` (default
             ``torchrecord.collate``, which gives ``default_collate``'s batches) is given
-            them; with 0 workers ``torchrecord.collate`` takes each field's column as it
-            was read, without stacking a copy.
+            them.
         **loader_kwargs: passed to the DataLoader (``collate_fn``, ``pin_memory``,
             ``multiprocessing_context``, ``prefetch_factor``, ``timeout``,
-            ``worker_init_fn``...); ``shuffle``, ``sampler``, ``batch_sampler`` and
-            ``drop_last`` are refused (the dataset orders and cuts the epoch).
+            ``worker_init_fn``, ``persistent_workers``...); ``shuffle``, ``sampler``,
+            ``batch_sampler`` and ``drop_last`` are refused (the dataset orders and cuts
+            the epoch).
 
     Raises:
-        ArgumentTypeError: ``dataset`` is not a ``RecordDataset``.
+        ArgumentTypeError: ``dataset`` is not one of torchrecord's reader datasets.
         ArgumentError: a refused option, ``batch_size`` in batch mode, a negative
             ``num_workers``, ``in_order=False``, or a ``bundle`` that is not an integer
             >= 1.
@@ -164,17 +174,17 @@ class RecordLoader(DataLoader[Any]):
 
     def __init__(
         self,
-        dataset: RecordDataset,
+        dataset: ReaderDataset,
         *,
         num_workers: int = 0,
         batch_size: int | None = None,
         bundle: int | None = None,
         **loader_kwargs: Any,
     ) -> None:
-        if not isinstance(dataset, RecordDataset):
+        if not isinstance(dataset, ReaderDataset):
             raise ArgumentTypeError(
-                f"RecordLoader reads a RecordDataset, got {type(dataset).__name__}: for a MixedDataset or a "
-                "StreamDataset, gather every rank's loader state and merge them with torchrecord.loader_position"
+                f"RecordLoader reads torchrecord's reader datasets (RecordDataset, MixedDataset, StreamDataset, "
+                f"WindowDataset...), got {type(dataset).__name__}"
             )
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ArgumentError(f"num_workers must be an integer >= 0, got {num_workers!r}")
@@ -183,20 +193,9 @@ class RecordLoader(DataLoader[Any]):
             raise ArgumentError(
                 f"RecordLoader: the dataset orders and cuts the epoch; it does not take {', '.join(refused)}"
             )
-        if dataset.batch_size is not None:
-            if batch_size is not None:
-                raise ArgumentError(
-                    f"{dataset.file.path}: RecordLoader(batch_size={batch_size}) is for per-sample mode; this "
-                    f"dataset yields whole batches (batch_size={dataset.batch_size}): leave batch_size out"
-                )
-            self._per_batch: int | None = None
-        else:
-            if batch_size is None:
-                batch_size = dataset.loader_batch_size if dataset.loader_batch_size is not None else 1
-            if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-                raise ArgumentError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-            self._per_batch = batch_size
-            dataset._sample_chunk = batch_size  # read a loader batch at a time: collated without a copy
+        self._per_batch = self._per_batch_of(dataset, batch_size)
+        if self._per_batch is not None:
+            dataset._sample_chunk = self._per_batch  # read a loader batch at a time: collated without a copy
         if loader_kwargs.get("in_order", True) is not True:
             raise ArgumentError(
                 "RecordLoader hands batches out in the dataset's order (its state and bundles depend on it): "
@@ -209,6 +208,7 @@ class RecordLoader(DataLoader[Any]):
         elif bundle is None:
             bundle = auto_bundle(dataset, self._per_batch)
         self.bundle: int = bundle
+        batch_size = self._per_batch
         if self._per_batch is not None and loader_kwargs.get("collate_fn") is None:
             # per-sample mode collates with torchrecord.collate unless told otherwise: default_collate's batches,
             # handed over through torchrecord's slots in a worker, and one chunk's column without a copy at 0
@@ -225,27 +225,44 @@ class RecordLoader(DataLoader[Any]):
         self._handed_out = 0  # batches handed out in `_epoch`
         self._exhausted = False  # the iteration of `_epoch` ran to its end
         self._resume_at = 0  # batches of the epoch the loaded position had handed out
-        self._elastic: dict[str, Any] | None = None  # a position of other ranks or workers, loaded in `_epoch`
-        self._pending: dict[str, Any] | None = None  # that position, loaded for the next iteration
-        self._elastic_batches = 0  # and the batches of its state
+
+    @staticmethod
+    def _per_batch_of(dataset: ReaderDataset, batch_size: Any) -> int | None:
+        """The DataLoader's batch size in per-sample mode (None in batch mode), checked."""
+        if dataset.batch_size is not None:
+            if batch_size is not None:
+                raise ArgumentError(
+                    f"{dataset._where()}: RecordLoader(batch_size={batch_size}) is for per-sample mode; this "
+                    f"dataset yields whole batches (batch_size={dataset.batch_size}): leave batch_size out"
+                )
+            return None
+        if batch_size is None:
+            batch_size = dataset.loader_batch_size if dataset.loader_batch_size is not None else 1
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ArgumentError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        return batch_size
 
     def __len__(self) -> int:
         """Batches per epoch on this rank, as a plain DataLoader of the same batch size yields them."""
-        dataset = self.record_dataset
         if self._per_batch is None or self.bundle == 1:
             return super().__len__()
-        return _LoaderShape(self._per_batch, self.num_workers).batches_of(dataset)
+        return _LoaderShape(self._per_batch, self.num_workers).batches_of(self.reader_dataset)
 
     @property
-    def record_dataset(self) -> RecordDataset:
+    def reader_dataset(self) -> ReaderDataset:
         """The dataset read (typed: ``DataLoader.dataset`` is any dataset)."""
         dataset = self.dataset
-        assert isinstance(dataset, RecordDataset)
+        assert isinstance(dataset, ReaderDataset)
         return dataset
 
+    record_dataset = reader_dataset
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next iteration plays (the dataset's ``set_epoch``; persistent workers see it)."""
+        self.reader_dataset.set_epoch(epoch)
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self._epoch, self._handed_out, self._exhausted = self.record_dataset.epoch, self._resume_at, False
-        self._elastic, self._pending = self._pending, None  # an elastic resume holds for this iteration only
+        self._epoch, self._handed_out, self._exhausted = self.reader_dataset.epoch, self._resume_at, False
         self._resume_at = 0
         round_: list[Bundle] = []  # the bundles of one round, one per worker with batches left
         for item in super().__iter__():
@@ -274,20 +291,17 @@ class RecordLoader(DataLoader[Any]):
 
     def _mine(self) -> tuple[int, dict[str, Any]]:
         """This rank's batches handed out and position in the dataset's current epoch."""
-        dataset = self.record_dataset
+        dataset = self.reader_dataset
         if self._epoch != dataset.epoch:  # a new epoch, not iterated yet
-            return 0, dataset.position_after(0, **self._position_kwargs())
-        if self._exhausted:  # the whole epoch (after an elastic resume too)
-            return len(self), dataset.position_after(len(self), **self._position_kwargs())
-        if self._elastic is not None:
-            if self._handed_out == 0:
-                return self._elastic_batches, self._elastic  # nothing handed out since the load: the state loaded
-            raise ResumeStateError(
-                f"{dataset.file.path}: RecordLoader.state_dict() in the middle of epoch {dataset.epoch}, which was "
-                "resumed from a position of another number of ranks or workers: the batches handed out since "
-                "no longer give the position; save at the end of this epoch (or from the next one on)"
-            )
-        return self._handed_out, dataset.position_after(self._handed_out, **self._position_kwargs())
+            batches = 0
+        elif self._exhausted:
+            batches = len(self)
+        else:
+            batches = self._handed_out
+        if self.num_workers == 0 and dataset._progress() is not None and batches == self._handed_out:
+            # a reader whose progress is more than a count (MixedDataset, policy="ready"): its own state
+            return batches, loader_position([dataset.state_dict()])
+        return batches, dataset.position_after(batches, **self._position_kwargs())
 
     def state_dict(self) -> dict[str, Any]:
         """The whole run's position: every rank's, merged (a collective under ``torch.distributed``).
@@ -295,16 +309,11 @@ class RecordLoader(DataLoader[Any]):
         Returns:
             ``{"batches": n, "position": p}``: the batches this loader handed out in the
             epoch and the merged :func:`torchrecord.loader_position` of every rank (plain
-            values). The position alone also resumes a plain ``RecordDataset`` on any world
-            size and number of workers (``RecordDataset.load_state_dict``).
-
-        Raises:
-            ResumeStateError: called mid-epoch in an epoch resumed on another number of
-                ranks or workers (at its end, and in later epochs, it works).
+            values). The position alone also resumes the dataset on any world size and
+            number of workers (its ``load_state_dict``).
         """
         batches, mine = self._mine()
-        every = _gather(mine)  # every rank takes part, whatever it holds
-        position = mine if mine is self._elastic else loader_position(every)
+        position = loader_position(_gather(mine))  # every rank takes part, whatever it holds
         return {"batches": batches, "position": position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -312,14 +321,16 @@ class RecordLoader(DataLoader[Any]):
 
         Sets the dataset's epoch to the position's and loads the position into the dataset
         (it reaches the workers of the next iteration). On the same ranks and workers each
-        rank gets exactly the rest of its share, in order; on others, every sample not yet
-        handed out comes once over the new ranks and workers (elastic resume).
+        rank gets exactly the rest of its part, in order; on others, every item not yet
+        handed out comes once over the new ranks and workers (elastic resume), and the
+        count starts again from that point.
 
         Raises:
             ResumeStateError: not a RecordLoader state, or a position this dataset refuses
-                (another set, other order settings...).
+                (another set, other order settings, any field that does not fit).
         """
-        where = self.record_dataset.file.path
+        dataset = self.reader_dataset
+        where = dataset._where()
         if not isinstance(state, dict) or set(state) != {"batches", "position"}:
             keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
             raise ResumeStateError(
@@ -329,20 +340,20 @@ class RecordLoader(DataLoader[Any]):
         if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
             raise ResumeStateError(f"{where}: RecordLoader state: 'batches' must be an integer >= 0, got {batches!r}")
         epoch = position.get("epoch") if isinstance(position, dict) else None
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ResumeStateError(f"{where}: RecordLoader state: the position has no epoch (an integer >= 0)")
-        dataset = self.record_dataset
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
+            raise ResumeStateError(
+                f"{where}: RecordLoader state: the position's epoch must be an integer from 0 to {MAX_EPOCH}, got "
+                f"{epoch!r}"
+            )
         dataset.set_epoch(epoch)  # the epoch first: a position of a later epoch is refused
         dataset.load_state_dict(position)  # checks every field; reaches the workers of the next iteration
-        # the count goes on only where it gives this rank's rows of the position (same plan, same ranks)
-        counted = dataset.position_after(batches, **self._position_kwargs())
-        rank = counted["yielded"][0][0]
-        rows = sorted(list(row) for row in position["yielded"] if row[0] == rank)
-        same = all(position.get(k) == counted[k] for k in ("world_size", "num_workers")) and rows == counted["yielded"]
+        loaded = dataset._loaded
+        same = loaded is not None and (loaded["world_size"], loaded["num_workers"]) == (
+            dataset._distributed[1],
+            max(1, self.num_workers),
+        )
         self._epoch, self._exhausted = epoch, False
         self._handed_out = self._resume_at = batches if same else 0
-        self._elastic = self._pending = None if same else position
-        self._elastic_batches = batches
 
     def _position_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"num_workers": self.num_workers}
