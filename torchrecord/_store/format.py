@@ -23,6 +23,7 @@ import msgpack
 import numpy as np
 
 from torchrecord._core import dtypes as _dtypes
+from torchrecord._core.compression import CODECS
 from torchrecord._core.schema import MAX_RANK
 from torchrecord.errors import (
     ArgumentError,
@@ -72,8 +73,8 @@ FORMAT_NAME = "torchrecord"
 FORMAT_VERSION = 2
 #: The version of a set without compressed fields (older readers read it).
 PLAIN_VERSION = 1
-#: Codec names a version-2 schema field may name (``compression``).
-COMPRESSION_CODECS = ("lz4", "zstd")
+#: Codec names a version-2 schema field may name (``compression``): the registry's.
+COMPRESSION_CODECS = tuple(sorted(CODECS))
 
 RECORDS_DB = b"records"
 CRC_DB = b"crc32"
