@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ __all__ = ["BytesColumn", "Column", "concat_columns"]
 _GET: Any = operator.getitem
 
 
+@dataclass(slots=True, eq=False)
 class BytesColumn:
     """The values of a ``bytes`` or ``str`` field of n samples: value i is ``data[starts[i] : starts[i] + lengths[i]]``.
 
@@ -31,24 +33,13 @@ class BytesColumn:
     values' own bytes travel to another process.
     """
 
-    __slots__ = ("_sources", "data", "lengths", "starts", "text", "which")
-
-    def __init__(
-        self,
-        data: np.ndarray | tuple[np.ndarray, ...],
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        text: bool = False,
-        which: np.ndarray | None = None,
-        sources: tuple[memoryview, ...] | None = None,
-    ) -> None:
-        self.data = data
-        self.starts = starts
-        self.lengths = lengths
-        self.text = text
-        self.which = which
-        #: memoryviews of several buffers, made once and shared by the columns taken from this one
-        self._sources = sources
+    data: np.ndarray | tuple[np.ndarray, ...]
+    starts: np.ndarray
+    lengths: np.ndarray
+    text: bool = False
+    which: np.ndarray | None = None
+    #: memoryviews of several buffers, made once and shared by the columns taken from this one
+    _sources: tuple[memoryview, ...] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, values: Sequence[bytes], text: bool = False) -> BytesColumn:
