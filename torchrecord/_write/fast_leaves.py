@@ -23,7 +23,7 @@ from torchrecord._core.structure import number_list_dtype
 from torchrecord._write.bytes_column import BytesColumn, Column
 from torchrecord._write.record_fill import STRING_KINDS
 
-__all__ = ["NUMBER_KINDS", "Leaf", "Mismatch", "column_encoder", "leaf_encoder", "stacked_check"]
+__all__ = ["Leaf", "Mismatch", "NUMBER_KINDS", "column_encoder", "leaf_encoder", "stacked_check"]
 
 #: one sample's leaf -> its payload (bytes, or an array joined through the buffer protocol)
 Leaf = Callable[[Any], "bytes | np.ndarray"]

@@ -20,10 +20,10 @@ from torchrecord.errors import InternalError
 __all__ = [
     "BY_STORAGE",
     "CODECS",
-    "EXTRA_HINT",
     "Codec",
     "Compression",
     "CompressionCodec",
+    "EXTRA_HINT",
     "choices",
     "register",
     "require",

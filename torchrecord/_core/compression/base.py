@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from torchrecord._core.extras import install_hint
 from torchrecord.errors import ArgumentError, MissingDependencyError
 
-__all__ = ["EXTRA_HINT", "CompressionCodec", "Compressor", "Decompressor", "require"]
+__all__ = ["CompressionCodec", "Compressor", "Decompressor", "EXTRA_HINT", "require"]
 
 #: What to install for compression.
 EXTRA_HINT = install_hint("compress")
