@@ -39,18 +39,8 @@ import torch
 
 import torchrecord
 from torchrecord._check.isolate import run_each_in_child, run_in_child
-from torchrecord._store.lmdb_check import (
-    F_BIGDATA,
-    F_DUPDATA,
-    F_SUBDATA,
-    P_BRANCH,
-    P_LEAF,
-    P_OVERFLOW,
-    PAGEHDRSZ,
-    PageInfo,
-    check_structure,
-    describe,
-)
+from torchrecord._store.lmdb_check import PageInfo, check_structure, describe
+from torchrecord._store.lmdb_format import F_BIGDATA, F_DUPDATA, F_SUBDATA, P_BRANCH, P_LEAF, P_OVERFLOW, PAGEHDRSZ
 from torchrecord.errors import TorchRecordError, VariableShapeWarning
 
 PATHS = ("check", "verify", "file", "dataset", "dataset_verify", "file_checked", "dataset_checked")

@@ -64,8 +64,9 @@ ALLOWED_RAISES: dict[tuple[str, str], str] = {
     ("_write/publish.py", "raise OSError(err, os.strerror(err), temp)"): (
         "renameat2's other errors, as os.rename would raise them; as_write_error makes them a WriteError"
     ),
-    ("_core/wire.py", 'raise ValueError("varint too long")'): (
-        "an internal signal: WireDecoder catches it and hands the record to the checked protobuf path, which names it"
+    ("_core/varint.py", 'raise ValueError("varint too long")'): (
+        "an internal signal: WireDecoder and the Expander catch it and hand the record to the checked protobuf "
+        "path, which names it"
     ),
     ("_core/wire.py", 'raise ValueError("bool bytes other than 0 and 1")'): (
         "an internal signal: WireDecoder catches it and hands the record to the checked path, which names the field"
@@ -80,7 +81,7 @@ ALLOWED_CLASSES: dict[tuple[str, str], str] = {
         "decodes that record the checked way"
     ),
     ("_store/format.py", "_TooMany"): "raised in msgpack's hooks; read_metadata turns it into a FormatError",
-    ("_write/fastwrite.py", "_Mismatch"): "a sample the fast encoder cannot take: it goes the general way",
+    ("_write/fast_leaves.py", "Mismatch"): "a sample the fast encoder cannot take: it goes the general way",
 }
 
 _BUILTIN_EXCEPTIONS = {

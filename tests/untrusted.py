@@ -16,7 +16,8 @@ import torch
 import torchrecord
 from torchrecord._check.isolate import ChildOutcome, run_in_child
 from torchrecord._store import format as _format
-from torchrecord._store.lmdb_check import PAGEHDRSZ, check_structure, describe
+from torchrecord._store.lmdb_check import check_structure, describe
+from torchrecord._store.lmdb_format import PAGEHDRSZ
 from torchrecord.errors import TorchRecordError
 
 

@@ -1,4 +1,4 @@
-"""The pure-Python structural check of LMDB files (torchrecord/_lmdb_check.py).
+"""The pure-Python structural check of LMDB files (torchrecord/_store/lmdb_check.py and the modules it builds on).
 
 * Good files of every shape pass: empty set, one record, many pages and a deep
   tree, overflow values, chunked records, no checksums, and a raw LMDB file after
@@ -28,7 +28,8 @@ import torchrecord
 from tests.lmdb_mutations import KINDS, Base, Mutation, build_bases, mutants, run_campaign
 from torchrecord._check.isolate import run_in_child
 from torchrecord._store import lmdb_check as _lmdb_check
-from torchrecord._store.lmdb_check import PAGEHDRSZ, PageInfo, StructureInfo, check_structure
+from torchrecord._store.lmdb_check import PageInfo, StructureInfo, check_structure
+from torchrecord._store.lmdb_format import PAGEHDRSZ
 from torchrecord.errors import NotARecordSetError, RecordNotFoundError, StructureError
 
 

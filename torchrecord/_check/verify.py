@@ -15,6 +15,7 @@ from torchrecord._shards.open import SetLike, open_set
 from torchrecord._shards.remote import is_url
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store import format as _format
+from torchrecord._store import opening as _opening
 from torchrecord._store.lmdb_check import StructureInfo, check_structure
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.walk import PIECE, Walk, check_crc
@@ -157,11 +158,11 @@ def _verify_file(
 
 def _checked_structure(path: str) -> StructureInfo:
     """check_structure, with the messages of a reader for what is not a record set at all."""
-    _format.check_path(path)
+    _opening.check_path(path)
     try:
         return check_structure(path)
     except NotARecordSetError:
-        _format.check_kind(path)
+        _opening.check_kind(path)
         raise
 
 

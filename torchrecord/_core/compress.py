@@ -1,30 +1,32 @@
-"""Optional per-field compression of numeric payloads: the codecs, the writer's choice, the readers' expansion.
+"""Optional per-field compression of numeric payloads: the writer's choice and the readers' expansion.
 
-A compressed payload is stored in its ``TensorProto``'s ``raw_data`` with
-``storage_type`` = ``ZSTD`` (100, a zstd frame) or ``LZ4`` (101, one LZ4 block
-without a size prefix); the uncompressed size follows from ``dims`` and the
-dtype. Each record says for itself whether a field is compressed, so a record
-whose payload did not shrink is stored raw (see docs/FORMAT.md).
+A compressed payload is stored in its ``TensorProto``'s ``raw_data`` with the
+codec's ``storage_type`` (``ZSTD`` = 100, a zstd frame; ``LZ4`` = 101, one LZ4
+block without a size prefix); the uncompressed size follows from ``dims`` and
+the dtype. Each record says for itself whether a field is compressed, so a
+record whose payload did not shrink is stored raw (see docs/FORMAT.md).
 
-The codecs come from cramjam (the ``compress`` extra): one small wheel with both
-codecs, and ``decompress_into`` for each, which writes straight into a slice of
-the reader's window buffer (no intermediate bytes object). A set with
-compressed fields has format version 2, so older readers refuse it.
+The codecs themselves are the registry of ``_core/compression`` (one module
+each); this module never names one. They come from cramjam (the ``compress``
+extra), whose ``decompress_into`` writes straight into a slice of the reader's
+window buffer (no intermediate bytes object). A set with compressed fields has
+format version 2, so older readers refuse it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchrecord._core.extras import install_hint
+from torchrecord._core.compression import BY_STORAGE, CODECS, EXTRA_HINT, CompressionCodec, choices, require
+from torchrecord._core.compression.base import Compressor, Decompressor
+from torchrecord._core.compression.zstd import zstd_content_size
+from torchrecord._core.varint import read_varint, varint_size
 from torchrecord._proto import torchrecord_pb2 as pb
-from torchrecord.errors import ArgumentError, ArgumentTypeError, CorruptRecordError, MissingDependencyError
+from torchrecord.errors import ArgumentError, ArgumentTypeError, CorruptRecordError
 
 __all__ = [
-    "CODECS",
     "EXTRA_HINT",
     "Expander",
     "FieldCompressor",
@@ -35,50 +37,28 @@ __all__ = [
     "check_expansion",
     "codec_of_storage",
     "decompress",
-    "decompress_into",
     "has_compression",
     "parse_option",
     "require",
+    "zstd_content_size",
 ]
 
-#: Codec name -> the ``storage_type`` value that marks a payload compressed with it.
-CODECS: dict[str, int] = {"zstd": 100, "lz4": 101}
-_BY_STORAGE = {code: name for name, code in CODECS.items()}
 _RAW = int(pb.TensorProto.StorageType.RAW)
 
-#: What to install for compression.
-EXTRA_HINT = install_hint("compress")
 #: A field whose compressed size is above this fraction of its raw size is left alone.
 RATIO_LIMIT = 0.9
 #: A field's choice is made once this many raw bytes of it, or this many records, were tried.
 PROBE_BYTES = 256 << 10
 PROBE_RECORDS = 16
-_MIN_CRAMJAM = (2, 11)
-#: zstd level when none is given (cramjam's own default, 11, is much slower to write).
-ZSTD_DEFAULT_LEVEL = 3
-#: The most raw bytes one stored byte can expand to, per codec: an LZ4 block's match lengths grow by
-#: 255 per extension byte; a zstd block of 3 header bytes and 1 RLE byte holds up to 128 KiB. A payload
+#: The most raw bytes one stored byte can expand to, per codec (see each codec's module). A payload
 #: that claims more (its dims against its stored size) is refused before anything is allocated.
-MAX_RATIO: dict[str, int] = {"lz4": 256, "zstd": 32768}
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-def require(what: str) -> Any:
-    """The cramjam module, or an ImportError naming the extra to install (``what``: who needs it)."""
-    try:
-        cramjam = importlib.import_module("cramjam")
-    except ImportError as exc:
-        raise MissingDependencyError(f"{what} needs cramjam: {EXTRA_HINT}") from exc
-    version = tuple(int(p) for p in str(getattr(cramjam, "__version__", "0")).split(".")[:2] if p.isdigit())
-    if version < _MIN_CRAMJAM:
-        # older releases cannot decompress an LZ4 block without a size prefix into a buffer
-        raise MissingDependencyError(f"{what} needs cramjam 2.11 or newer (found {cramjam.__version__}): {EXTRA_HINT}")
-    return cramjam
+MAX_RATIO: dict[str, int] = {name: codec.max_ratio for name, codec in CODECS.items()}
 
 
 def codec_of_storage(storage_type: int) -> str | None:
     """The codec name of a compressed ``storage_type``, None for any other value."""
-    return _BY_STORAGE.get(storage_type)
+    codec = BY_STORAGE.get(storage_type)
+    return None if codec is None else codec.name
 
 
 def parse_option(compression: Any, level: Any) -> dict[str, str] | str | None:
@@ -90,7 +70,7 @@ def parse_option(compression: Any, level: Any) -> dict[str, str] | str | None:
     """
     if compression is None:
         if level is not None:
-            raise ArgumentError(f"compression_level={level!r} needs compression='zstd' or 'lz4'")
+            raise ArgumentError(f"compression_level={level!r} needs compression={choices(' or ')}")
         return None
     if isinstance(compression, str):
         names = [compression]
@@ -101,73 +81,41 @@ def parse_option(compression: Any, level: Any) -> dict[str, str] | str | None:
         names = [v for v in compression.values() if v is not None]
         for value in compression.values():
             if value is not None and not isinstance(value, str):
-                raise ArgumentTypeError(f"compression: a field's codec must be 'zstd', 'lz4' or None, got {value!r}")
+                raise ArgumentTypeError(f"compression: a field's codec must be {choices()} or None, got {value!r}")
     else:
         raise ArgumentTypeError(
-            "compression must be None, 'zstd', 'lz4' or a dict of field name -> codec, "
-            f"got {type(compression).__name__}"
+            f"compression must be None, {choices()} or a dict of field name -> codec, got {type(compression).__name__}"
         )
     for name in names:
         if name not in CODECS:
             raise ArgumentError(f"unknown compression {name!r}; use one of {sorted(CODECS)}")
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
         raise ArgumentTypeError(f"compression_level must be an int, got {level!r}")
-    if level is not None and "zstd" in names and not -7 <= level <= 22:
-        raise ArgumentError(f"compression_level {level} is outside zstd's levels -7 .. 22")
-    if level is not None and "lz4" in names and not 1 <= level <= 12:
-        raise ArgumentError(f"compression_level {level} is outside LZ4's high-compression levels 1 .. 12")
+    if level is not None:
+        for codec in CODECS.values():
+            if codec.name in names:
+                codec.check_level(level)
     if names:
         require("compression")
     return compression if isinstance(compression, str) else dict(compression)
 
 
-def _compress(cramjam: Any, codec: str, data: Any, level: int | None) -> bytes:
-    if codec == "zstd":
-        return bytes(cramjam.zstd.compress(data, level=ZSTD_DEFAULT_LEVEL if level is None else level))
-    if level is None:
-        return bytes(cramjam.lz4.compress_block(data, store_size=False))
-    return bytes(cramjam.lz4.compress_block(data, mode="high_compression", compression=level, store_size=False))
-
-
-def decompress_into(cramjam: Any, codec: str, data: Any, out: Any) -> int:
-    """Decompress ``data`` into the writable buffer ``out``; returns the bytes written (raises cramjam's errors)."""
-    if codec == "zstd":
-        return int(cramjam.zstd.decompress_into(data, out))
-    return int(cramjam.lz4.decompress_block_into(data, out))
-
-
-def zstd_content_size(data: Any) -> int | None:
-    """The decompressed size a zstd frame's header states, None when it states none (or is not a frame)."""
-    head = bytes(data[:18])
-    if len(head) < 6 or head[:4] != _ZSTD_MAGIC:
-        return None
-    descriptor = head[4]
-    single_segment = descriptor >> 5 & 1
-    fcs_bytes = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
-    dict_bytes = (0, 1, 2, 4)[descriptor & 3]
-    at = 5 + (0 if single_segment else 1) + dict_bytes
-    if fcs_bytes == 0 or len(head) < at + fcs_bytes:
-        return None
-    value = int.from_bytes(head[at : at + fcs_bytes], "little")
-    return value + 256 if fcs_bytes == 2 else value
-
-
 def check_expansion(codec: str, data: Any, size: int, where: str) -> None:
     """CorruptRecordError unless ``data`` (``codec``) can expand to ``size`` bytes: called before allocating.
 
-    A zstd frame that states its content size must state ``size``; any payload
-    claiming more than :data:`MAX_RATIO` times its stored bytes is damaged or crafted.
+    A payload whose header states its raw size (a zstd frame) must state ``size``;
+    any payload claiming more than :data:`MAX_RATIO` times its stored bytes is damaged or crafted.
     """
-    if codec == "zstd":
-        stated = zstd_content_size(data)
-        if stated is not None and stated != size:
-            raise CorruptRecordError(
-                f"{where}: its zstd frame holds {stated} bytes, its shape needs {size}; run torchrecord.verify"
-            )
-    if size > len(data) * MAX_RATIO[codec]:
+    spec = CODECS[codec]
+    stated = spec.stated_size(data)
+    if stated is not None and stated != size:
+        raise CorruptRecordError(
+            f"{where}: its {codec} frame holds {stated} bytes, its shape needs {size}; run torchrecord.verify"
+        )
+    if size > len(data) * spec.max_ratio:
         raise CorruptRecordError(
             f"{where}: its shape needs {size} bytes, more than {len(data)} bytes of {codec} data can expand to "
-            f"(at most {MAX_RATIO[codec]} times); run torchrecord.verify"
+            f"(at most {spec.max_ratio} times); run torchrecord.verify"
         )
 
 
@@ -176,17 +124,17 @@ def decompress(storage_type: int, data: bytes, size: int, where: str) -> bytes:
 
     The size is checked against what the payload can expand to before anything is allocated.
     """
-    codec = _BY_STORAGE[storage_type]
-    check_expansion(codec, data, size, where)
-    cramjam = require(f"{where.split(':')[0]}: reading its compressed field")
+    codec = BY_STORAGE[storage_type]
+    check_expansion(codec.name, data, size, where)
+    unpack = codec.decompressor(codec.library(f"{where.split(':')[0]}: reading its compressed field"))
     out = bytearray(size)
     try:
-        written = decompress_into(cramjam, codec, data, out) if size else (0 if not data else -1)
+        written = unpack(data, out) if size else (0 if not data else -1)
     except Exception as exc:  # cramjam.DecompressionError and friends
-        raise CorruptRecordError(f"{where}: its {codec} data is damaged ({exc}); run torchrecord.verify") from None
+        raise CorruptRecordError(f"{where}: its {codec.name} data is damaged ({exc}); run torchrecord.verify") from None
     if written != size:
         raise CorruptRecordError(
-            f"{where}: its {codec} data holds {written} bytes, its shape needs {size}; run torchrecord.verify"
+            f"{where}: its {codec.name} data holds {written} bytes, its shape needs {size}; run torchrecord.verify"
         )
     return bytes(out)
 
@@ -197,6 +145,8 @@ class _FieldState:
     """What the writer decided for one field so far."""
 
     codec: str | None
+    compress: Compressor | None = None  # the codec's function at the write's level
+    storage: int = 0  # the codec's storage_type
     raw: int = 0  # raw bytes tried
     stored: int = 0  # bytes stored for them
     records: int = 0
@@ -222,16 +172,20 @@ class FieldCompressor:
     states: list[_FieldState] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._cramjam = require("compression")
         if isinstance(self.option, str):
-            self.states = [_FieldState(self.option) for _ in self.names]
+            asked: list[str | None] = [self.option for _ in self.names]
         else:
             unknown = sorted(set(self.option) - set(self.names))
             if unknown:
                 raise ArgumentError(
                     f"compression names fields the samples do not have: {unknown}; fields: {self.names}"
                 )
-            self.states = [_FieldState(self.option.get(n)) for n in self.names]
+            asked = [self.option.get(n) for n in self.names]
+        self.states = [_FieldState(None) if name is None else self._state(CODECS[name]) for name in asked]
+
+    def _state(self, codec: CompressionCodec) -> _FieldState:
+        compress = codec.compressor(codec.library("compression"), self.level)
+        return _FieldState(codec.name, compress, int(codec.storage_type))
 
     @classmethod
     def build(cls, fields: Sequence[Any], option: dict[str, str] | str, level: int | None) -> FieldCompressor:
@@ -249,10 +203,10 @@ class FieldCompressor:
                     raise ArgumentError(
                         f"compression: field {f.name!r} is {f.kind}; only numeric fields are compressed "
                         f"(compression={option!r} names it): leave {f.name!r} out of the dict. "
-                        "compression='zstd' or 'lz4' compresses every numeric field and leaves str and bytes "
+                        f"compression={choices(' or ')} compresses every numeric field and leaves str and bytes "
                         "fields out"
                     )
-                state.codec, state.decided, state.trying = None, True, False
+                state.codec, state.compress, state.decided, state.trying = None, None, True, False
         return made
 
     @property
@@ -267,17 +221,17 @@ class FieldCompressor:
         msg = pb.TensorProtos.FromString(value)
         changed = False
         for proto, state in zip(msg.protos, self.states):
-            if state.codec is None or not state.trying or proto.storage_type != _RAW:
+            if state.compress is None or not state.trying or proto.storage_type != _RAW:
                 continue
             raw = proto.raw_data
-            packed = _compress(self._cramjam, state.codec, raw, self.level)
+            packed = state.compress(raw)
             keep = len(packed) <= RATIO_LIMIT * len(raw)
             state.raw += len(raw)
             state.stored += len(packed) if keep else len(raw)
             state.records += 1
             if keep:
                 proto.raw_data = packed
-                proto.storage_type = CODECS[state.codec]  # type: ignore[assignment]
+                proto.storage_type = state.storage  # type: ignore[assignment]
                 state.compressed += 1
                 changed = True
             if not state.decided and (state.raw >= PROBE_BYTES or state.records >= PROBE_RECORDS):
@@ -296,7 +250,7 @@ class FieldCompressor:
             if want is None or state.codec is None:  # not asked for, or not a candidate (a str or bytes field)
                 continue
             ratio = round(state.stored / state.raw, 4) if state.raw else None
-            level = self.level if self.level is not None or want != "zstd" else ZSTD_DEFAULT_LEVEL
+            level = self.level if self.level is not None else CODECS[want].default_level
             out[name] = {"codec": want, "level": level, "applied": state.compressed > 0, "ratio": ratio}
         return out
 
@@ -319,19 +273,6 @@ class _NotCanonical(ValueError):
     """
 
 
-def _varint(data: Any, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` and the position after it (ValueError past 10 bytes or the end)."""
-    result = shift = 0
-    for _ in range(10):
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-    raise _NotCanonical("varint too long")
-
-
 class Expander:
     """Writes a record of a fixed-layout set with compressed fields into its canonical, uncompressed slot.
 
@@ -343,7 +284,11 @@ class Expander:
     """
 
     def __init__(self, layout: Any) -> None:
-        self._cramjam = require(f"reading a compressed field of {layout.fields[0].name!r}'s record set")
+        #: the codecs the schema names (a record holding another is decoded the checked way)
+        self.codecs = tuple(sorted({f.compression for f in layout.fields if f.compression in CODECS}))
+        self._unpack = _decompressors(
+            self.codecs, f"reading a compressed field of {layout.fields[0].name!r}'s record set"
+        )
         header = layout.header.tobytes()
         self.pieces: list[tuple[int, bytes]] = []  # (slot position, header bytes before each payload)
         self.fields: list[tuple[bytes, int, int]] = []  # (sub-message prefix, payload offset, payload size)
@@ -354,19 +299,19 @@ class Expander:
             taken += off - position
             position = off + size
             # before = [0x0A][varint sub length][dims, data_type][0x60 0x02][0x6A][varint size]
-            start = _varint(before, 1)[1]
-            storage = len(before) - 3 - max(1, -(-size.bit_length() // 7))
+            start = read_varint(before, 1)[1]
+            storage = len(before) - 3 - varint_size(size)
             assert before[storage : storage + 3] == b"\x60\x02\x6a", "not the writer's canonical layout"
             self.fields.append((before[start:storage], off, size))
         self.tail = (position, header[taken:])
         self.length = layout.length
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_cramjam"}  # a module does not pickle
+        return {k: v for k, v in self.__dict__.items() if k != "_unpack"}  # a library's function may not pickle
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._cramjam = require("reading a compressed record set")
+        self._unpack = _decompressors(self.codecs, "reading a compressed record set")
 
     def __call__(self, value: Any, slot: Any) -> None:
         """Fill ``slot`` (a writable memoryview of ``length`` bytes) from ``value``; ValueError if not canonical."""
@@ -382,11 +327,11 @@ class Expander:
         slot[tail_at : tail_at + len(tail)] = tail
         pos = 0
         end = len(data)
-        cramjam = self._cramjam
+        unpack = self._unpack
         for prefix, off, size in self.fields:
             if data[pos] != 0x0A:
                 raise _NotCanonical("not a canonical record")
-            sub_length, pos = _varint(data, pos + 1)
+            sub_length, pos = read_varint(data, pos + 1)
             sub_end = pos + sub_length
             n = len(prefix)
             if data[pos : pos + n] != prefix or data[pos + n] != 0x60:
@@ -394,7 +339,7 @@ class Expander:
             storage = data[pos + n + 1]
             if data[pos + n + 2] != 0x6A:
                 raise _NotCanonical("not a canonical record")
-            stored, pos = _varint(data, pos + n + 3)
+            stored, pos = read_varint(data, pos + n + 3)
             if pos + stored != sub_end or sub_end > end:
                 raise _NotCanonical("not a canonical record")
             payload = data[pos:sub_end]
@@ -403,11 +348,11 @@ class Expander:
                     raise _NotCanonical("wrong payload size")
                 slot[off : off + size] = payload
             else:
-                codec = _BY_STORAGE.get(storage)
-                if codec is None:
+                into = unpack.get(storage)
+                if into is None:
                     raise _NotCanonical("unknown storage type")
                 try:
-                    written = decompress_into(cramjam, codec, payload, slot[off : off + size])
+                    written = into(payload, slot[off : off + size])
                 except Exception as exc:  # damaged: the checked path names the field
                     raise _NotCanonical(str(exc)) from None
                 if written != size:
@@ -415,6 +360,12 @@ class Expander:
             pos = sub_end
         if pos != end:
             raise _NotCanonical("not a canonical record")
+
+
+def _decompressors(names: Sequence[str], what: str) -> dict[int, Decompressor]:
+    """``storage_type`` -> the function decompressing into a buffer, for the codecs ``names``."""
+    codecs = [CODECS[name] for name in names]
+    return {int(codec.storage_type): codec.decompressor(codec.library(what)) for codec in codecs}
 
 
 def has_compression(fields: Sequence[Any]) -> bool:

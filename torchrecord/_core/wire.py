@@ -33,6 +33,7 @@ from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.codec import encode_payloads
 from torchrecord._core.kinds import materialize, sample_builder
 from torchrecord._core.schema import Field, LeafSignature, Schema
+from torchrecord._core.varint import encode_varint, read_varint
 
 __all__ = ["WireDecoder"]
 
@@ -45,29 +46,6 @@ _PROTOS_TAG = 0x0A
 _DOUBLE = struct.Struct("<d")
 #: scalar kinds read without NumPy, with the only dtype the writer gives them
 _SCALARS = {("int", "int64"): _INT, ("float", "float64"): _FLOAT, ("bool", "bool"): _BOOL}
-
-
-def _varint(value: bytes | memoryview, p: int) -> tuple[int, int]:
-    """The varint at ``value[p]`` and the position after it (IndexError past the end)."""
-    result, shift = 0, 0
-    while True:
-        b = value[p]
-        p += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, p
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 class _Spec:
@@ -155,7 +133,7 @@ class WireDecoder:
                         if b < 0x80:
                             size, q = (size & 0x7F) | b << 7, q + 1
                         else:
-                            size, q = _varint(v, p + 1)
+                            size, q = read_varint(v, p + 1)
                     if v[q : q + 3] != _ONE_STRING:
                         return None
                     n = v[q + 3]
@@ -165,7 +143,7 @@ class WireDecoder:
                         if b < 0x80:
                             n, r = (n & 0x7F) | b << 7, r + 1
                         else:
-                            n, r = _varint(v, q + 3)
+                            n, r = read_varint(v, q + 3)
                     p = r + n
                     if p != q + size:
                         return None
@@ -201,10 +179,10 @@ class WireDecoder:
             for spec in self.specs:
                 if v[p] != _PROTOS_TAG:
                     return None
-                size, q = _varint(v, p + 1)
+                size, q = read_varint(v, p + 1)
                 end = q + size
                 if spec.mode <= _STR:
-                    lead = b"\x08" + _encode_varint(rows) + b"\x10\x04"  # dims = [rows], data_type = STRING
+                    lead = b"\x08" + encode_varint(rows) + b"\x10\x04"  # dims = [rows], data_type = STRING
                     if v[q : q + len(lead)] != lead:
                         return None
                     r = q + len(lead)
@@ -212,7 +190,7 @@ class WireDecoder:
                     for _ in range(rows):
                         if v[r] != _STRING_TAG:
                             return None
-                        n, r = _varint(v, r + 1)
+                        n, r = read_varint(v, r + 1)
                         items.append(bytes(v[r : r + n]))
                         r += n
                     if r != end or r > len(v):

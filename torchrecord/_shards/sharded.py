@@ -25,7 +25,7 @@ from torchrecord._shards import manifest as _manifest
 from torchrecord._shards.remote import FsspecTransport, ShardCache, fetch_manifest, is_url
 from torchrecord._store.checked import Check, combine_checks, parse_check
 from torchrecord._store.claims import fixed_sample_bytes
-from torchrecord._store.format import _describe_directory
+from torchrecord._store.opening import describe_directory
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
 from torchrecord.errors import (
@@ -456,6 +456,6 @@ def _not_a_set(path: str, manifest: str) -> TorchRecordError:
     if any(_manifest.parse_shard_name(name) for name in os.listdir(path)):
         return not_one_file(path)  # the shards of a set never finalized
     return NotARecordSetError(
-        f"{path}: is a directory{_describe_directory(path)} (a sharded set is a directory with "
+        f"{path}: is a directory{describe_directory(path)} (a sharded set is a directory with "
         f"{_manifest.MANIFEST_NAME}: write_shard, finalize_shards)"
     )

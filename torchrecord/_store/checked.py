@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Literal, get_args
 
-from torchrecord._store import format as _format
+from torchrecord._store import opening as _opening
 from torchrecord._store.lmdb_check import check_structure
 from torchrecord.errors import ArgumentError, NotARecordSetError, RecordNotFoundError, StructureError
 
@@ -101,12 +101,12 @@ def ensure(path: str, known: Identity | None = None) -> Identity:
     if now == known or now in _PASSED:
         _PASSED.add(now)
         return now
-    _format.check_path(path)  # a directory, an empty file: say what it is
+    _opening.check_path(path)  # a directory, an empty file: say what it is
     for _ in range(_ATTEMPTS):
         try:
             check_structure(path)
         except NotARecordSetError:
-            _format.check_kind(path)  # an image, an .npy file...: say so
+            _opening.check_kind(path)  # an image, an .npy file...: say so
             raise
         after = identity(path)
         if after == now:  # the file did not change while it was checked

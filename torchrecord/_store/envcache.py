@@ -41,7 +41,7 @@ from typing import ParamSpec, TypeVar
 
 import lmdb
 
-from torchrecord._store.format import open_identified
+from torchrecord._store.opening import open_identified
 from torchrecord.errors import RecordNotFoundError, TooManyOpenFilesError
 
 __all__ = ["Handle", "IDLE_LIMIT", "acquire", "drop_idle", "read_closed", "release"]

@@ -1,4 +1,4 @@
-"""The on-disk layout of a record set (see docs/FORMAT.md): names, keys, metadata.
+"""The on-disk layout of a record set (see docs/FORMAT.md): names, keys, the metadata and its checks.
 
 A record set is one LMDB environment in a single file (``subdir=False``) with
 three named databases:
@@ -11,9 +11,6 @@ three named databases:
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
-import stat
 import struct
 from collections.abc import Iterator
 from typing import Any, TypeGuard
@@ -23,6 +20,7 @@ import msgpack
 import numpy as np
 
 from torchrecord._core import dtypes as _dtypes
+from torchrecord._core.compression import CODECS
 from torchrecord._core.schema import MAX_RANK
 from torchrecord.errors import (
     ArgumentError,
@@ -30,8 +28,6 @@ from torchrecord.errors import (
     FormatError,
     IncompleteRecordSetError,
     NotARecordSetError,
-    RecordNotFoundError,
-    TooManyOpenFilesError,
     VersionError,
 )
 
@@ -50,17 +46,14 @@ __all__ = [
     "META_KEY",
     "PLAIN_VERSION",
     "RECORDS_DB",
-    "check_kind",
+    "REWRITE",
     "check_metadata",
     "check_metadata_size",
-    "check_path",
     "check_schema",
     "decode_key",
     "encode_key",
     "encode_keys",
     "lmdb_errors",
-    "open_identified",
-    "open_readonly",
     "pack_metadata",
     "read_metadata",
     "unpack_metadata",
@@ -72,8 +65,8 @@ FORMAT_NAME = "torchrecord"
 FORMAT_VERSION = 2
 #: The version of a set without compressed fields (older readers read it).
 PLAIN_VERSION = 1
-#: Codec names a version-2 schema field may name (``compression``).
-COMPRESSION_CODECS = ("lz4", "zstd")
+#: Codec names a version-2 schema field may name (``compression``): the registry's.
+COMPRESSION_CODECS = tuple(sorted(CODECS))
 
 RECORDS_DB = b"records"
 CRC_DB = b"crc32"
@@ -91,8 +84,8 @@ MAX_METADATA_CONTAINERS = 1 << 20
 
 _KEY = struct.Struct(">Q")
 
-#: What to tell the user when a file is damaged beyond reading.
-_REWRITE = "copy it again from a good source or write it again with torchrecord.write_record"
+#: What to tell the user when a file is damaged beyond reading (in every message that says so).
+REWRITE = "copy it again from a good source or write it again with torchrecord.write_record"
 
 
 @contextlib.contextmanager
@@ -138,7 +131,7 @@ def unpack_metadata(raw: bytes, path: str) -> dict[str, Any]:
     if len(raw) > MAX_METADATA_BYTES:
         raise FormatError(
             f"{path}: the metadata is {len(raw)} bytes, more than the {MAX_METADATA_BYTES} torchrecord reads "
-            f"(and writes); the file is damaged or was not written by torchrecord: {_REWRITE}"
+            f"(and writes); the file is damaged or was not written by torchrecord: {REWRITE}"
         )
     budget = [MAX_METADATA_CONTAINERS]
 
@@ -161,11 +154,11 @@ def unpack_metadata(raw: bytes, path: str) -> dict[str, Any]:
     except _TooMany:
         raise FormatError(
             f"{path}: the metadata holds more than {MAX_METADATA_CONTAINERS} maps and arrays, more than torchrecord "
-            f"reads (and writes); the file is damaged or was not written by torchrecord: {_REWRITE}"
+            f"reads (and writes); the file is damaged or was not written by torchrecord: {REWRITE}"
         ) from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise NotARecordSetError(
-            f"{path}: metadata is not valid msgpack ({exc}); the file is damaged: {_REWRITE}"
+            f"{path}: metadata is not valid msgpack ({exc}); the file is damaged: {REWRITE}"
         ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise NotARecordSetError(f"{path}: metadata does not describe a torchrecord record set; check the path")
@@ -193,192 +186,6 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise FormatError(f"msgpack extension type {code} is not allowed in torchrecord metadata")
 
 
-def open_readonly(path: str) -> lmdb.Environment:
-    """Open a record set read-only, creating no lock file (safe in any process).
-
-    See :func:`open_identified`, which also says which file was opened.
-    """
-    return open_identified(path)[0]
-
-
-_OPEN_ATTEMPTS = 3
-
-
-def open_identified(path: str) -> tuple[lmdb.Environment, tuple[int, int]]:
-    """Open a record set read-only; returns the environment and the file's (st_dev, st_ino).
-
-    Raises RecordNotFoundError / NotARecordSetError with the path in the message,
-    and CorruptRecordError for a file shorter than its LMDB pages (truncated):
-    LMDB maps the file, and reading a page past its end would kill the process
-    with SIGBUS, so the length is checked here, before any page is read. The
-    file is identified by stat before and after the open, so a file replaced at
-    the path meanwhile (``write_record(overwrite=True)``) is never measured for
-    another one: the open is retried instead.
-    """
-    for _ in range(_OPEN_ATTEMPTS):
-        before = _stat(path)
-        env = _open_lmdb(path)
-        try:
-            after = os.stat(path)
-        except OSError:
-            after = None
-        if after is not None and (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
-            _check_length(env, path, after.st_size)
-            return env, (after.st_dev, after.st_ino)
-        env.close()  # replaced while it was being opened: open the new file
-    raise RecordNotFoundError(f"{path}: the file keeps being replaced while it is opened; try again")
-
-
-def check_path(path: str) -> None:
-    """RecordNotFoundError / NotARecordSetError for a missing path, a directory or an empty file."""
-    _stat(path)
-
-
-def check_kind(path: str) -> None:
-    """NotARecordSetError naming what the file is when it is a common non-record-set format (an image...)."""
-    kind = _sniff(path)
-    if kind is not None:
-        raise NotARecordSetError(f"{path}: is {kind}, not a torchrecord record set; {_CONVERT.format(path=path)}")
-
-
-def _stat(path: str) -> os.stat_result:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise RecordNotFoundError(f"{path}: no record set here (write one with torchrecord.write_record)") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise NotARecordSetError(f"{path}: is a directory{_describe_directory(path)}")
-    if st.st_size == 0:
-        raise NotARecordSetError(f"{path}: empty file, not a record set; {_REWRITE}")
-    return st
-
-
-#: How to make a record set out of images or arrays.
-_CONVERT = "to make a record set of it, run: torchrecord convert {path} OUT.tr (see torchrecord convert --help)"
-
-#: File signatures of what people point a reader at by mistake, and what to call them.
-_SIGNATURES = (
-    (b"\xff\xd8\xff", "a JPEG image"),
-    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
-    (b"GIF8", "a GIF image"),
-    (b"BM", "a BMP image"),
-    (b"\x93NUMPY", "a NumPy .npy file"),
-    (b"PK\x03\x04", "a zip archive (a NumPy .npz file?)"),
-    (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
-)
-
-#: Image file name extensions, to recognise a folder of images.
-_IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
-
-
-def _sniff(path: str) -> str | None:
-    """What the file at ``path`` is, by its first bytes, when it is a common non-record-set format."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except OSError:
-        return None
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "a WebP image"
-    for signature, kind in _SIGNATURES:
-        if head.startswith(signature):
-            return kind
-    return None
-
-
-def _describe_directory(path: str, limit: int = 2000) -> str:
-    """The end of the message for a directory given as a record set: what it holds, what to do."""
-    single = "; a torchrecord record set is a single file written by write_record"
-    if os.path.exists(os.path.join(path, "data.mdb")):
-        return f" holding an LMDB environment (data.mdb), not a torchrecord record set{single}"
-    images = 0
-    seen = 0
-    try:  # a bounded look at the folder and its subfolders (class-per-folder layout)
-        with os.scandir(path) as top:
-            for entry in top:
-                seen += 1
-                if seen > limit:
-                    break
-                if entry.is_dir(follow_symlinks=False):
-                    with os.scandir(entry.path) as inner:
-                        for sub in inner:
-                            seen += 1
-                            images += os.path.splitext(sub.name)[1].lower() in _IMAGE_SUFFIXES
-                            if seen > limit or images:
-                                break
-                else:
-                    images += os.path.splitext(entry.name)[1].lower() in _IMAGE_SUFFIXES
-                if images:
-                    break
-    except OSError:
-        pass
-    if images:
-        return f" of images, not a record set; {_CONVERT.format(path=path)}"
-    return single
-
-
-def _open_lmdb(path: str) -> lmdb.Environment:
-    try:
-        return lmdb.open(
-            path,
-            subdir=False,
-            readonly=True,
-            lock=False,
-            max_dbs=MAX_DBS,
-            max_spare_txns=2,
-        )
-    except lmdb.InvalidError:
-        kind = _sniff(path)
-        if kind is not None:
-            raise NotARecordSetError(
-                f"{path}: is {kind}, not a torchrecord record set; {_CONVERT.format(path=path)}"
-            ) from None
-        raise NotARecordSetError(
-            f"{path}: not an LMDB file, so not a torchrecord record set; check the path, or {_REWRITE}"
-        ) from None
-    except (lmdb.Error, OSError) as exc:
-        if _out_of_descriptors(path, exc):
-            raise TooManyOpenFilesError(
-                errno.EMFILE,
-                f"{path}: cannot open the record set: too many open files in this process ({exc}). The file is "
-                "not at fault: close RecordFiles you no longer need (rf.close(), or a with block), or raise the "
-                "limit on open files (ulimit -n; resource.setrlimit(resource.RLIMIT_NOFILE, ...))",
-            ) from None
-        if isinstance(exc, lmdb.Error):
-            raise NotARecordSetError(f"{path}: cannot open as LMDB ({exc}); {_REWRITE}") from None
-        raise
-
-
-def _out_of_descriptors(path: str, exc: BaseException) -> bool:
-    """Whether opening ``path`` failed because no file descriptor was left (EMFILE, ENFILE).
-
-    py-lmdb reports it as a plain ``lmdb.Error`` without an errno, so an ``open(2)``
-    of the same path tells.
-    """
-    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-        return True
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as probe:
-        return probe.errno in (errno.EMFILE, errno.ENFILE)
-    os.close(fd)
-    return False
-
-
-def _check_length(env: lmdb.Environment, path: str, size: int) -> None:
-    """Close ``env`` and raise unless the file holds every page LMDB's header says it uses."""
-    try:
-        needed = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
-    except lmdb.Error as exc:
-        env.close()
-        raise NotARecordSetError(f"{path}: unreadable LMDB header ({exc}); {_REWRITE}") from None
-    if size < needed:
-        env.close()
-        raise CorruptRecordError(
-            f"{path}: the file is truncated: it has {size} bytes, its LMDB pages need {needed}; {_REWRITE}"
-        )
-
-
 def read_metadata(env: lmdb.Environment, path: str) -> dict[str, Any]:
     """Read and check the metadata: known format, supported version, completed write, sane fields."""
     try:
@@ -392,9 +199,9 @@ def read_metadata(env: lmdb.Environment, path: str) -> dict[str, Any]:
         with env.begin(db=meta_db) as txn:
             raw = txn.get(META_KEY)
     except lmdb.Error as exc:
-        raise CorruptRecordError(f"{path}: cannot read the metadata ({exc}); {_REWRITE}") from None
+        raise CorruptRecordError(f"{path}: cannot read the metadata ({exc}); {REWRITE}") from None
     if raw is None:
-        raise NotARecordSetError(f"{path}: the 'meta' database holds no metadata record; {_REWRITE}")
+        raise NotARecordSetError(f"{path}: the 'meta' database holds no metadata record; {REWRITE}")
     return check_metadata(unpack_metadata(bytes(raw), path), path)
 
 
@@ -421,26 +228,26 @@ def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
         raise IncompleteRecordSetError(f"{path}: the write of this record set never finished; write it again")
     count = meta.get("count")
     if not _is_int(count) or count < 0:
-        raise FormatError(f"{path}: metadata count {count!r} is not a record count; {_REWRITE}")
+        raise FormatError(f"{path}: metadata count {count!r} is not a record count; {REWRITE}")
     per_record = meta.get("samples_per_record", 1)
     if not _is_int(per_record) or not 1 <= per_record <= MAX_SAMPLES_PER_RECORD:
         raise FormatError(
-            f"{path}: metadata samples_per_record {per_record!r} is not in 1..{MAX_SAMPLES_PER_RECORD}; {_REWRITE}"
+            f"{path}: metadata samples_per_record {per_record!r} is not in 1..{MAX_SAMPLES_PER_RECORD}; {REWRITE}"
         )
     records = meta.get("records", count)
     if not _is_int(records) or records != -(-count // per_record):
         raise FormatError(
             f"{path}: metadata records {records!r} does not match count {count} at "
-            f"{per_record} samples per record; {_REWRITE}"
+            f"{per_record} samples per record; {REWRITE}"
         )
     if meta.get("checksum") not in (None, "crc32"):
         raise FormatError(f"{path}: unknown checksum kind {meta.get('checksum')!r} in the metadata")
     if not isinstance(meta.get("user", {}), dict):
-        raise FormatError(f"{path}: metadata 'user' is not a map; {_REWRITE}")
+        raise FormatError(f"{path}: metadata 'user' is not a map; {REWRITE}")
     schema = meta.get("schema")
     if schema is None:
         if count:
-            raise FormatError(f"{path}: metadata has {count} samples but no schema; {_REWRITE}")
+            raise FormatError(f"{path}: metadata has {count} samples but no schema; {REWRITE}")
     else:
         check_schema(schema, path)
     return meta
@@ -461,17 +268,17 @@ def _is_int(x: object) -> TypeGuard[int]:
 def check_schema(schema: Any, path: str) -> None:
     """A FormatError unless ``schema`` is a tree plus one valid field per leaf."""
     if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
-        raise FormatError(f"{path}: the schema in the metadata is malformed; {_REWRITE}")
+        raise FormatError(f"{path}: the schema in the metadata is malformed; {REWRITE}")
     leaves = _count_leaves(schema.get("tree"), 0, path)
     fields = schema["fields"]
     if leaves != len(fields):
-        raise FormatError(f"{path}: the schema tree has {leaves} leaves but {len(fields)} fields; {_REWRITE}")
+        raise FormatError(f"{path}: the schema tree has {leaves} leaves but {len(fields)} fields; {REWRITE}")
     for fld in fields:
         _check_field(fld, path)
 
 
 def _count_leaves(tree: Any, depth: int, path: str) -> int:
-    bad = FormatError(f"{path}: the sample structure in the metadata schema is malformed; {_REWRITE}")
+    bad = FormatError(f"{path}: the sample structure in the metadata schema is malformed; {REWRITE}")
     if depth > _MAX_DEPTH or not isinstance(tree, dict):
         raise bad
     kind = tree.get("t")
@@ -489,7 +296,7 @@ def _count_leaves(tree: Any, depth: int, path: str) -> int:
 
 def _check_field(fld: Any, path: str) -> None:
     if not isinstance(fld, dict) or not isinstance(fld.get("name"), str):
-        raise FormatError(f"{path}: a schema field in the metadata is malformed; {_REWRITE}")
+        raise FormatError(f"{path}: a schema field in the metadata is malformed; {REWRITE}")
     name, kind, dtype, shape = fld["name"], fld.get("kind"), fld.get("dtype"), fld.get("shape")
     where = f"{path}: schema field {name!r}"
     codec = fld.get("compression")
@@ -497,22 +304,22 @@ def _check_field(fld: Any, path: str) -> None:
         raise FormatError(f"{where}: unknown compression {codec!r}; upgrade torchrecord to read it")
     if kind in _STRING_KINDS:
         if dtype != kind or shape != []:
-            raise FormatError(f"{where}: a {kind} field with dtype {dtype!r} and shape {shape!r}; {_REWRITE}")
+            raise FormatError(f"{where}: a {kind} field with dtype {dtype!r} and shape {shape!r}; {REWRITE}")
         return
     if kind not in _SCALAR_KINDS + _ARRAY_KINDS:
-        raise FormatError(f"{where}: unknown kind {kind!r}; {_REWRITE}")
+        raise FormatError(f"{where}: unknown kind {kind!r}; {REWRITE}")
     try:
         _dtypes.by_name(str(dtype) if isinstance(dtype, str) else "")
     except KeyError:
-        raise FormatError(f"{where}: unknown dtype {dtype!r}; {_REWRITE}") from None
+        raise FormatError(f"{where}: unknown dtype {dtype!r}; {REWRITE}") from None
     if not isinstance(shape, list) or len(shape) > _MAX_RANK:
-        raise FormatError(f"{where}: shape {shape!r} is not a list of at most {_MAX_RANK} sizes; {_REWRITE}")
+        raise FormatError(f"{where}: shape {shape!r} is not a list of at most {_MAX_RANK} sizes; {REWRITE}")
     if not all(d is None or (_is_int(d) and d >= 0) for d in shape):
-        raise FormatError(f"{where}: shape {shape!r} holds something other than sizes >= 0; {_REWRITE}")
+        raise FormatError(f"{where}: shape {shape!r} holds something other than sizes >= 0; {REWRITE}")
     if kind in _SCALAR_KINDS and shape:
-        raise FormatError(f"{where}: a Python {kind} with shape {shape!r}; {_REWRITE}")
+        raise FormatError(f"{where}: a Python {kind} with shape {shape!r}; {REWRITE}")
     size = _dtypes.by_name(str(dtype)).itemsize
     for d in shape:
         size *= d or 1
     if size >= MAX_FIELD_BYTES:
-        raise FormatError(f"{where}: shape {shape!r} is {size} bytes per sample, more than an array holds; {_REWRITE}")
+        raise FormatError(f"{where}: shape {shape!r} is {size} bytes per sample, more than an array holds; {REWRITE}")

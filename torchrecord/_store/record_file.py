@@ -11,17 +11,14 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from torchrecord._core.codec import decode_leaves
-from torchrecord._core.kinds import materialize, sample_builder
 from torchrecord._core.schema import Schema
-from torchrecord._core.structure import unflatten
-from torchrecord._core.wire import WireDecoder
 from torchrecord._store import checked as _checked
 from torchrecord._store import claims as _claims
 from torchrecord._store import envcache as _envcache
 from torchrecord._store import format as _format
 from torchrecord._store.groups import read_offsets
 from torchrecord._store.identity import set_id_of
+from torchrecord._store.record_decode import RecordDecoding
 from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
 from torchrecord._store.subset import Subset
 from torchrecord._store.subset import resolve as resolve_subset
@@ -47,7 +44,7 @@ def shard_file(records: RecordSet, s: int) -> RecordFile:
     return shard
 
 
-class RecordFile(RecordSet):
+class RecordFile(RecordDecoding, RecordSet):
     r"""Map-style, read-only access to the records of a record set in one file.
 
     ``rf[i]`` is the i-th stored sample (negative indices count from the end),
@@ -336,64 +333,6 @@ class RecordFile(RecordSet):
         """The checksum database handle, or None for a set written without checksums."""
         self._open()
         return self._crc_db
-
-    def _wire(self) -> WireDecoder | None:
-        """The hand reader of this set's records (``torchrecord._core.wire``), or None where it does not apply."""
-        schema = self.schema
-        cached = self.__dict__.get("_wire_decoder")
-        if cached is None or cached[0] is not schema:
-            cached = self.__dict__["_wire_decoder"] = (schema, WireDecoder.of(schema) if self._wire_on else None)
-        decoder: WireDecoder | None = cached[1]
-        return decoder
-
-    #: read records of strings and fixed-shape fields by hand when they have the usual form (tests turn it off)
-    _wire_on = True
-
-    def decode(self, value: bytes | memoryview, index: int) -> Any:
-        """Decode one stored ``value`` of a set with one sample per record (``index`` names it in errors).
-
-        A record of the usual form is read by the wire fast path (``torchrecord._core.wire``);
-        any other goes through the checked protobuf decoder, which reads it the same or raises.
-        """
-        wire = self._wire()
-        if wire is not None:
-            leaves = wire.leaves(value)
-            if leaves is not None:
-                return wire.build(leaves)
-        return self._decode_checked(value, index)
-
-    def _decode_checked(self, value: bytes | memoryview, index: int) -> Any:
-        """:meth:`decode` through protobuf and the schema checks alone (the slow path)."""
-        fields = self.schema.fields
-        where = f"{self.path}: record {index}"
-        payloads = decode_leaves(value, fields, where)
-        leaves = [materialize(p, f, where) for p, f in zip(payloads, fields)]
-        return unflatten(self.schema.tree, leaves)
-
-    def decode_record(self, value: bytes | memoryview, record: int, row: int | None = None) -> list[Any]:
-        """Decode the stored ``value`` of record ``record`` into the list of samples it holds.
-
-        With ``row``, only that sample of a chunked record is built (a list of one).
-        """
-        k = self.samples_per_record
-        if k == 1:
-            return [self.decode(value, record)]
-        fields = self.schema.fields
-        rows = min(k, self._set_count() - record * k)
-        where = f"{self.path}: record {record}"
-        wire = self._wire()
-        columns = wire.columns(value, rows) if wire is not None else None
-        if columns is not None:  # the wire path's lists hold finished leaves, its arrays are materialized below
-            ready = [type(c) is list for c in columns]
-        else:
-            columns = decode_leaves(value, fields, where, rows)
-            ready = [False] * len(fields)
-        wanted = range(rows) if row is None else [row]
-        build = sample_builder(self.schema.tree)
-        return [
-            build([c[j] if done else materialize(c[j], f, where) for c, f, done in zip(columns, fields, ready)])
-            for j in wanted
-        ]
 
     def raw(self, record: int) -> bytes:
         """The stored bytes of record ``record`` (a serialized TensorProtos)."""

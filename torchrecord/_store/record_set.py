@@ -88,9 +88,9 @@ def not_one_file(path: str) -> NotARecordSetError:
             "run torchrecord.finalize_shards on it (it names any missing shard), then open it with "
             "torchrecord.open_set"
         )
-    from torchrecord._store.format import _describe_directory
+    from torchrecord._store.opening import describe_directory
 
-    return NotARecordSetError(f"{path}: is a directory{_describe_directory(path)}")
+    return NotARecordSetError(f"{path}: is a directory{describe_directory(path)}")
 
 
 class RecordSet(abc.ABC):

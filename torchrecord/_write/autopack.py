@@ -28,6 +28,7 @@ from torchrecord._core.codec import decode_leaves, encode_payloads
 from torchrecord._core.compress import FieldCompressor
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.schema import Field, Schema
+from torchrecord._core.varint import varint_size
 from torchrecord._write.lmdb_writer import LmdbAppender
 from torchrecord._write.packing import Packer, restore
 from torchrecord._write.sources import Encoded, Normalized
@@ -55,10 +56,6 @@ _SLACK = 1.01
 _SMALL_ENOUGH = 1.06
 
 
-def _varint_len(n: int) -> int:
-    return max(1, math.ceil(n.bit_length() / 7))
-
-
 def _sample_bytes(f: Field) -> int:
     return math.prod(int(d or 0) for d in f.shape) * _dtypes.by_name(f.dtype).itemsize
 
@@ -69,8 +66,8 @@ def record_length(fields: Sequence[Field], rows: int) -> int:
     for f in fields:
         dims = ([rows] if rows > 1 else []) + [int(d or 0) for d in f.shape]
         size = rows * _sample_bytes(f)
-        sub = sum(1 + _varint_len(d) for d in dims) + 2 + 2 + 1 + _varint_len(size) + size
-        total += 1 + _varint_len(sub) + sub
+        sub = sum(1 + varint_size(d) for d in dims) + 2 + 2 + 1 + varint_size(size) + size
+        total += 1 + varint_size(sub) + sub
     return total
 
 

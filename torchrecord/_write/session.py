@@ -94,35 +94,40 @@ class WriteSession:
             self.publisher.discard()
             raise
         try:
-            self.tracker = GroupTracker(target) if self.key is not None else None
-            self.admission = Admission(
-                target,
-                settings.on_error,
-                chunk or 1,
-                self.tracker,
-                source,
-                max_skipped=settings.max_skipped,
-                declared=Declared.parse(settings.schema),
-            )
-            self.packer = AutoPacker(
-                self.appender,
-                chunk,
-                schema_of=lambda: self.admission.schema,
-                compression=settings.compression,
-                compression_level=settings.compression_level,
-                checksums=settings.checksums,
-                packable=lambda: not self.admission.has_lists,
-            )
-            if spool:
-                self.spool = Spool.create(
-                    self.publisher.scratch(".spool"),
-                    initial_map_size=settings.initial_map_size,
-                    commit_bytes=settings.commit_bytes,
-                    name=target,
-                )
+            self._assemble(source, spool)
         except BaseException:
             self.abort()
             raise
+
+    def _assemble(self, source: str, spool: bool) -> None:
+        """The parts that take the samples, on the open temporary file: admission, packer, spool."""
+        settings, chunk, target = self.settings, self.settings.samples_per_record, self.target
+        self.tracker = GroupTracker(target) if self.key is not None else None
+        self.admission = Admission(
+            target,
+            settings.on_error,
+            chunk or 1,
+            self.tracker,
+            source,
+            max_skipped=settings.max_skipped,
+            declared=Declared.parse(settings.schema),
+        )
+        self.packer = AutoPacker(
+            self.appender,
+            chunk,
+            schema_of=lambda: self.admission.schema,
+            compression=settings.compression,
+            compression_level=settings.compression_level,
+            checksums=settings.checksums,
+            packable=lambda: not self.admission.has_lists,
+        )
+        if spool:
+            self.spool = Spool.create(
+                self.publisher.scratch(".spool"),
+                initial_map_size=settings.initial_map_size,
+                commit_bytes=settings.commit_bytes,
+                name=target,
+            )
 
     # -- taking samples --------------------------------------------------------------
     def consume(self, stream: Iterator[Item | Encoded], total: int | None) -> None:

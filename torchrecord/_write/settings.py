@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 from torchrecord._core import compress as _compress
+from torchrecord._core.compression import Codec, Compression  # defined with the codecs' registry
 from torchrecord._store import format as _format
 from torchrecord._write.admission import ON_ERROR
 from torchrecord._write.declared import Declared
@@ -40,10 +41,6 @@ __all__ = [
 
 #: ``on_error=``: abort at the first bad sample, or leave bad samples out.
 OnError = Literal["raise", "skip"]
-#: A compression codec (``compression=``; the ``compress`` extra).
-Codec = Literal["zstd", "lz4"]
-#: ``compression=``: one codec for every numeric field, or field name -> codec or None.
-Compression = Codec | Mapping[str, Codec | None] | None
 #: ``multiprocessing_context=``: the start method of the reader workers.
 StartMethod = Literal["fork", "spawn", "forkserver"]
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
