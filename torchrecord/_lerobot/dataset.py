@@ -139,8 +139,12 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
                 )
         delta_plan.check_delta_timestamps(delta_timestamps, robot.fps, self.tolerance_s)
         deltas = delta_plan.delta_indices(delta_timestamps, robot.fps)
-        if len(deltas.get("task_index", ())) > 1:
-            raise ArgumentError("delta_timestamps['task_index'] with several offsets: LeRobot fails on every item")
+        for key in ("task_index", "timestamp"):
+            if len(deltas.get(key, ())) > 1 and (key == "task_index" or robot.video_keys):
+                raise ArgumentError(
+                    f"delta_timestamps[{key!r}] with several offsets: LeRobot fails on every item (it reads one "
+                    f"{key} per item{' of a set with videos' if key == 'timestamp' else ''})"
+                )
         return deltas
 
     # -- LeRobot's attributes ---------------------------------------------------------------
@@ -206,8 +210,12 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         columns: dict[str, Any] = {}
         pads: dict[str, torch.Tensor] = {}
         wanted: list[tuple[str, np.ndarray]] = []
+        # LeRobot decodes a video key without offsets at the item's timestamp, windowed when that is (one offset)
+        shown = frame
+        if "timestamp" in self._deltas:
+            shown = delta_plan.query_frames(frame, start, end, self._deltas["timestamp"])[0][:, 0]
         for key in self._keys:
-            where = frame
+            where = shown if key in self.robot.video_keys else frame
             if key in self._deltas:
                 where, pad = delta_plan.query_frames(frame, start, end, self._deltas[key])
                 pads[f"{key}_is_pad"] = torch.from_numpy(pad)
