@@ -137,8 +137,9 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
                 raise ArgumentError(
                     f"{self.path}: delta_timestamps names {key!r}, which is no feature (its keys: {keys})"
                 )
-        delta_plan.check_delta_timestamps(delta_timestamps, robot.fps, self.tolerance_s)
-        deltas = delta_plan.delta_indices(delta_timestamps, robot.fps)
+        fps = int(robot.fps) if robot.fps.is_integer() else robot.fps
+        delta_plan.check_delta_timestamps(delta_timestamps, fps, self.tolerance_s)
+        deltas = delta_plan.delta_indices(delta_timestamps, fps)
         for key in ("task_index", "timestamp"):
             if len(deltas.get(key, ())) > 1 and (key == "task_index" or robot.video_keys):
                 raise ArgumentError(
