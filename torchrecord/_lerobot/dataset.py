@@ -229,13 +229,11 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         columns.update(pads)
         task_index = columns["task_index"]
         tasks = self.robot.tasks
-        names = [tasks[int(t)] for t in task_index.reshape(len(at)).tolist()]
-        items = []
+        names = [tasks[t] for t in task_index.reshape(len(at)).tolist()]
         keys = self._order[:-1]
-        for i, name in enumerate(names):
-            item = {key: columns[key][i] for key in keys}
+        items = [dict(zip(keys, values)) for values in zip(*(columns[key].unbind(0) for key in keys))]
+        for item, name in zip(items, names):
             item["task"] = name
-            items.append(item)
         if self.image_transforms is not None:
             for item in items:
                 for key in self.robot.cameras:
@@ -267,8 +265,9 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
 
 def _scaled(pixels: np.ndarray, *, squeeze: bool) -> torch.Tensor:
     """uint8 frames [..., H, W, C] as LeRobot's float32 [..., C, H, W] in [0, 1] (``uint8 / 255``)."""
-    t = torch.from_numpy(pixels)
-    t = t.movedim(-1, -3).contiguous().to(torch.float32).div_(255)
-    if squeeze and t.shape[1] == 1:  # LeRobot squeezes a video window of one frame
-        t = t.squeeze(1)
-    return t
+    t = torch.from_numpy(pixels).movedim(-1, -3)
+    out = torch.empty(t.shape, dtype=torch.float32)  # contiguous: the permuted copy and the cast in one pass
+    out.copy_(t).div_(255)
+    if squeeze and out.shape[1] == 1:  # LeRobot squeezes a video window of one frame
+        out = out.squeeze(1)
+    return out
