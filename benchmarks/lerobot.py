@@ -6,8 +6,8 @@ Runs in the oracle's environment (``bash scripts/setup-lerobot.sh``, then
 
 Data: a LeRobot v3.0 dataset built with LeRobot's own API (``create``,
 ``add_frame``, ``save_episode``): ``--episodes`` episodes (default 40) of 40-100
-frames at 30 fps; two cameras (uint8 96x128 and 72x96, drawn like renders:
-gradients and moving shapes), ``observation.state`` and ``action`` float32[14],
+frames at 30 fps; two cameras (uint8 96x128 and 72x96: gradients, a moving
+shape and a camera's sensor noise), ``observation.state`` and ``action`` float32[14],
 a scalar reward, three tasks; image mode by default, video with ``--video h264``
 or ``--video libsvtav1``. It is converted once with
 ``torchrecord.convert.from_lerobot``; both are kept under ``--data-dir``.
@@ -75,7 +75,8 @@ def _render(h: int, w: int, t: float, seed: int) -> np.ndarray:
     cx, cy = 0.5 + 0.3 * np.sin(t + seed), 0.5 + 0.2 * np.cos(1.3 * t)
     cube = (np.abs(x - cx) < 0.1) & (np.abs(y - cy) < 0.1)
     frame[cube] = (200, 40 + seed % 50, 40)
-    return frame
+    noise = np.random.default_rng([seed, int(t * FPS)]).integers(-3, 4, frame.shape)  # a camera's sensor noise
+    return np.clip(frame.astype(np.int16) + noise, 0, 255).astype(np.uint8)
 
 
 def build(root: Path, episodes: int, video: str | None, *, short: bool = False) -> Path:

@@ -202,8 +202,9 @@ def test_bad_sources_are_named_and_nothing_is_written(
 def test_compressed_cameras_read_back_the_same(dataset: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
     root, frames = dataset
     plain = LeRobotDataset(from_lerobot(root, tmp_path / "plain.tr", progress=False))
-    packed = from_lerobot(root, tmp_path / "z.tr", compression="zstd", samples_per_record=1, progress=False)
-    assert packed.samples_per_record == 1
+    packed = from_lerobot(root, tmp_path / "z.tr", compression="zstd", progress=False)
+    assert packed.samples_per_record == 1  # compressed: one frame per record
+    assert from_lerobot(root, tmp_path / "z4.tr", compression="lz4", samples_per_record=4).samples_per_record == 4
     zstd = LeRobotDataset(packed)
     for i in range(len(frames)):
         x, y = zstd[i], plain[i]

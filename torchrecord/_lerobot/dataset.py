@@ -162,14 +162,17 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
 
     @property
     def num_frames(self) -> int:
+        """Frames of the selected episodes (= ``len()``)."""
         return len(self._frame)
 
     @property
     def num_episodes(self) -> int:
+        """Episodes selected."""
         return len(self.episodes) if self.episodes is not None else len(self.robot.episode_index)
 
     @property
     def features(self) -> dict[str, Any]:
+        """The ``features`` of ``info.json``."""
         return dict(self.meta.features)
 
     @property
@@ -202,6 +205,7 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         return len(self._frame)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        """The item at ``index`` (negative counts from the end)."""
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:

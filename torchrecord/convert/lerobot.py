@@ -173,8 +173,10 @@ def from_lerobot(
         progress: a tqdm bar (None: on a terminal only).
         metadata: more user metadata, stored beside ``"lerobot"``.
         checksums: store a CRC-32 per record.
-        samples_per_record, initial_map_size, commit_bytes: as for
-            :func:`torchrecord.write_record`.
+        samples_per_record: frames per LMDB record; None: as ``write_record``
+            packs, or 1 with ``compression`` (a frame read at random then
+            decompresses only itself).
+        initial_map_size, commit_bytes: as for :func:`torchrecord.write_record`.
         compression, compression_level: compress fields as ``write_record``
             does, e.g. ``{"observation.images.top": "zstd"}`` (the ``compress``
             extra; see docs/lerobot.md for sizes and speeds).
@@ -211,7 +213,9 @@ def from_lerobot(
     description = _description(src, videos)
     stream = RowStream(hi - lo, lambda: _samples(src, lo, hi, videos))
     grouped = EPISODE_FIELD if num_shards is None else None
-    settings = dataclasses.replace(settings, shuffle=False, group_by=grouped)
+    # compressed: one frame per record, so that reading a frame at random decompresses that frame only
+    packing = 1 if compression is not None and samples_per_record is None else samples_per_record
+    settings = dataclasses.replace(settings, shuffle=False, group_by=grouped, samples_per_record=packing)
     return write(stream, path, {"source_format": "lerobot", META_KEY: description}, settings, shard, num_shards)
 
 
