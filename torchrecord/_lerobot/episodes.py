@@ -27,7 +27,7 @@ import numpy as np
 from torchrecord._store.record_set import RecordSet
 from torchrecord.errors import ArgumentError, FormatError, VersionError
 
-__all__ = ["EPISODE_FIELD", "INDEX_FIELDS", "LeRobotSet", "META_KEY", "VERSION", "item_dtype"]
+__all__ = ["EPISODE_FIELD", "LeRobotSet", "META_KEY", "VERSION", "item_dtype"]
 
 #: The user metadata key of the description.
 META_KEY = "lerobot"
@@ -35,8 +35,6 @@ META_KEY = "lerobot"
 VERSION = 1
 #: The per-frame field a single-file set is grouped by.
 EPISODE_FIELD = "episode_index"
-#: The index columns every LeRobot frame has.
-INDEX_FIELDS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
 def item_dtype(stored: np.dtype[Any]) -> np.dtype[Any]:
