@@ -209,6 +209,8 @@ def from_lerobot(
             raise ArgumentError(f"num_shards={num_shards} is more than the dataset's {episodes} episodes")
         first, last = shard * episodes // num_shards, (shard + 1) * episodes // num_shards
         lo, hi = int(src.episodes["dataset_from_index"][first]), int(src.episodes["dataset_to_index"][last - 1])
+    # every episode's frames are planned (packets only, no decoding), also by a shard's writer: the largest
+    # time gap in the metadata is the whole dataset's, the same in every shard
     videos = {key: _Video(src, key) for key in src.video_keys}
     description = _description(src, videos)
     stream = RowStream(hi - lo, lambda: _samples(src, lo, hi, videos))
