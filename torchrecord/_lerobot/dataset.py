@@ -269,9 +269,8 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
 
 def _scaled(pixels: np.ndarray, *, squeeze: bool) -> torch.Tensor:
     """uint8 frames [..., H, W, C] as LeRobot's float32 [..., C, H, W] in [0, 1] (``uint8 / 255``)."""
-    t = torch.from_numpy(pixels).movedim(-1, -3)
-    out = torch.empty(t.shape, dtype=torch.float32)  # contiguous: the permuted copy and the cast in one pass
-    out.copy_(t).div_(255)
+    channels_first = torch.from_numpy(pixels).movedim(-1, -3).contiguous()  # the permuted copy in uint8
+    out = torch.div(channels_first, 255)  # float32, value for value LeRobot's ``to(float32).div(255)``
     if squeeze and out.shape[1] == 1:  # LeRobot squeezes a video window of one frame
         out = out.squeeze(1)
     return out
