@@ -68,6 +68,10 @@ def test_bad_arguments_are_refused(converted: tuple[str, list[dict[str, Any]]]) 
         LeRobotDataset(path, delta_timestamps={"task": [0.0]})
     with pytest.raises(ArgumentError, match=r"task_index.*several offsets"):
         LeRobotDataset(path, delta_timestamps={"task_index": [0.0, 0.1]})
+    with pytest.raises(ArgumentTypeError, match="must be a dict"):
+        LeRobotDataset(path, delta_timestamps=[0.0])  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="non-empty list"):
+        LeRobotDataset(path, delta_timestamps={"action": []})
     ds = LeRobotDataset(path)
     with pytest.raises(IndexOutOfRangeError, match="item 35 out of range"):
         ds[35]

@@ -102,7 +102,6 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         robot = LeRobotSet.open(file)
         self.path, self.robot = file.path, robot
         self.image_transforms, self.tolerance_s = image_transforms, tolerance_s
-        self.delta_timestamps = None if delta_timestamps is None else {k: list(v) for k, v in delta_timestamps.items()}
         for key, offset in robot.max_video_offset.items():
             if not np.float32(offset) < np.float32(tolerance_s):
                 raise ArgumentError(
@@ -115,7 +114,8 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         lengths = ends - starts
         self._frame = np.concatenate([np.arange(a, b) for a, b in zip(starts.tolist(), ends.tolist())])
         self._start, self._end = np.repeat(starts, lengths), np.repeat(ends, lengths)
-        self._deltas = self._plan(robot, self.delta_timestamps)
+        self._deltas = self._plan(robot, delta_timestamps)
+        self.delta_timestamps = None if delta_timestamps is None else {k: list(v) for k, v in delta_timestamps.items()}
         plain = [c for c in robot.columns if c not in robot.cameras]
         cameras = [c for c in (*robot.video_keys, *robot.columns) if c in robot.cameras]
         self._keys = [*robot.video_keys, *robot.columns]
