@@ -155,6 +155,8 @@ def _replace(table: Any, name: str, values: Any) -> Any:
         ("column", r"has no column 'observation.state'"),
         ("table", r"episode 2 holds frames \[8, 16\)"),
         ("image", r"frame 0, image 'observation.images.top' has mode I;16"),
+        ("garbage", r"file-003.parquet: cannot read as parquet"),
+        ("short", r"holds 21 frames, the episode table 26"),
     ],
 )
 def test_bad_sources_are_named_and_nothing_is_written(
@@ -192,6 +194,10 @@ def test_bad_sources_are_named_and_nothing_is_written(
             [{"bytes": buf.getvalue(), "path": None}] * 7, pa.struct([("bytes", pa.binary()), ("path", pa.string())])
         )
         _rewrite(data / "file-000.parquet", lambda t: _replace(t, "observation.images.top", column))
+    elif damage == "garbage":
+        (data / "file-003.parquet").write_bytes(b"PAR1 not really")
+    elif damage == "short":
+        (data / "file-003.parquet").unlink()
     info_path.write_text(json.dumps(info))
     with pytest.raises(SourceError, match=message):
         from_lerobot(root, tmp_path / "bad.tr", progress=False)

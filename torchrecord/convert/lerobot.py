@@ -85,7 +85,7 @@ def _samples(src: LeRobotSource, lo: int, hi: int, videos: dict[str, _Video]) ->
     shapes: dict[str, tuple[int, ...]] = {}
     try:
         for first, values in src.rows(lo, hi, src.columns):
-            n = len(values["index"])
+            n = len(next(iter(values.values())))
             frames = np.arange(first, first + n)
             episode = np.searchsorted(start, frames, side="right") - 1
             _check_rows(src, values, frames, episode, start)

@@ -199,30 +199,28 @@ class LeRobotSource:
     def rows(self, lo: int, hi: int, names: list[str]) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """Batches of columns ``names`` of frames ``[lo, hi)``, as (first frame, {column: values})."""
         pq = _pq()
-        at = 0
+        pa = need("pyarrow", "reading a LeRobot dataset")
+        start = 0  # the first frame of the file
         for path in self.data_files:
             try:
                 f = pq.ParquetFile(path)
-            except OSError as exc:
+                total = f.metadata.num_rows
+                if start < hi and lo < start + total:  # else not read
+                    missing = [n for n in names if n not in f.schema_arrow.names]
+                    if missing:
+                        raise SourceError(f"{path}: has no column {missing[0]!r}, which info.json lists")
+                    at = start
+                    for batch in f.iter_batches(batch_size=_BATCH_ROWS, columns=names):
+                        a, b = max(lo, at), min(hi, at + batch.num_rows)
+                        if a < b:
+                            part = batch.slice(a - at, b - a)
+                            yield a, {name: _column(part.column(name), path, name, a) for name in names}
+                        at += batch.num_rows
+            except (OSError, pa.ArrowException) as exc:
                 raise SourceError(f"{path}: cannot read as parquet ({exc})") from None
-            rows = f.metadata.num_rows
-            if at + rows <= lo or at >= hi:
-                at += rows
-                continue
-            missing = [n for n in names if n not in f.schema_arrow.names]
-            if missing:
-                raise SourceError(f"{path}: has no column {missing[0]!r}, which info.json lists")
-            for batch in f.iter_batches(batch_size=_BATCH_ROWS, columns=names):
-                n = batch.num_rows
-                if at + n > lo and at < hi:
-                    a, b = max(lo, at) - at, min(hi, at + n) - at
-                    yield (
-                        at + a,
-                        {name: _column(batch.column(name).slice(a, b - a), path, name, at + a) for name in names},
-                    )
-                at += n
-        if at < hi:
-            raise SourceError(f"{self.at('data')}: holds {at} frames, the episode table {hi}")
+            start += total
+        if start < hi:
+            raise SourceError(f"{self.at('data')}: holds {start} frames, the episode table {hi}")
 
 
 def _column(column: Any, path: str, name: str, first: int) -> np.ndarray:
