@@ -245,3 +245,14 @@ def test_from_lerobot_takes_the_write_options_as_write_record_does() -> None:
             assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
     lacking = {name for name in reference if name not in ours and name not in ("dataset", "path")}
     assert lacking == {*NOT_LEROBOT, "shuffle"}
+
+
+def test_a_missing_decoder_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from torchrecord.convert.lerobot_video import VideoPlan
+    from torchrecord.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "av", None)  # as if PyAV were not installed
+    with pytest.raises(MissingDependencyError, match=r"needs av: pip install .*'av>=14'.*\.\[lerobot\]"):
+        VideoPlan("episode.mp4")
