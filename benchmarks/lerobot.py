@@ -26,12 +26,13 @@ query). Per point: items/s over ``--batches`` batches after one warm-up batch,
 and the ratio to LeRobot's. Target: the drop-in at least 10x LeRobot's items/s
 with windows at 0 workers, on a quiet machine.
 
-Quick check that it runs: ``python -m benchmarks.lerobot --tiny``.
+Quick check that it runs: ``python -m benchmarks.lerobot --tiny``; ``--out FILE`` writes the figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
 import warnings
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=20, help="timed batches per point (after one warm-up)")
     parser.add_argument("--workers", default="0,2")
     parser.add_argument("--tiny", action="store_true", help="a tiny dataset and a few batches: checks that it runs")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     import tv_compat  # noqa: F401  (the oracle's environment: before LeRobot imports torchvision)
 
@@ -246,13 +248,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {frames} frames, {args.episodes} episodes, {FPS} fps (built in {built:.1f} s)")
         print(f"batch size {args.batch_size}, {args.batches} timed batches per point, items/s")
         print_header()
-        run(
+        rows = run(
             root,
             converted,
             batch_size=args.batch_size,
             batches=args.batches,
             workers=[int(w) for w in args.workers.split(",")],
         )
+    if args.out is not None:
+        info = {"dataset": name, "frames": frames, "batch_size": args.batch_size, "batches": args.batches}
+        args.out.write_text(json.dumps({"info": info, "rows": rows}, indent=1))
     return 0
 
 
