@@ -5,7 +5,7 @@ never from a sibling on its layer or from above):
 
     face          torchrecord/__init__.py, __main__
     commands      cli, convert, transforms
-    features      _mix | _streams | _robomimic | _memory
+    features      _mix | _streams | _robomimic | _lerobot | _memory
     operations    _read | _write | _check
     sets          _shards
     store         _store
@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "torchrecord"
 LAYERS: list[list[str]] = [
     ["__main__"],
     ["cli", "convert", "transforms"],
-    ["_mix", "_streams", "_robomimic", "_memory"],
+    ["_mix", "_streams", "_robomimic", "_lerobot", "_memory"],
     ["_read", "_write", "_check"],
     ["_shards"],
     ["_store"],

@@ -11,6 +11,7 @@ and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 
 from torchrecord._check.verify import VerifyReport, verify
 from torchrecord._core.schema import Field, Schema
+from torchrecord._lerobot.dataset import LeRobotDataset
 from torchrecord._memory.batches import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord._mix.dataset import MixedDataset
 from torchrecord._read.collate import collate
@@ -79,6 +80,7 @@ __all__ = [
     "IncompleteRecordSetError",
     "IndexOutOfRangeError",
     "InternalError",
+    "LeRobotDataset",
     "LoaderMismatchError",
     "MissingDatasetKeyWarning",
     "MissingDependencyError",

@@ -165,7 +165,10 @@ def _add_convert(commands: Any) -> None:
         "  robomimic  robomimic demos (HDF5 with data/demo_N groups, detected by layout):\n"
         "             one sample per time step, grouped by demo in robomimic's order (not\n"
         "             shuffled), for torchrecord.SequenceDataset and WindowDataset; --keys\n"
-        "             chooses the obs keys, --dataset-keys the per-step arrays\n\n"
+        "             chooses the obs keys, --dataset-keys the per-step arrays\n"
+        "  lerobot    a LeRobot v3.0 dataset folder (or, with --format lerobot, a repo id in\n"
+        "             the local Hugging Face cache): one sample per frame in LeRobot's order,\n"
+        "             cameras as uint8 [H, W, C] (videos decoded), for torchrecord.LeRobotDataset\n\n"
         "An option that does not apply to the source's format is refused, naming it.\n"
         "Images stay encoded; decode them when reading with\n"
         "RecordDataset(path, transform=torchrecord.transforms.decode_image).",

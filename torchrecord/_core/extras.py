@@ -7,7 +7,7 @@ tests/test_install.py checks this table against setup.cfg's ``extras_require``.
 
 from __future__ import annotations
 
-__all__ = ["EXTRAS", "HF_HINT", "REMOTE_HINT", "S3_HINT", "install_hint"]
+__all__ = ["EXTRAS", "HF_HINT", "LEROBOT_HINT", "REMOTE_HINT", "S3_HINT", "install_hint"]
 
 # extra name -> the requirement it installs (as in setup.cfg)
 EXTRAS: dict[str, str] = {
@@ -31,3 +31,7 @@ REMOTE_HINT = "pip install 'fsspec>=2023.1' 'aiohttp>=3.8' (or, in a torchrecord
 HF_HINT = "pip install 'datasets>=3' 'pyarrow>=14' (or, in a torchrecord checkout: pip install -e '.[hf]')"
 #: The ``s3`` extra (s3:// URLs through s3fs), spelled out too.
 S3_HINT = "pip install 's3fs>=2023.1' 'fsspec>=2023.1' (or, in a torchrecord checkout: pip install -e '.[s3]')"
+#: The ``lerobot`` extra (LeRobot datasets in: parquet, images, videos), spelled out too.
+LEROBOT_HINT = (
+    "pip install 'pyarrow>=14' 'pillow>=9' 'av>=14' (or, in a torchrecord checkout: pip install -e '.[lerobot]')"
+)

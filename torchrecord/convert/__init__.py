@@ -9,6 +9,8 @@ list      text file of ``<path> <label>`` lines  ``{"image": bytes, "label": int
 npy       one ``.npy`` array                     its row ``array[i]``
 npz       ``.npz`` archive                       ``{name: array[i]}`` over its arrays
 hdf5      HDF5 file                              ``{name: dataset[i]}`` (groups nest dicts)
+lerobot   LeRobot v3.0 folder (or a repo id in   one frame, episodes together, cameras as
+          the local Hugging Face cache)         uint8 [H, W, C]; see :func:`from_lerobot`
 robomimic robomimic HDF5 (``data/demo_N/...``)    one time step, demos as groups (each
                                                 demo's final next_obs frame kept beside
                                                 the steps); see :func:`from_robomimic`
@@ -52,6 +54,8 @@ from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
 from torchrecord.convert.hf import from_hf, is_hf_folder
 from torchrecord.convert.images import IMG_EXTENSIONS, from_image_folder, from_list_file
+from torchrecord.convert.lerobot import convert_options as _lerobot_options
+from torchrecord.convert.lerobot import from_lerobot, is_lerobot
 from torchrecord.convert.robomimic import from_robomimic, is_robomimic
 from torchrecord.convert.wds import from_webdataset
 from torchrecord.errors import ArgumentError, SourceError
@@ -64,10 +68,12 @@ __all__ = [
     "from_hdf5",
     "from_hf",
     "from_image_folder",
+    "from_lerobot",
     "from_list_file",
     "from_numpy",
     "from_robomimic",
     "from_webdataset",
+    "is_lerobot",
     "is_robomimic",
 ]
 
@@ -79,6 +85,7 @@ CONVERTERS: dict[str, Callable[..., RecordFile]] = {
     "npz": from_numpy,
     "hdf5": from_hdf5,
     "robomimic": from_robomimic,
+    "lerobot": from_lerobot,
     "hf": from_hf,
     "webdataset": from_webdataset,
 }
@@ -102,7 +109,7 @@ def detect_format(source: str | os.PathLike[str]) -> str:
     """
     path = os.fspath(source)
     if os.path.isdir(path):
-        return "hf" if is_hf_folder(path) else "folder"
+        return "lerobot" if is_lerobot(path) else "hf" if is_hf_folder(path) else "folder"
     existing(path)
     with open(path, "rb") as f:
         head = f.read(1 << 16)
@@ -240,6 +247,8 @@ def convert(
         if fmt != "hf":
             raise ArgumentError(f"split (--split) chooses a split of an hf source, not of a {fmt} source")
         options["split"] = split
+    if fmt == "lerobot":  # frame order kept; the options that do not apply are refused
+        return from_lerobot(source, path, **_lerobot_options(os.fspath(source), {**written, **sharding}))
     if fmt in ("folder", "list"):
         options["check_images"] = check_images
         options["keep_paths"] = keep_paths
