@@ -19,6 +19,7 @@ worker fills its own, a fork worker shares the parent's).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,8 @@ import numpy as np
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.layout import FixedLayout
 from torchrecord._lerobot.episodes import item_dtype
-from torchrecord._read.reader import Share, ShareReader
+from torchrecord._order.share import Share
+from torchrecord._read.reader import ShareReader
 from torchrecord._read.record_block import RecordBlock
 from torchrecord._store.fastread import FixedWindowReader
 from torchrecord._store.record_set import RecordSet
@@ -92,7 +94,7 @@ class Frames:
         for name in self.columns:
             raw[self.index[name]] = np.empty((n, self.layout.sample_bytes[self.index[name]]), np.uint8)
         if self.columns and n:
-            share = Share(self.runs, 0, 0, 0, 0, shuffle=False, window=min(n, _FILL_FRAMES))
+            share = dataclasses.replace(Share.in_order(self.runs), window=min(n, _FILL_FRAMES))
             reader = ShareReader(self.file, share, layout=self.layout, verify=self.verify, advise=False)
             try:
                 for _ in reader.indexed_chunks(min(n, _FILL_FRAMES), 0, out=raw):

@@ -37,7 +37,7 @@ from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
 from torchrecord.errors import ArgumentError
 
-__all__ = ["LocalRun", "Share", "ShareReader", "split_runs"]
+__all__ = ["LocalRun", "ShareReader", "split_runs"]
 
 Run = tuple[int, int]
 #: (shard, start, stop): a run of sample indices inside one shard
