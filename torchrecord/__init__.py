@@ -26,6 +26,7 @@ from torchrecord._store.summary import SkippedSample, WriteSummary
 from torchrecord._streams.dataset import StreamDataset
 from torchrecord._streams.loader import StreamLoader
 from torchrecord._version import __version__
+from torchrecord._write.settings import StoreOptions, WriteOptions, WriterOptions
 from torchrecord._write.shards import finalize_shards, write_shard
 from torchrecord._write.writer import RecordWriter, write_record
 from torchrecord.errors import (
@@ -100,6 +101,7 @@ __all__ = [
     "ShardedSet",
     "SkippedSample",
     "SourceError",
+    "StoreOptions",
     "StreamDataset",
     "StreamLoader",
     "StructureError",
@@ -111,8 +113,10 @@ __all__ = [
     "VersionError",
     "WindowDataset",
     "WriteError",
+    "WriteOptions",
     "WriteSummary",
     "WriterClosedError",
+    "WriterOptions",
     "__version__",
     "collate",
     "finalize_shards",

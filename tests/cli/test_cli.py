@@ -300,7 +300,7 @@ def test_convert_takes_the_write_options(run: Run, tmp_path: Path) -> None:
         (
             "npy",
             ["x.npy", "o.tr", "--keys", "a"],
-            ["--keys does not apply to a npy source", "npz, hdf5 and robomimic sources"],
+            ["--keys does not apply to a npy source", "npz, hdf5, robomimic and hf sources"],
         ),
         ("npy", ["x.npy", "o.tr", "--format", "folder"], ["x.npy: not a directory"]),
         ("npy", ["x.npy", "no_such_dir/o.tr"], ["parent directory", "does not exist"]),

@@ -1,4 +1,4 @@
-"""Helpers shared by the converters: checking the source path, optional imports, writing."""
+"""What the converters share: their registry entry's shape, source checks, optional imports, writing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import dataclasses
 import itertools
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,107 @@ from torchrecord._write.shards import write_shard_source
 from torchrecord._write.writer import write_source
 from torchrecord.errors import IgnoredOptionWarning, MissingDependencyError, SourceError
 
-__all__ = ["RowStream", "common_length", "existing", "require", "row_converter", "write", "write_stream"]
+__all__ = [
+    "Converter",
+    "KEYS",
+    "Option",
+    "Probe",
+    "RowStream",
+    "common_length",
+    "existing",
+    "is_hdf5",
+    "names",
+    "require",
+    "row_converter",
+    "write",
+    "write_stream",
+]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What format detection looks at: the source path, whether it is a folder, a file's first 64 KiB."""
+
+    path: str
+    is_dir: bool
+    head: bytes
+
+
+@dataclass(frozen=True)
+class Option:
+    """An option that some converters take besides the write options, with its command-line flag.
+
+    ``default`` means "not given": :func:`~torchrecord.convert.convert` passes
+    the option on only when it has another value (so each converter keeps its
+    own default), and refuses it for a format whose converter does not take it.
+    ``cli`` holds the flag's argparse keywords besides ``help`` and ``dest``.
+    """
+
+    name: str
+    default: Any
+    annotation: str
+    flag: str
+    help: str
+    cli: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Converter:
+    """One source format: its converter and what ``convert()`` and ``torchrecord convert`` need to know.
+
+    Attributes:
+        name: the format's name (``--format NAME``, ``convert(format=NAME)``).
+        function: the converter, ``function(source, path, *, <options>,
+            shard=None, num_shards=None, **write_options)``.
+        summary: what a source of this format is and what a sample holds, for
+            ``torchrecord convert --help``.
+        detect: True when a source is of this format (None: only by ``--format``).
+        rank: detection asks the converters by rank, lowest first; the first
+            that says yes names the format.
+        options: its options besides the write options and the sharding.
+        parameters: an option's name in ``function``'s signature, where it differs.
+        refused: the write options and sharding options that do not apply, with why.
+        defaults: a refused option's default where this format has another one
+            (robomimic keeps its order: ``shuffle=False`` is what it does).
+    """
+
+    name: str
+    function: Callable[..., Any]
+    summary: str
+    detect: Callable[[Probe], bool] | None = None
+    rank: int = 50
+    options: tuple[Option, ...] = ()
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def is_hdf5(probe: Probe) -> bool:
+    """An HDF5 file (plain or robomimic): its signature where HDF5 may put it, or an HDF5 suffix."""
+    if probe.is_dir:
+        return False
+    signed = any(probe.head[at : at + 8] == _HDF5_MAGIC for at in (0, 512, 1024, 2048))
+    return signed or probe.path.endswith(_HDF5_SUFFIXES)
+
+
+#: ``keys``: which arrays, columns or obs keys to convert (the formats that take it say which).
+KEYS = Option(
+    "keys",
+    None,
+    "Sequence[str] | None",
+    "--keys",
+    "comma-separated names to convert (npz/hdf5: arrays; hf: columns; robomimic: obs keys); default: every one",
+    {"type": lambda text: names(text), "metavar": "NAMES"},
+)
+
+
+def names(text: str) -> list[str]:
+    """The names of a comma-separated command-line list (empty items left out)."""
+    return [name for name in text.split(",") if name]
 
 
 def existing(source: str | os.PathLike[str], *, directory: bool = False) -> str:

@@ -34,21 +34,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.extras import HF_HINT
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import is_url
 from torchrecord._write.fastwrite import BytesColumn
-from torchrecord._write.settings import WriteSettings
-from torchrecord._write.writer import SchemaArg
-from torchrecord.convert._common import write
+from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out
+from torchrecord.convert._common import KEYS, Converter, Option, write
 from torchrecord.errors import ArgumentError, ArgumentTypeError, MissingDependencyError, SourceError
 
-__all__ = ["HFRows", "from_hf", "is_hf_folder", "load_hf"]
+__all__ = ["HF", "HFRows", "from_hf", "is_hf_folder", "load_hf"]
 
 _BATCH_ROWS = 1024  # rows per Arrow batch read from a streaming dataset
 #: numeric columns up to this many bytes per row are joined across record batches for the writer's column path
@@ -476,6 +476,7 @@ def _metadata(specs: list[_Spec], split: str | None, info: Any) -> dict[str, Any
     return meta
 
 
+@spell_out(WriteOptions)
 def from_hf(
     dataset: Any,
     path: str | os.PathLike[str],
@@ -484,23 +485,7 @@ def from_hf(
     keys: Sequence[str] | None = None,
     shard: int | None = None,
     num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
+    **options: Unpack[WriteOptions],
 ) -> Any:
     """Convert a Hugging Face dataset into a record set, one sample per row (see this module's table).
 
@@ -513,16 +498,13 @@ def from_hf(
             sharded set's folder with ``num_shards``).
         split: convert only this split of a dataset dict, to ``path`` itself.
         keys: the columns to convert, in this order (default: all).
-        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
-            set in the folder ``path`` (see :func:`torchrecord.write_shard`); a
-            streaming dataset is written whole as that one shard.
-        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
-        max_skipped, checksums, samples_per_record, group_by, schema,
-        initial_map_size, commit_bytes, multiprocessing_context, compression,
-        compression_level: as for :func:`torchrecord.write_record`, with the
-            same defaults; ``metadata`` is stored beside the converter's keys
-            (``source_format``, ``split``, and the ``ClassLabel`` names: ``classes``
-            for the one ClassLabel column, ``class_names`` by column).
+        shard, num_shards: write one shard of a sharded set in the folder
+            ``path`` (:func:`torchrecord.write_shard`); a streaming dataset is
+            written whole as that one shard.
+        **options: the write options (:class:`~torchrecord.WriteOptions`);
+            ``metadata`` is stored beside the converter's keys (``source_format``,
+            ``split``, and the ``ClassLabel`` names: ``classes`` for the one
+            ClassLabel column, ``class_names`` by column).
 
     Returns:
         The :class:`~torchrecord.RecordFile` written, or for a dataset dict
@@ -533,7 +515,7 @@ def from_hf(
             the split does not exist.
         MissingDependencyError: ``datasets`` is not installed (``hf`` extra).
     """
-    settings = WriteSettings.of(locals())
+    settings = WriteSettings.of(options, "from_hf")
     datasets = _datasets()
     if isinstance(dataset, (str, os.PathLike)):
         dataset = load_hf(dataset)
@@ -586,3 +568,24 @@ def _convert_one(
         specs = _specs(next(iter(dataset.with_format("arrow").iter(batch_size=1))).schema, None, keys, where)
     meta = _metadata(specs, name, getattr(dataset, "info", None))
     return write(_HFStream(dataset, keys, where), path, meta, settings, shard, num_shards)
+
+
+HF = Converter(
+    "hf",
+    from_hf,
+    "a Hugging Face dataset saved with save_to_disk, or a folder of its parquet files: {column: value} "
+    "per row (images stay encoded bytes); a dataset dict gives PATH/<split> per split unless --split",
+    lambda probe: probe.is_dir and is_hf_folder(probe.path),
+    rank=20,  # before the image folder: a folder of parquet files is a dataset
+    options=(
+        KEYS,
+        Option(
+            "split",
+            None,
+            "str | None",
+            "--split",
+            "hf: convert only this split of a dataset dict, to PATH",
+            {"metavar": "NAME"},
+        ),
+    ),
+)

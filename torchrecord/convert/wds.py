@@ -25,20 +25,20 @@ import mmap
 import os
 import re
 import tarfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import IO, Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._core.extras import REMOTE_HINT
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.fastwrite import BytesColumn
-from torchrecord._write.settings import WriteSettings
-from torchrecord._write.writer import SchemaArg
-from torchrecord.convert._common import write
+from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out
+from torchrecord.convert._common import Converter, Probe, write
 from torchrecord.errors import ArgumentError, MissingDependencyError, SourceError
 
-__all__ = ["TarSamples", "decode_member", "from_webdataset", "split_key"]
+__all__ = ["TarSamples", "WEBDATASET", "decode_member", "from_webdataset", "split_key"]
 
 _KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext (a dot in the file name)
 _INTS = ("cls", "cls2", "index")
@@ -430,29 +430,14 @@ def _sources(paths_or_urls: str | os.PathLike[str] | Sequence[str | os.PathLike[
     return out
 
 
+@spell_out(WriteOptions)
 def from_webdataset(
     paths_or_urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     path: str | os.PathLike[str],
     *,
     shard: int | None = None,
     num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
+    **options: Unpack[WriteOptions],
 ) -> RecordFile:
     """Convert WebDataset tar shards into a record set, one sample per ``__key__`` (see this module).
 
@@ -460,15 +445,12 @@ def from_webdataset(
         paths_or_urls: a tar file, a folder of them, a URL, or a list of these
             (read in this order).
         path: the record set to write (a folder with ``num_shards``).
-        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
-            set in the folder ``path`` (see :func:`torchrecord.write_shard`);
-            streamed tars are dealt out to the shards (shard i reads tars i,
-            i + n, ...), so there must be at least ``num_shards`` of them.
-        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
-        max_skipped, checksums, samples_per_record, group_by, schema,
-        initial_map_size, commit_bytes, multiprocessing_context, compression,
-        compression_level: as for :func:`torchrecord.write_record`, with the
-            same defaults; ``metadata`` is stored beside the converter's keys
+        shard, num_shards: write one shard of a sharded set in the folder
+            ``path`` (:func:`torchrecord.write_shard`); streamed tars are dealt
+            out to the shards (shard i reads tars i, i + n, ...), so there must
+            be at least ``num_shards`` of them.
+        **options: the write options (:class:`~torchrecord.WriteOptions`);
+            ``metadata`` is stored beside the converter's keys
             (``source_format``, ``tars``: the number of tars read).
 
     Raises:
@@ -476,7 +458,7 @@ def from_webdataset(
             does not decode (naming the tar, sample and key).
         MissingDependencyError: a URL without fsspec (``remote`` extra).
     """
-    settings = WriteSettings.of(locals())
+    settings = WriteSettings.of(options, "from_webdataset")
     sources = _sources(paths_or_urls)
     meta = {"source_format": "webdataset", "tars": len(sources)}
     if all(_local(s) for s in sources):
@@ -495,3 +477,16 @@ def from_webdataset(
         if 0 <= shard < num_shards:
             sources = sources[shard::num_shards]
     return write(_TarStream(sources), path, meta, settings, shard, num_shards)
+
+
+def _is_tar(probe: Probe) -> bool:
+    return not probe.is_dir and (probe.head[257:262] == b"ustar" or probe.path.endswith((".tar", ".tar.gz", ".tgz")))
+
+
+WEBDATASET = Converter(
+    "webdataset",
+    from_webdataset,
+    ".tar shards (a file, or a folder of them): {'__key__': str, <ext>: bytes} per key, .cls as int, .json decoded",
+    _is_tar,
+    rank=10,
+)
