@@ -19,6 +19,7 @@ import torch
 import torchrecord.convert as convert_module
 from torchrecord import RecordFile, RecordWriter, write_record, write_shard
 from torchrecord._write.settings import StoreOptions, WriteOptions, WriterOptions, WriteSettings
+from torchrecord.convert import ConvertOptions
 from torchrecord.errors import IgnoredOptionWarning, SampleTypeError, SampleValueError, SchemaError
 
 
@@ -146,13 +147,13 @@ ENTRY_POINTS: dict[str, tuple[Callable[..., Any], type]] = {
     "write_record": (write_record, WriteOptions),
     "write_shard": (write_shard, WriteOptions),
     "RecordWriter": (RecordWriter.__init__, WriterOptions),
-    "from_image_folder": (convert_module.from_image_folder, WriteOptions),
-    "from_list_file": (convert_module.from_list_file, WriteOptions),
-    "from_numpy": (convert_module.from_numpy, WriteOptions),
-    "from_hdf5": (convert_module.from_hdf5, WriteOptions),
-    "from_hf": (convert_module.from_hf, WriteOptions),
-    "from_webdataset": (convert_module.from_webdataset, WriteOptions),
-    "convert": (convert_module.convert, WriteOptions),
+    "from_image_folder": (convert_module.from_image_folder, ConvertOptions),
+    "from_list_file": (convert_module.from_list_file, ConvertOptions),
+    "from_numpy": (convert_module.from_numpy, ConvertOptions),
+    "from_hdf5": (convert_module.from_hdf5, ConvertOptions),
+    "from_hf": (convert_module.from_hf, ConvertOptions),
+    "from_webdataset": (convert_module.from_webdataset, ConvertOptions),
+    "convert": (convert_module.convert, ConvertOptions),
     "from_robomimic": (convert_module.from_robomimic, StoreOptions),
 }
 OPTIONS = [f.name for f in dataclasses.fields(WriteSettings)]

@@ -219,10 +219,10 @@ class WriteSettings:
         the nearest option, as Python names an unexpected keyword. An option
         ``options`` lacks keeps its default.
         """
-        names = _option_names(taken)
+        names = [f.name for f in fields(cls) if f.name in taken.__annotations__]
         for name in options:
             if name not in names:
-                raise ArgumentTypeError(unexpected(caller, name, names))
+                raise ArgumentTypeError(unexpected(caller, name, taken.__annotations__))
         settings = cls(**options)
         settings.check()
         return settings
@@ -270,9 +270,10 @@ def unexpected(caller: str, name: str, names: Iterable[str]) -> str:
 
 
 def _option_names(taken: type) -> list[str]:
-    """The options of a TypedDict of :class:`WriteOptions` (or its parts), in :class:`WriteSettings` order."""
+    """The keys of ``taken``, a TypedDict of write options (perhaps with more keys, first), in a fixed order."""
     keys = taken.__annotations__
-    return [f.name for f in fields(WriteSettings) if f.name in keys]
+    settings = [f.name for f in fields(WriteSettings)]
+    return [k for k in keys if k not in settings] + [name for name in settings if name in keys]
 
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
@@ -281,14 +282,17 @@ _Function = TypeVar("_Function", bound=Callable[..., Any])
 def spell_out(taken: type) -> Callable[[_Function], _Function]:
     """Publish ``function``'s ``**options`` as the keywords of ``taken``, each with its default.
 
-    The function keeps its ``**options: Unpack[taken]`` (what a type checker
+    A key of ``taken`` that is no write option (a converter's ``shard``) has the
+    default None. The function keeps its ``**options: Unpack[taken]`` (what a type checker
     reads); ``help()``, ``inspect.signature`` and editors that ask the running
     interpreter see every option by name, type and default instead.
     """
     hints = typing.get_type_hints(taken)
     defaults = WriteSettings()
     spelled = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name), annotation=hints[name])
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name, None), annotation=hints[name]
+        )
         for name in _option_names(taken)
     ]
 

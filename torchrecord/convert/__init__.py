@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from torchrecord.convert._common import ConvertOptions
 from torchrecord.convert.arrays import from_numpy
 from torchrecord.convert.hdf5 import from_hdf5
 from torchrecord.convert.hf import from_hf
@@ -52,6 +53,7 @@ from torchrecord.convert.wds import from_webdataset
 
 __all__ = [
     "CONVERTERS",
+    "ConvertOptions",
     "FORMATS",
     "REGISTRY",
     "convert",

@@ -19,7 +19,6 @@ their encoding is UTF-8 and ``bytes`` fields otherwise.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,19 +27,20 @@ import numpy as np
 from typing_extensions import Unpack
 
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out
+from torchrecord._write.settings import spell_out
 from torchrecord.convert._common import (
     KEYS,
     Converter,
-    RowStream,
-    common_length,
+    ConvertOptions,
+    Names,
+    PathArg,
+    Target,
     existing,
     is_hdf5,
     require,
-    row_converter,
     write,
-    write_stream,
 )
+from torchrecord.convert._rows import RowStream, common_length, row_converter, write_stream
 from torchrecord.convert.robomimic import is_robomimic
 from torchrecord.errors import SourceError
 
@@ -165,16 +165,8 @@ def _stream(
                 yield _nest(columns, [c(b[j]) for c, b in zip(converts, blocks)])
 
 
-@spell_out(WriteOptions)
-def from_hdf5(
-    source: str | os.PathLike[str],
-    path: str | os.PathLike[str],
-    *,
-    keys: Sequence[str] | None = None,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    **options: Unpack[WriteOptions],
-) -> RecordFile:
+@spell_out(ConvertOptions)
+def from_hdf5(source: PathArg, path: PathArg, *, keys: Names = None, **options: Unpack[ConvertOptions]) -> RecordFile:
     """Convert the datasets of an HDF5 file into a record set, one sample per row.
 
     Args:
@@ -183,16 +175,15 @@ def from_hdf5(
         keys: dataset paths to convert (``"images"``, ``"meta/ids"``), in this order;
             default: every dataset in the file, which must then all share their
             first dimension.
-        shard, num_shards: write one shard of a sharded set in the folder
-            ``path`` (:func:`torchrecord.write_shard`); None: a single file.
-        **options: the write options (:class:`~torchrecord.WriteOptions`).
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`).
 
     Raises:
         ImportError: h5py is not installed (``pip install h5py``, or the ``hdf5`` extra).
         SourceError: the file is missing or not HDF5, a dataset is missing, scalar,
             of an unsupported dtype, or the datasets disagree in length.
     """
-    settings = WriteSettings.of(options, "from_hdf5")
+    target = Target.of(path, options, "from_hdf5")
     src = existing(source)
     h5py = _h5py()
     try:
@@ -213,10 +204,10 @@ def from_hdf5(
     meta = {"source_format": "hdf5"}
     if any(c.chunk_rows for c in columns):
         stream = RowStream(length, functools.partial(_stream, src, columns, length, converts))
-        return write_stream(stream, path, meta, settings, shard, num_shards)
+        return write_stream(stream, target, meta)
     rows = H5Rows(src, columns, length, converts)
     try:
-        return write(rows, path, meta, settings, shard, num_shards)
+        return write(rows, target, meta)
     finally:
         rows.close()
 

@@ -44,8 +44,8 @@ from torchrecord._core.extras import HF_HINT
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import is_url
 from torchrecord._write.fastwrite import BytesColumn
-from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out
-from torchrecord.convert._common import KEYS, Converter, Option, write
+from torchrecord._write.settings import spell_out
+from torchrecord.convert._common import KEYS, Converter, ConvertOptions, Option, Target, write
 from torchrecord.errors import ArgumentError, ArgumentTypeError, MissingDependencyError, SourceError
 
 __all__ = ["HF", "HFRows", "from_hf", "is_hf_folder", "load_hf"]
@@ -476,16 +476,14 @@ def _metadata(specs: list[_Spec], split: str | None, info: Any) -> dict[str, Any
     return meta
 
 
-@spell_out(WriteOptions)
+@spell_out(ConvertOptions)
 def from_hf(
     dataset: Any,
     path: str | os.PathLike[str],
     *,
     split: str | None = None,
     keys: Sequence[str] | None = None,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    **options: Unpack[WriteOptions],
+    **options: Unpack[ConvertOptions],
 ) -> Any:
     """Convert a Hugging Face dataset into a record set, one sample per row (see this module's table).
 
@@ -498,11 +496,9 @@ def from_hf(
             sharded set's folder with ``num_shards``).
         split: convert only this split of a dataset dict, to ``path`` itself.
         keys: the columns to convert, in this order (default: all).
-        shard, num_shards: write one shard of a sharded set in the folder
-            ``path`` (:func:`torchrecord.write_shard`); a streaming dataset is
-            written whole as that one shard.
-        **options: the write options (:class:`~torchrecord.WriteOptions`);
-            ``metadata`` is stored beside the converter's keys (``source_format``,
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`; a streaming dataset
+            is written whole as that one shard); ``metadata`` is stored beside the converter's keys (``source_format``,
             ``split``, and the ``ClassLabel`` names: ``classes`` for the one
             ClassLabel column, ``class_names`` by column).
 
@@ -515,7 +511,7 @@ def from_hf(
             the split does not exist.
         MissingDependencyError: ``datasets`` is not installed (``hf`` extra).
     """
-    settings = WriteSettings.of(options, "from_hf")
+    target = Target.of(path, options, "from_hf")
     datasets = _datasets()
     if isinstance(dataset, (str, os.PathLike)):
         dataset = load_hf(dataset)
@@ -523,14 +519,13 @@ def from_hf(
         if split is not None:
             if split not in dataset:
                 raise SourceError(f"the dataset has no split {split!r}; it has {sorted(dataset)}")
-            return _convert_one(dataset[split], path, split, keys, settings, shard, num_shards)
+            return _convert_one(dataset[split], target, split, keys)
         if not dataset:
             raise SourceError("the dataset dict holds no splits")
         if not is_url(os.fspath(path)):  # an object store has no folders to make
             os.makedirs(path, exist_ok=True)
         return {
-            name: _convert_one(part, os.path.join(path, name), name, keys, settings, shard, num_shards)
-            for name, part in dataset.items()
+            name: _convert_one(part, target.at(os.path.join(path, name)), name, keys) for name, part in dataset.items()
         }
     if not isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
         raise ArgumentTypeError(
@@ -540,18 +535,10 @@ def from_hf(
         given = getattr(dataset, "split", None)
         if given is not None and str(given) != split:
             raise ArgumentError(f"split={split!r}, but the dataset is its {str(given)!r} split")
-    return _convert_one(dataset, path, split, keys, settings, shard, num_shards)
+    return _convert_one(dataset, target, split, keys)
 
 
-def _convert_one(
-    dataset: Any,
-    path: str | os.PathLike[str],
-    split: str | None,
-    keys: Sequence[str] | None,
-    settings: WriteSettings,
-    shard: int | None,
-    num_shards: int | None,
-) -> RecordFile:
+def _convert_one(dataset: Any, target: Target, split: str | None, keys: Sequence[str] | None) -> RecordFile:
     datasets = _datasets()
     name = split or (str(dataset.split) if getattr(dataset, "split", None) is not None else None)
     where = f"the Hugging Face dataset{f' ({name} split)' if name else ''}"
@@ -561,13 +548,13 @@ def _convert_one(
         if len(dataset) == 0:
             raise SourceError(f"{where}: has 0 rows; there is nothing to convert")
         meta = _metadata(specs, name, dataset.info)
-        return write(HFRows(dataset, specs, where), path, meta, settings, shard, num_shards)
+        return write(HFRows(dataset, specs, where), target, meta)
     if features is not None:  # the schema is known up front: refuse bad columns before reading
         specs = _specs(features.arrow_schema, features, keys, where)
     else:
         specs = _specs(next(iter(dataset.with_format("arrow").iter(batch_size=1))).schema, None, keys, where)
     meta = _metadata(specs, name, getattr(dataset, "info", None))
-    return write(_HFStream(dataset, keys, where), path, meta, settings, shard, num_shards)
+    return write(_HFStream(dataset, keys, where), target, meta)
 
 
 HF = Converter(

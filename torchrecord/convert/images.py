@@ -22,8 +22,8 @@ from typing import Any
 from typing_extensions import Unpack
 
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out
-from torchrecord.convert._common import Converter, Option, existing, require, write
+from torchrecord._write.settings import spell_out
+from torchrecord.convert._common import Converter, ConvertOptions, Option, Target, existing, require, write
 from torchrecord.errors import ArgumentError, SourceError
 
 __all__ = [
@@ -215,7 +215,7 @@ def _pillow_unless(check_images: bool) -> None:
         require("PIL.Image", "images", "checking images (check_images=True, the default)")
 
 
-@spell_out(WriteOptions)
+@spell_out(ConvertOptions)
 def from_image_folder(
     root: str | os.PathLike[str],
     path: str | os.PathLike[str],
@@ -223,9 +223,7 @@ def from_image_folder(
     check_images: bool = True,
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
     keep_paths: bool = True,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    **options: Unpack[WriteOptions],
+    **options: Unpack[ConvertOptions],
 ) -> RecordFile:
     """Convert a class-per-folder image tree (``root/<class>/<image>``) into a record set.
 
@@ -245,9 +243,8 @@ def from_image_folder(
             alone. None takes every file.
         keep_paths: store each file's relative path as the ``"path"`` field, to
             trace a sample back to its file; ``False`` leaves it out.
-        shard, num_shards: write one shard of a sharded set in the folder
-            ``path`` (:func:`torchrecord.write_shard`); None: a single file.
-        **options: the write options (:class:`~torchrecord.WriteOptions`):
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`):
             ``num_workers`` reads the files in worker processes, and
             ``on_error="skip"`` leaves bad files out, each named in
             ``write_summary.skipped_samples``.
@@ -256,25 +253,23 @@ def from_image_folder(
         SourceError: root is missing or holds no image files, or a file is bad (naming it).
         ImportError: ``check_images`` is true and Pillow is not installed.
     """
-    settings = WriteSettings.of(options, "from_image_folder")
+    target = Target.of(path, options, "from_image_folder")
     source = existing(root, directory=True)
     _pillow_unless(check_images)
     files, labels, classes = scan_folder(source, extensions)
     names = [_relative(f, source) for f in files] if keep_paths else None
     meta = {"source_format": "folder", "classes": classes}
-    return write(ImageFiles(files, labels, check_images, names), path, meta, settings, shard, num_shards)
+    return write(ImageFiles(files, labels, check_images, names), target, meta)
 
 
-@spell_out(WriteOptions)
+@spell_out(ConvertOptions)
 def from_list_file(
     list_file: str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
     check_images: bool = True,
     keep_paths: bool = True,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    **options: Unpack[WriteOptions],
+    **options: Unpack[ConvertOptions],
 ) -> RecordFile:
     """Convert the images named by a list file of ``<path> <label>`` lines into a record set.
 
@@ -283,14 +278,14 @@ def from_list_file(
     stay absolute). Every listed file is converted, whatever its extension; see
     :func:`scan_list_file`. Other arguments as for :func:`from_image_folder`.
     """
-    settings = WriteSettings.of(options, "from_list_file")
+    target = Target.of(path, options, "from_list_file")
     source = existing(list_file)
     _pillow_unless(check_images)
     files, labels = scan_list_file(source)
     base = os.path.dirname(os.path.abspath(source))
     names = [_relative(f, base) for f in files] if keep_paths else None
     meta = {"source_format": "list"}
-    return write(ImageFiles(files, labels, check_images, names), path, meta, settings, shard, num_shards)
+    return write(ImageFiles(files, labels, check_images, names), target, meta)
 
 
 def _relative(file: str, base: str) -> str:

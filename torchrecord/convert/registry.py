@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out, unexpected
-from torchrecord.convert._common import Converter, Option, Probe, existing
+from torchrecord.convert._common import Converter, ConvertOptions, Option, Probe, existing
 from torchrecord.convert.arrays import NPY, NPZ
 from torchrecord.convert.hdf5 import HDF5
 from torchrecord.convert.hf import HF
@@ -122,13 +122,13 @@ def _takes(converter: Converter, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_names(given: Iterable[str]) -> None:
-    known = [*options(), *SHARDING, *WriteOptions.__annotations__]
+    known = [*options(), *ConvertOptions.__annotations__]
     for name in given:
         if name not in known:
             raise TypeError(unexpected("convert", name, known))
 
 
-@spell_out(WriteOptions)
+@spell_out(ConvertOptions)
 def convert(source: str | os.PathLike[str], path: str | os.PathLike[str], *, format: str = "auto", **given: Any) -> Any:
     """Convert ``source`` into a record set at ``path`` with the converter of its format.
 
@@ -138,10 +138,8 @@ def convert(source: str | os.PathLike[str], path: str | os.PathLike[str], *, for
         path: the record set to write (a folder with ``num_shards``).
         format: one of :data:`FORMATS`, or ``"auto"`` (:func:`detect_format`).
         **given: the options of the format's converter (``keys``, ``split``,
-            ``check_images``, ...; see each ``from_*``), ``shard`` and
-            ``num_shards`` to write one shard of a sharded set in the folder
-            ``path`` (:func:`torchrecord.write_shard`), and the write options
-            (:class:`~torchrecord.WriteOptions`). An option that does not apply
+            ``check_images``, ...; see each ``from_*``), the write options and
+            ``shard``/``num_shards`` (:class:`ConvertOptions`). An option that does not apply
             to the source's format is refused (ValueError naming it and why)
             unless it has its default: a robomimic source keeps its demo order,
             so ``shuffle=False`` is what it does, and refuses the options that
@@ -173,7 +171,6 @@ def _published() -> inspect.Signature:
     at = [p.name for p in parameters].index("format") + 1
     keyword = inspect.Parameter.KEYWORD_ONLY
     own = [inspect.Parameter(o.name, keyword, default=o.default, annotation=o.annotation) for o in options().values()]
-    own += [inspect.Parameter(name, keyword, default=None, annotation="int | None") for name in SHARDING]
     return signature.replace(parameters=parameters[:at] + own + parameters[at:])
 
 

@@ -34,8 +34,8 @@ from typing_extensions import Unpack
 from torchrecord._core.extras import REMOTE_HINT
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.fastwrite import BytesColumn
-from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out
-from torchrecord.convert._common import Converter, Probe, write
+from torchrecord._write.settings import spell_out
+from torchrecord.convert._common import Converter, ConvertOptions, Probe, Target, write
 from torchrecord.errors import ArgumentError, MissingDependencyError, SourceError
 
 __all__ = ["TarSamples", "WEBDATASET", "decode_member", "from_webdataset", "split_key"]
@@ -430,14 +430,11 @@ def _sources(paths_or_urls: str | os.PathLike[str] | Sequence[str | os.PathLike[
     return out
 
 
-@spell_out(WriteOptions)
+@spell_out(ConvertOptions)
 def from_webdataset(
     paths_or_urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     path: str | os.PathLike[str],
-    *,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    **options: Unpack[WriteOptions],
+    **options: Unpack[ConvertOptions],
 ) -> RecordFile:
     """Convert WebDataset tar shards into a record set, one sample per ``__key__`` (see this module).
 
@@ -445,20 +442,19 @@ def from_webdataset(
         paths_or_urls: a tar file, a folder of them, a URL, or a list of these
             (read in this order).
         path: the record set to write (a folder with ``num_shards``).
-        shard, num_shards: write one shard of a sharded set in the folder
-            ``path`` (:func:`torchrecord.write_shard`); streamed tars are dealt
-            out to the shards (shard i reads tars i, i + n, ...), so there must
-            be at least ``num_shards`` of them.
-        **options: the write options (:class:`~torchrecord.WriteOptions`);
-            ``metadata`` is stored beside the converter's keys
-            (``source_format``, ``tars``: the number of tars read).
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`); ``metadata`` is
+            stored beside the converter's keys (``source_format``, ``tars``: the
+            number of tars read). Streamed tars are dealt out to the shards
+            (shard i reads tars i, i + n, ...), so there must be at least
+            ``num_shards`` of them.
 
     Raises:
         SourceError: a tar is missing or damaged, a ``.cls`` or ``.json`` member
             does not decode (naming the tar, sample and key).
         MissingDependencyError: a URL without fsspec (``remote`` extra).
     """
-    settings = WriteSettings.of(options, "from_webdataset")
+    target = Target.of(path, options, "from_webdataset")
     sources = _sources(paths_or_urls)
     meta = {"source_format": "webdataset", "tars": len(sources)}
     if all(_local(s) for s in sources):
@@ -467,7 +463,8 @@ def from_webdataset(
             entries += _index(source)
         if not entries:
             raise SourceError(f"{sources[0]}{' ...' if len(sources) > 1 else ''}: holds no samples")
-        return write(TarSamples(entries), path, meta, settings, shard, num_shards)
+        return write(TarSamples(entries), target, meta)
+    shard, num_shards = target.shard, target.num_shards
     if shard is not None and num_shards is not None:
         if len(sources) < num_shards:
             raise ArgumentError(
@@ -476,7 +473,7 @@ def from_webdataset(
             )
         if 0 <= shard < num_shards:
             sources = sources[shard::num_shards]
-    return write(_TarStream(sources), path, meta, settings, shard, num_shards)
+    return write(_TarStream(sources), target, meta)
 
 
 def _is_tar(probe: Probe) -> bool:
