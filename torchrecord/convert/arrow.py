@@ -39,7 +39,7 @@ from torchrecord._core import dtypes as _dtypes
 from torchrecord._write.fastwrite import BytesColumn
 from torchrecord.errors import SourceError
 
-__all__ = ["PER_BATCH", "Batch", "Spec", "chunked_column", "column_specs", "joined_parts"]
+__all__ = ["Batch", "PER_BATCH", "Spec", "chunked_column", "column_specs", "joined_parts"]
 
 #: numeric columns up to this many bytes per row are joined across record batches for the writer's column path
 _JOINED_ROW_BYTES = 1024
