@@ -22,7 +22,7 @@ from torchrecord.convert.hf import HF
 from torchrecord.convert.images import FOLDER, LIST
 from torchrecord.convert.robomimic import ROBOMIMIC
 from torchrecord.convert.wds import WEBDATASET
-from torchrecord.errors import ArgumentError, SourceError
+from torchrecord.errors import ArgumentError, ArgumentTypeError, SourceError
 
 __all__ = ["FORMATS", "REGISTRY", "SHARDING", "convert", "detect_format", "options", "refusal"]
 
@@ -125,7 +125,7 @@ def _check_names(given: Iterable[str]) -> None:
     known = [*options(), *ConvertOptions.__annotations__]
     for name in given:
         if name not in known:
-            raise TypeError(unexpected("convert", name, known))
+            raise ArgumentTypeError(unexpected("convert", name, known))
 
 
 @spell_out(ConvertOptions)
