@@ -374,7 +374,7 @@ def test_hf_takes_keys_and_split_from_the_command_line(run: Run, tmp_path: Path)
     datasets = pytest.importorskip("datasets")
     data = {"a": [1, 2, 3], "b": ["x", "y", "z"], "c": [0.5, 1.5, 2.5]}
     datasets.DatasetDict(train=datasets.Dataset.from_dict(data)).save_to_disk(str(tmp_path / "saved"))
-    code, out, err = run("convert", tmp_path / "saved", tmp_path / "o.tr", "--keys", "a,b", "--split", "train", "-q")
+    code, _, err = run("convert", tmp_path / "saved", tmp_path / "o.tr", "--keys", "a,b", "--split", "train", "-q")
     assert code == 0, err
     rf = RecordFile(tmp_path / "o.tr")
     assert rf.schema.names == ["a", "b"] and sorted(s["a"] for s in rf) == [1, 2, 3]
