@@ -108,6 +108,11 @@ def is_hdf5(probe: Probe) -> bool:
     return signed or probe.path.endswith(_HDF5_SUFFIXES)
 
 
+def names(text: str) -> list[str]:
+    """The names of a comma-separated command-line list (empty items left out)."""
+    return [name for name in text.split(",") if name]
+
+
 #: ``keys``: which arrays, columns or obs keys to convert (the formats that take it say which).
 KEYS = Option(
     "keys",
@@ -115,13 +120,8 @@ KEYS = Option(
     "Sequence[str] | None",
     "--keys",
     "comma-separated names to convert (npz/hdf5: arrays; hf: columns; robomimic: obs keys); default: every one",
-    {"type": lambda text: names(text), "metavar": "NAMES"},
+    {"type": names, "metavar": "NAMES"},
 )
-
-
-def names(text: str) -> list[str]:
-    """The names of a comma-separated command-line list (empty items left out)."""
-    return [name for name in text.split(",") if name]
 
 
 def existing(source: str | os.PathLike[str], *, directory: bool = False) -> str:

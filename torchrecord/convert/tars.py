@@ -33,7 +33,6 @@ __all__ = ["Blocks", "Member", "Readable", "bad_checksum", "members"]
 
 BLOCK = 512
 _FILE_TYPES = (b"0", b"\0", b"7")  # regular file (old and new style), contiguous file: tarfile's isfile()
-_PASSED = (b"1", b"2", b"3", b"4", b"5", b"6", b"K", b"V", b"D")  # links, devices, folders, long link names...
 _REFUSED = {b"S": "a GNU sparse member", b"M": "a member continued from another volume (a multi-volume archive)"}
 _MAX_DIGITS = 20  # a size or a pax record length of more digits is no size (10**20 bytes: 100 exabytes)
 _MAX_NAME = 1 << 20  # a long name or a pax header of more bytes is no name
@@ -208,14 +207,11 @@ class _Walk:
     def number(self, header: bytes, at: int, field: slice, what: str) -> int:
         value = _octal(header[field])
         if value is None or value < 0:
-            name = _header_name(header)
-            if self._checksum_bad(header):
+            if not _checksum_ok(header):
                 raise SourceError(_damaged(self.source, at))
+            name = _header_name(header)
             raise SourceError(f"{_where(self.source, at, name)}: damaged tar header: the {what} field holds no size")
         return value
-
-    def _checksum_bad(self, header: bytes) -> bool:
-        return not _checksum_ok(header)
 
     def size(self, header: bytes, at: int, name: str) -> int:
         if "size" not in self.pax:
@@ -300,7 +296,7 @@ def _member(walk: _Walk, at: int, header: bytes, keep: bool) -> Iterator[tuple[M
             raise SourceError(f"{_where(source, at, name)}: a pax global header that sets a size or a path")
         return
     walk.long_name, walk.pax = None, {}
-    if kind in _PASSED or kind not in _FILE_TYPES or name.endswith("/"):  # tarfile: a name ending in / is a folder
+    if kind not in _FILE_TYPES or name.endswith("/"):  # links, folders, devices...; a name ending in / is a folder
         walk.data(at, name, size, False)
         return
     start = walk.blocks.offset

@@ -114,12 +114,11 @@ def _samples(source: str, found: Iterable[tuple[Member, Any]]) -> Iterator[tuple
         parts = split_key(member.name)
         if parts is None or os.path.basename(member.name).startswith("."):
             continue
-        where = f"{source}: byte {member.header}, member {member.name!r}"
         if parts[0] == key:
             first = next((m for ext, m, _ in group if ext == parts[1]), None)
             if first is not None:
                 raise SourceError(
-                    f"{where}: a second .{parts[1]} for key {key!r} (the first is the member at byte "
+                    f"{_at(source, member)}: a second .{parts[1]} for key {key!r} (the first is the member at byte "
                     f"{first.header}); WebDataset refuses it too (duplicate file name): rename or remove one"
                 )
             group.append((parts[1], member, data))
@@ -128,13 +127,17 @@ def _samples(source: str, found: Iterable[tuple[Member, Any]]) -> Iterator[tuple
             yield key, group
         if parts[0] in seen:
             raise SourceError(
-                f"{where}: key {parts[0]!r} comes back after other keys; the members of a sample must be "
+                f"{_at(source, member)}: key {parts[0]!r} comes back after other keys; the members of a sample must be "
                 "consecutive in the tar (WebDataset would make two samples of it)"
             )
         key, group = parts[0], [(parts[1], member, data)]
         seen.add(key)
     if key is not None:
         yield key, group
+
+
+def _at(source: str, member: Member) -> str:
+    return f"{source}: byte {member.header}, member {member.name!r}"
 
 
 def _tar_members(source: str) -> list[Member]:
