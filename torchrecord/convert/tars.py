@@ -21,9 +21,9 @@ like ``../x.jpg`` or ``/x.jpg`` is a key like any other.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -44,8 +44,7 @@ class Readable(Protocol):
     def read(self, n: int = -1, /) -> bytes: ...
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(NamedTuple):
     """A file member: its name, its data's offset and size, and its (first) header's offset."""
 
     name: str
@@ -57,7 +56,7 @@ class Member:
 class Blocks:
     """A tar read front to back: a buffer (``data``, a mapped local tar) or a stream (``stream``)."""
 
-    def __init__(self, source: str, data: Any = None, stream: Readable | None = None) -> None:
+    def __init__(self, source: str, data: bytes | mmap.mmap | None = None, stream: Readable | None = None) -> None:
         self.source = source
         self.data = data
         self.stream = stream
@@ -66,7 +65,7 @@ class Blocks:
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes from here (fewer at the end of the tar)."""
         if self.data is not None:
-            out = bytes(self.data[self.offset : self.offset + n])
+            out = self.data[self.offset : self.offset + n]  # bytes, from a map
         else:
             assert self.stream is not None
             parts, left = [], n
@@ -115,9 +114,12 @@ def _octal(field: bytes) -> int | None:
     digits = field.split(b"\0", 1)[0].strip()
     if not digits:
         return 0
-    if not all(48 <= c <= 55 for c in digits):
+    if not digits.isdigit():  # a sign, a space, an underscore: no size (int() would take some of them)
         return None
-    return int(digits, 8)
+    try:
+        return int(digits, 8)
+    except ValueError:  # an 8 or a 9
+        return None
 
 
 def _decimal(text: str | bytes) -> int | None:
@@ -229,14 +231,16 @@ class _Walk:
         if limit is not None and size > limit:
             raise SourceError(f"{_where(self.source, at, name)}: a {size}-byte header; not a tar, or a damaged one")
         start = self.blocks.offset
+        padding = -size % BLOCK
         data = self.blocks.read(size) if keep else None
-        got = len(data) if data is not None else self.blocks.skip(size)
+        got = len(data) if data is not None else self.blocks.skip(size + padding)
         if got < size:
             raise SourceError(
                 f"{_where(self.source, at, name)}: the tar ends early: the member needs {size} bytes from "
                 f"byte {start}, but the tar ends at byte {start + got}"
             )
-        self.blocks.skip(-size % BLOCK)
+        if data is not None:
+            self.blocks.skip(padding)
         return data
 
     def name(self, header: bytes) -> str:
@@ -262,7 +266,9 @@ def members(blocks: Blocks, *, data: bool = False) -> Iterator[tuple[Member, byt
     walk = _Walk(blocks, check_now=blocks.data is None)
     try:
         while (next_header := walk.header()) is not None:
-            yield from _member(walk, *next_header, data)
+            found = _member(walk, *next_header, data)
+            if found is not None:
+                yield found
     except SourceError:
         bad = bad_checksum(blocks.data, walk.heads, walk.stored) if blocks.data is not None else None
         if bad is not None:
@@ -274,8 +280,8 @@ def members(blocks: Blocks, *, data: bool = False) -> Iterator[tuple[Member, byt
             raise SourceError(_damaged(blocks.source, bad))
 
 
-def _member(walk: _Walk, at: int, header: bytes, keep: bool) -> Iterator[tuple[Member, bytes | None]]:
-    """The member of one header (none for a long name, a pax header or a folder)."""
+def _member(walk: _Walk, at: int, header: bytes, keep: bool) -> tuple[Member, bytes | None] | None:
+    """The member of one header (None for a long name, a pax header or a folder)."""
     source, kind = walk.source, header[156:157]
     if walk.check_now and not _checksum_ok(header):
         raise SourceError(_damaged(source, at))
@@ -287,21 +293,20 @@ def _member(walk: _Walk, at: int, header: bytes, keep: bool) -> Iterator[tuple[M
     size = walk.size(header, at, name)
     if kind == b"L":  # GNU long name: the next member's name
         walk.long_name = _text(walk.data(at, name, size, True, _MAX_NAME) or b"")
-        return
+        return None
     if kind in (b"x", b"g"):  # pax extended header (x: the next member's keywords; g: every member's)
         records = _pax(walk.data(at, name, size, True, _MAX_NAME) or b"", _where(source, at, name))
         if kind == b"x":
             walk.pax = records
         elif "size" in records or "path" in records:
             raise SourceError(f"{_where(source, at, name)}: a pax global header that sets a size or a path")
-        return
+        return None
     walk.long_name, walk.pax = None, {}
     if kind not in _FILE_TYPES or name.endswith("/"):  # links, folders, devices...; a name ending in / is a folder
         walk.data(at, name, size, False)
-        return
+        return None
     start = walk.blocks.offset
-    value = walk.data(at, name, size, keep)
-    yield Member(name, start, size, at), value
+    return Member(name, start, size, at), walk.data(at, name, size, keep)
 
 
 def bad_checksum(data: Any, heads: list[int], stored: list[int]) -> int | None:

@@ -109,31 +109,31 @@ def _samples(source: str, found: Iterable[tuple[Member, Any]]) -> Iterator[tuple
     """
     seen: set[str] = set()
     key: str | None = None
-    group: list[tuple[str, Member, Any]] = []
+    group: dict[str, tuple[Member, Any]] = {}
     for member, data in found:
         parts = split_key(member.name)
         if parts is None or os.path.basename(member.name).startswith("."):
             continue
         if parts[0] == key:
-            first = next((m for ext, m, _ in group if ext == parts[1]), None)
-            if first is not None:
+            if parts[1] in group:
                 raise SourceError(
-                    f"{_at(source, member)}: a second .{parts[1]} for key {key!r} (the first is the member at byte "
-                    f"{first.header}); WebDataset refuses it too (duplicate file name): rename or remove one"
+                    f"{_at(source, member)}: a second .{parts[1]} for key {key!r} (the first is the member at "
+                    f"byte {group[parts[1]][0].header}); WebDataset refuses it too (duplicate file name): rename "
+                    "or remove one"
                 )
-            group.append((parts[1], member, data))
+            group[parts[1]] = (member, data)
             continue
         if key is not None:
-            yield key, group
+            yield key, [(ext, m, d) for ext, (m, d) in group.items()]
         if parts[0] in seen:
             raise SourceError(
-                f"{_at(source, member)}: key {parts[0]!r} comes back after other keys; the members of a sample must be "
-                "consecutive in the tar (WebDataset would make two samples of it)"
+                f"{_at(source, member)}: key {parts[0]!r} comes back after other keys; the members of a sample "
+                "must be consecutive in the tar (WebDataset would make two samples of it)"
             )
-        key, group = parts[0], [(parts[1], member, data)]
+        key, group = parts[0], {parts[1]: (member, data)}
         seen.add(key)
     if key is not None:
-        yield key, group
+        yield key, [(ext, m, d) for ext, (m, d) in group.items()]
 
 
 def _at(source: str, member: Member) -> str:
