@@ -10,19 +10,31 @@ import pytest
 import torchrecord
 
 PUBLIC = [n for n in torchrecord.__all__ if n != "__version__"]
+#: The write options are documented once, in these TypedDicts; a function taking them refers to them.
+OPTIONS_DOC = "".join(
+    inspect.getdoc(t) or "" for t in (torchrecord.WriteOptions, torchrecord.WriterOptions, torchrecord.StoreOptions)
+)
 
 
 def _undocumented_parameters(func: Any, doc: str | None, owner: str) -> list[str]:
-    """Parameters of ``func`` whose name does not appear in ``doc`` (``*args``/``**kwargs`` aside)."""
+    """Parameters of ``func`` whose name does not appear in ``doc`` (``*args``/``**kwargs`` aside).
+
+    A write option counts as documented when ``doc`` names its TypedDict (``WriteOptions``...) and that
+    TypedDict's docstring documents it.
+    """
     try:
         sig = inspect.signature(func)
     except (TypeError, ValueError):
         return []
     skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    refers = "Options`" in (doc or "")
     return [
         f"{owner}({name})"
         for name, param in sig.parameters.items()
-        if name not in ("self", "cls") and param.kind not in skip and name not in (doc or "")
+        if name not in ("self", "cls")
+        and param.kind not in skip
+        and name not in (doc or "")
+        and not (refers and f"    {name}: " in OPTIONS_DOC)
     ]
 
 

@@ -26,6 +26,7 @@ from torchrecord._store.record_set import RecordSet
 from torchrecord._store.summary import SkippedSample, WriteSummary
 from torchrecord._streams.dataset import StreamDataset
 from torchrecord._version import __version__
+from torchrecord._write.settings import StoreOptions, WriteOptions, WriterOptions
 from torchrecord._write.shards import finalize_shards, write_shard
 from torchrecord._write.writer import RecordWriter, write_record
 from torchrecord.errors import (
@@ -104,6 +105,7 @@ __all__ = [
     "ShardedSet",
     "SkippedSample",
     "SourceError",
+    "StoreOptions",
     "StreamDataset",
     "StreamLoader",
     "StructureError",
@@ -115,8 +117,10 @@ __all__ = [
     "VersionError",
     "WindowDataset",
     "WriteError",
+    "WriteOptions",
     "WriteSummary",
     "WriterClosedError",
+    "WriterOptions",
     "__version__",
     "collate",
     "finalize_shards",

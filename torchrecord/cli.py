@@ -14,6 +14,7 @@ import json
 import os
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -140,145 +141,12 @@ def _short(value: Any, limit: int = 72) -> str:
 
 # -- convert ---------------------------------------------------------------------
 
-
-def _add_convert(commands: Any) -> None:
-    from torchrecord.convert import FORMATS
-
-    p = _command(
-        commands,
-        "convert",
-        _convert,
-        "convert image folders, list files, .npy/.npz, HDF5, robomimic, Hugging Face datasets or WebDataset tars",
-        "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n"
-        "  folder     root/<class>/<image>: samples {'image': bytes, 'label': class index,\n"
-        "             'path': file path relative to SOURCE}, class names in the user metadata\n"
-        "             ('classes'); only files with an image extension (see --extensions)\n"
-        "  list       text file of '<path> <label>' lines, paths relative to the list file\n"
-        "  npy        one array; a sample is a row (first axis), memory-mapped\n"
-        "  npz        {name: row} over its arrays (compressed archives are streamed)\n"
-        "  hdf5       {name: row} over its datasets, which share their first dimension\n"
-        "  hf         a Hugging Face dataset saved with save_to_disk, or a folder of its\n"
-        "             parquet files: {column: value} per row (images stay encoded bytes);\n"
-        "             a dataset dict gives PATH/<split> per split unless --split\n"
-        "  webdataset .tar shards (a file, or a folder of them): {'__key__': str,\n"
-        "             <ext>: bytes} per key, .cls as int, .json decoded\n"
-        "  robomimic  robomimic demos (HDF5 with data/demo_N groups, detected by layout):\n"
-        "             one sample per time step, grouped by demo in robomimic's order (not\n"
-        "             shuffled), for torchrecord.SequenceDataset and WindowDataset; --keys\n"
-        "             chooses the obs keys, --dataset-keys the per-step arrays\n"
-        "  lerobot    a LeRobot v3.0 dataset folder (or, with --format lerobot, a repo id in\n"
-        "             the local Hugging Face cache): one sample per frame in LeRobot's order,\n"
-        "             cameras as uint8 [H, W, C] (videos decoded), for torchrecord.LeRobotDataset\n\n"
-        "An option that does not apply to the source's format is refused, naming it.\n"
-        "Images stay encoded; decode them when reading with\n"
-        "RecordDataset(path, transform=torchrecord.transforms.decode_image).",
-    )
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("source", metavar="SOURCE", help="image folder, list file, .npy, .npz, HDF5 or robomimic file")
-    p.add_argument("path", metavar="PATH", help="the record set to create (a single file; a folder with --shards)")
-    p.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source format (default: auto)")
-    p.add_argument(
-        "--shuffle",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="pre-shuffle the samples (default: on; robomimic: keeps the demo order)",
-    )
-    p.add_argument("--seed", type=int, metavar="S", help="shuffle seed, stored in the metadata (default: 0)")
-    p.add_argument(
-        "--workers",
-        type=_non_negative,
-        metavar="N",
-        help="worker processes reading the source (default: 0: none)",
-    )
-    p.add_argument("--skip-bad", action="store_true", help="leave unreadable or non-image files out, each one named")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing record set at PATH")
-    p.add_argument(
-        "--keys",
-        type=lambda s: [k for k in s.split(",") if k],
-        metavar="NAMES",
-        help="npz/hdf5: comma-separated arrays to convert; robomimic: obs keys (default: every key); hf: columns",
-    )
-    p.add_argument(
-        "--dataset-keys",
-        type=lambda s: [k for k in s.split(",") if k],
-        metavar="NAMES",
-        help="robomimic: comma-separated per-step arrays to convert (default: actions,rewards,dones)",
-    )
-    p.add_argument("--split", metavar="NAME", help="hf: convert only this split of a dataset dict, to PATH")
-    p.add_argument(
-        "--no-check-images",
-        dest="check_images",
-        action="store_false",
-        help="images: check file signatures only, do not decode each image (faster; no Pillow needed)",
-    )
-    p.add_argument(
-        "--shards",
-        type=_positive,
-        metavar="N",
-        help="write one shard of a sharded set of N shards in the folder PATH (with --shard); the last "
-        "writer to finish publishes the set's manifest",
-    )
-    p.add_argument("--shard", type=_non_negative, metavar="I", help="which shard to write, 0 .. N-1 (with --shards)")
-    p.add_argument(
-        "--extensions",
-        type=_extensions,
-        default=None,
-        metavar="LIST",
-        help="folder: comma-separated image file extensions to take, or '*' for every file "
-        "(default: .jpg,.jpeg,.png,.ppm,.bmp,.pgm,.tif,.tiff,.webp,.gif)",
-    )
-    p.add_argument(
-        "--no-paths",
-        dest="keep_paths",
-        action="store_false",
-        help="images: do not store each file's relative path as the 'path' field",
-    )
-    w = p.add_argument_group("write options (as write_record's, with the same defaults)")
-    w.add_argument(
-        "--max-skipped",
-        type=_max_skipped,
-        metavar="N",
-        help="with --skip-bad: the most samples that may be left out, a count (10) or a fraction (0.01) "
-        "(default: no bound)",
-    )
-    w.add_argument("--no-checksums", dest="checksums", action="store_false", help="store no CRC-32 per record")
-    w.add_argument(
-        "--samples-per-record",
-        type=_positive,
-        metavar="K",
-        help="samples stored per record (fixed shapes); default: chosen from the first sample",
-    )
-    w.add_argument(
-        "--group-by",
-        metavar="FIELD",
-        help="write a grouped set by this field (samples of a group must come one after another)",
-    )
-    w.add_argument(
-        "--schema",
-        type=_json_object,
-        metavar="JSON",
-        help='fields stated up front, e.g. \'{"x": [3, null], "y": "int64"}\'',
-    )
-    w.add_argument("--metadata", type=_json_object, metavar="JSON", help="user metadata, a JSON object")
-    w.add_argument(
-        "--compression",
-        type=_compression,
-        metavar="CODEC",
-        help="compress numeric fields: zstd or lz4, or FIELD=CODEC,... (CODEC none: leave the field alone); "
-        "needs the compress extra (default: none)",
-    )
-    w.add_argument(
-        "--compression-level",
-        type=int,
-        metavar="L",
-        help="the codec's level: zstd -7..22 (default 3), lz4 1..12 (default: fast mode)",
-    )
-    w.add_argument(
-        "--multiprocessing-context",
-        choices=("fork", "spawn", "forkserver"),
-        help="start method of the --workers processes (default: the platform's)",
-    )
-    _add_quiet(p)
+_CONVERT_ABOUT = (
+    "Convert SOURCE into a new record set at PATH, pre-shuffled unless --no-shuffle.\n\n{formats}\n\n"
+    "An option that does not apply to the source's format is refused, naming it.\n"
+    "Images stay encoded; decode them when reading with\n"
+    "RecordDataset(path, transform=torchrecord.transforms.decode_image)."
+)
 
 
 def _max_skipped(text: str) -> int | float:
@@ -314,115 +182,124 @@ def _compression(text: str) -> str | dict[str, str | None]:
     return fields
 
 
-def _extensions(text: str) -> list[str] | str:
-    if text.strip() == "*":
-        return "*"
-    names = [e.strip() for e in text.split(",") if e.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("expected extensions such as .jpg,.png, or '*' for every file")
-    return names
+#: The flags of the write and sharding options: (option name, flag, argparse keywords besides help, help).
+#: A flag's value is the option's value for ``torchrecord.convert.convert``; a flag not given is absent.
+# fmt: off
+_WRITE_FLAGS: tuple[tuple[str, str, dict[str, Any], str], ...] = (
+    ("shuffle", "--shuffle", {"action": argparse.BooleanOptionalAction},
+     "pre-shuffle the samples (default: on; robomimic: keeps the demo order)"),
+    ("seed", "--seed", {"type": int, "metavar": "S"}, "shuffle seed, stored in the metadata (default: 0)"),
+    ("num_workers", "--workers", {"type": _non_negative, "metavar": "N"},
+     "worker processes reading the source (default: 0: none)"),
+    ("on_error", "--skip-bad", {"action": "store_const", "const": "skip"},
+     "leave unreadable or non-image files out, each one named"),
+    ("overwrite", "--overwrite", {"action": "store_true"}, "replace an existing record set at PATH"),
+    ("num_shards", "--shards", {"type": _positive, "metavar": "N"},
+     "write one shard of a sharded set of N shards in the folder PATH (with --shard); the last writer to "
+     "finish publishes the set's manifest"),
+    ("shard", "--shard", {"type": _non_negative, "metavar": "I"}, "which shard to write, 0 .. N-1 (with --shards)"),
+    ("max_skipped", "--max-skipped", {"type": _max_skipped, "metavar": "N"},
+     "with --skip-bad: the most samples that may be left out, a count (10) or a fraction (0.01) "
+     "(default: no bound)"),
+    ("checksums", "--no-checksums", {"action": "store_false"}, "store no CRC-32 per record"),
+    ("samples_per_record", "--samples-per-record", {"type": _positive, "metavar": "K"},
+     "samples stored per record (fixed shapes); default: chosen from the first sample"),
+    ("group_by", "--group-by", {"metavar": "FIELD"},
+     "write a grouped set by this field (samples of a group must come one after another)"),
+    ("schema", "--schema", {"type": _json_object, "metavar": "JSON"},
+     'fields stated up front, e.g. \'{"x": [3, null], "y": "int64"}\''),
+    ("metadata", "--metadata", {"type": _json_object, "metavar": "JSON"},
+     "user metadata, a JSON object"),
+    ("compression", "--compression", {"type": _compression, "metavar": "CODEC"},
+     "compress numeric fields: zstd or lz4, or FIELD=CODEC,... (CODEC none: leave the field alone); needs "
+     "the compress extra (default: none)"),
+    ("compression_level", "--compression-level", {"type": int, "metavar": "L"},
+     "the codec's level: zstd -7..22 (default 3), lz4 1..12 (default: fast mode)"),
+    ("multiprocessing_context", "--multiprocessing-context", {"choices": ("fork", "spawn", "forkserver")},
+     "start method of the --workers processes (default: the platform's)"),
+    ("progress", "--quiet", {"action": "store_const", "const": False},
+     "no progress bar (it is shown only on a terminal anyway)"),
+)
+# fmt: on
 
 
-#: Options of ``convert`` that apply to some source formats only: flag -> (attribute, its value when not given,
-#: the formats it applies to).
-_FORMAT_FLAGS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
-    "--keys": ("keys", None, ("npz", "hdf5", "robomimic")),
-    "--dataset-keys": ("dataset_keys", None, ("robomimic",)),
-    "--no-check-images": ("check_images", True, ("folder", "list")),
-    "--no-paths": ("keep_paths", True, ("folder", "list")),
-    "--extensions": ("extensions", None, ("folder",)),
-}
-#: Options of ``convert`` that do not apply to a robomimic source: flag -> (attribute, its value when not
-#: given, the name of the option in ``torchrecord.convert``, whose reason is given).
-_NOT_ROBOMIMIC_FLAGS: dict[str, tuple[str, Any, str]] = {
-    "--shuffle": ("shuffle", None, "seed"),
-    "--seed": ("seed", None, "seed"),
-    "--workers": ("workers", None, "num_workers"),
-    "--skip-bad": ("skip_bad", False, "on_error"),
-    "--max-skipped": ("max_skipped", None, "max_skipped"),
-    "--shards": ("shards", None, "num_shards"),
-    "--shard": ("shard", None, "shard"),
-    "--group-by": ("group_by", None, "group_by"),
-    "--schema": ("schema", None, "schema"),
-    "--multiprocessing-context": ("multiprocessing_context", None, "multiprocessing_context"),
-}
+def _add_convert(commands: Any) -> None:
+    from torchrecord.convert.registry import REGISTRY, options
+
+    formats = "\n".join(_format_help(c.name, c.summary) for c in REGISTRY.values())
+    p = _command(
+        commands,
+        "convert",
+        _convert,
+        "convert image folders, list files, .npy/.npz, HDF5, robomimic, Hugging Face datasets or WebDataset tars",
+        _CONVERT_ABOUT.format(formats=formats),
+    )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("source", metavar="SOURCE", help="the source: a file, a folder, or tar files (see above)")
+    p.add_argument("path", metavar="PATH", help="the record set to create (a single file; a folder with --shards)")
+    p.add_argument("--format", default="auto", choices=("auto", *REGISTRY), help="source format (default: auto)")
+    for option in options().values():
+        keywords = {**option.cli, "dest": option.name, "default": argparse.SUPPRESS}
+        if "type" in keywords:
+            keywords["type"] = _flag_type(keywords["type"])
+        p.add_argument(option.flag, help=option.help, **keywords)
+    w = p.add_argument_group("write options (as write_record's, with the same defaults)")
+    for name, flag, keywords, text in _WRITE_FLAGS:
+        flags = ("-q", flag) if flag == "--quiet" else (flag,)
+        w.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=text, **keywords)
 
 
-def _refuse_options(args: argparse.Namespace, fmt: str) -> None:
-    """A one-line ArgumentError for the first option given that does not apply to a ``fmt`` source."""
-    from torchrecord.convert import _NOT_ROBOMIMIC
-
-    for flag, (attr, unset, formats) in _FORMAT_FLAGS.items():
-        if fmt not in formats and getattr(args, attr) != unset:
-            raise ArgumentError(
-                f"{flag} does not apply to a {fmt} source ({args.source}): it is for {_listed(formats)} sources; "
-                "leave it out"
-            )
-    if fmt != "robomimic":
-        return
-    for flag, (attr, unset, name) in _NOT_ROBOMIMIC_FLAGS.items():
-        value = getattr(args, attr)
-        if value != unset and not (flag == "--shuffle" and value is False):  # --no-shuffle is what it does
-            raise ArgumentError(
-                f"{flag} does not apply to a robomimic source ({args.source}): {_NOT_ROBOMIMIC[name]}; leave it out"
-            )
+def _format_help(name: str, summary: str) -> str:
+    """One format's paragraph of ``torchrecord convert --help``: its name, then its summary wrapped beside it."""
+    lines = textwrap.wrap(summary, 66) or [""]
+    return "\n".join(f"  {name if i == 0 else '':<10} {line}" for i, line in enumerate(lines))
 
 
-def _listed(names: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A converter option's parser as argparse wants it: its ValueError shown as the flag's error."""
+
+    def parsed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parsed
+
+
+def _check_flags(args: argparse.Namespace, fmt: str, given: dict[str, Any]) -> None:
+    """A one-line ArgumentError for flags that do not apply to a ``fmt`` source, or do not go together."""
+    from torchrecord.convert.registry import options, refusal
+
+    refused = refusal(fmt, given)
+    if refused is not None:
+        flags = {name: flag for name, flag, _, _ in _WRITE_FLAGS} | {o.name: o.flag for o in options().values()}
+        name, why = refused
+        raise ArgumentError(f"{flags[name]} does not apply to a {fmt} source ({args.source}): {why}; leave it out")
+    if ("shard" in given) != ("num_shards" in given):
+        raise ArgumentError("give both --shards N and --shard I, or neither")
+    if "shard" in given and given["shard"] >= given["num_shards"]:
+        raise ArgumentError(f"--shard {given['shard']} is not in [0, {given['num_shards']})")
+    if "max_skipped" in given and "on_error" not in given:
+        raise ArgumentError("--max-skipped bounds --skip-bad: pass --skip-bad with it")
 
 
 def _convert(args: argparse.Namespace) -> int:
     from torchrecord.convert import convert, detect_format
-    from torchrecord.convert.images import IMG_EXTENSIONS
 
+    given = {k: v for k, v in vars(args).items() if k not in ("source", "path", "format", "func", "command")}
     fmt = detect_format(args.source) if args.format == "auto" else args.format
-    _refuse_options(args, fmt)
-    if (args.shards is None) != (args.shard is None):
-        raise ArgumentError("give both --shards N and --shard I, or neither")
-    if args.shards is not None and args.shard >= args.shards:
-        raise ArgumentError(f"--shard {args.shard} is not in [0, {args.shards})")
-    if args.max_skipped is not None and not args.skip_bad:
-        raise ArgumentError("--max-skipped bounds --skip-bad: pass --skip-bad with it")
-    sharding = {"shard": args.shard, "num_shards": args.shards} if args.shards is not None else {}
+    _check_flags(args, fmt, given)
     started = time.perf_counter()
-    extensions = IMG_EXTENSIONS if args.extensions is None else None if args.extensions == "*" else args.extensions
     try:
-        result = convert(
-            args.source,
-            args.path,
-            format=fmt,
-            keys=args.keys,
-            split=args.split,
-            dataset_keys=args.dataset_keys,
-            check_images=args.check_images,
-            extensions=extensions,
-            keep_paths=args.keep_paths,
-            shuffle=args.shuffle is not False,
-            seed=args.seed if args.seed is not None else 0,
-            num_workers=args.workers or 0,
-            on_error="skip" if args.skip_bad else "raise",
-            max_skipped=args.max_skipped,
-            overwrite=args.overwrite,
-            progress=_progress(args),
-            checksums=args.checksums,
-            samples_per_record=args.samples_per_record,
-            group_by=args.group_by,
-            schema=args.schema,
-            metadata=args.metadata,
-            compression=args.compression,
-            compression_level=args.compression_level,
-            multiprocessing_context=args.multiprocessing_context,
-            **sharding,
-        )
+        result = convert(args.source, args.path, format=fmt, **given)
     except RecordExistsError as exc:
         if os.path.isdir(args.path):
             raise
         raise RecordExistsError(f"{args.path}: exists already; pass --overwrite to replace it") from exc
     for rf in result.values() if isinstance(result, dict) else [result]:
         _report(args, rf, started)
-    if sharding and os.path.exists(os.path.join(args.path, "manifest.json")):
+    if "num_shards" in given and os.path.exists(os.path.join(args.path, "manifest.json")):
         print(f"{args.path}: every shard is written; the sharded set is finalized")
     return 0
 

@@ -300,7 +300,7 @@ def test_convert_takes_the_write_options(run: Run, tmp_path: Path) -> None:
         (
             "npy",
             ["x.npy", "o.tr", "--keys", "a"],
-            ["--keys does not apply to a npy source", "npz, hdf5 and robomimic sources"],
+            ["--keys does not apply to a npy source", "npz, hdf5, robomimic and hf sources"],
         ),
         ("npy", ["x.npy", "o.tr", "--format", "folder"], ["x.npy: not a directory"]),
         ("npy", ["x.npy", "no_such_dir/o.tr"], ["parent directory", "does not exist"]),
@@ -364,3 +364,25 @@ def test_quiet_when_piped(run: Run, tmp_path: Path) -> None:
     code, _, err = run("convert", tmp_path / "src", tmp_path / "o.tr")
     assert (code, err) == (0, "")
     assert (run("verify", tmp_path / "o.tr")[2], run("bench", tmp_path / "o.tr", "--epochs", "1")[2]) == ("", "")
+
+
+# -- the convert command reads the converters' registry (issue 37) -----------------------------
+
+
+def test_hf_takes_keys_and_split_from_the_command_line(run: Run, tmp_path: Path) -> None:
+    """--keys chooses hf columns, as convert(keys=) does (the command refused it before the registry)."""
+    datasets = pytest.importorskip("datasets")
+    data = {"a": [1, 2, 3], "b": ["x", "y", "z"], "c": [0.5, 1.5, 2.5]}
+    datasets.DatasetDict(train=datasets.Dataset.from_dict(data)).save_to_disk(str(tmp_path / "saved"))
+    code, _, err = run("convert", tmp_path / "saved", tmp_path / "o.tr", "--keys", "a,b", "--split", "train", "-q")
+    assert code == 0, err
+    rf = RecordFile(tmp_path / "o.tr")
+    assert rf.schema.names == ["a", "b"] and sorted(s["a"] for s in rf) == [1, 2, 3]
+    code, _, err = run("convert", tmp_path / "saved", tmp_path / "p.tr", "--dataset-keys", "a", "-q")
+    assert code == 1
+    assert_one_line_error(err, "convert", "--dataset-keys does not apply to a hf source", "robomimic")
+
+
+def test_a_flags_own_parser_error_is_a_usage_error(run: Run, tmp_path: Path) -> None:
+    code, _, err = run("convert", tmp_path, tmp_path / "o.tr", "--extensions", ",")
+    assert code == 2 and "--extensions" in err and "expected extensions such as .jpg,.png" in err

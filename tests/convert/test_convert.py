@@ -543,7 +543,7 @@ def test_detect_format_and_convert(tmp_path: Path) -> None:
     for name in found:
         rf = convert(tmp_path / name, tmp_path / f"{name}.tr", progress=False)
         assert rf.user_metadata["source_format"] == found[name]
-    with pytest.raises(ValueError, match=r"keys .* not of a folder source"):
+    with pytest.raises(ValueError, match=r"keys=.* does not apply to a folder source.*it is for npz, hdf5"):
         convert(tmp_path / "imgs", tmp_path / "x.tr", keys=["a"])
     with pytest.raises(ValueError, match="unknown source format 'tfrecord'"):
         convert(tmp_path / "imgs", tmp_path / "x.tr", format="tfrecord")

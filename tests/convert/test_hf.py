@@ -160,7 +160,7 @@ def test_unstorable_columns_and_nulls_are_named(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no column named 'b'"):
         from_hf(ds, tmp_path / "b.tr", keys=["b"])
     nulls = datasets.Dataset.from_dict({"t": ["x", None, "z"]})
-    with pytest.raises(SourceError, match=r"row 1, column 't' is null"):
+    with pytest.raises(SourceError, match=r"row 1, column 't' holds a null"):
         from_hf(nulls, tmp_path / "n.tr", shuffle=False, progress=False)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import torch
 
 import torchrecord.convert as convert_module
 from torchrecord import RecordFile, RecordWriter, write_record, write_shard
-from torchrecord._write.settings import WriteSettings
+from torchrecord._write.settings import StoreOptions, WriteOptions, WriterOptions, WriteSettings
+from torchrecord.convert import ConvertOptions
 from torchrecord.errors import IgnoredOptionWarning, SampleTypeError, SampleValueError, SchemaError
 
 
@@ -132,46 +134,51 @@ def test_unknown_leaf_types_name_the_field(tmp_path: Path) -> None:
         write_record([{"meta": {"x": {1}}}], tmp_path / "s.tr", progress=False)
 
 
-# -- one definition of the write options (issue 26) ------------------------------------------
+# -- one definition of the write options (issues 26 and 37) ------------------------------------
 
-#: Every entry point that writes, and the options of ``WriteSettings`` it legitimately lacks, with why.
-#: Besides these, the entry points differ only in their own arguments: the source and target
+#: Every entry point that writes, and the options' TypedDict it takes as ``**options``. Besides the
+#: options, the entry points differ only in their own arguments: the source and target
 #: (write_record's ``dataset, path``; write_shard's ``dataset, directory``; a converter's source
 #: file or folder and ``path``), the sharding of write_shard and the converters (``shard``,
-#: ``num_shards``; write_shard's ``finalize``), and each converter's own (``keys``, ``check_images``,
-#: ``extensions``, ``keep_paths``, ``format``, robomimic's ``obs_keys``, ``dataset_keys``).
-ENTRY_POINTS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
-    "write_shard": (write_shard, {}),
-    "RecordWriter": (
-        RecordWriter,
-        {
-            "num_workers": "samples are pushed by the caller: there is no source to read in workers",
-            "multiprocessing_context": "no reader workers",
-        },
-    ),
-    "from_image_folder": (convert_module.from_image_folder, {}),
-    "from_list_file": (convert_module.from_list_file, {}),
-    "from_numpy": (convert_module.from_numpy, {}),
-    "from_hdf5": (convert_module.from_hdf5, {}),
-    "from_hf": (convert_module.from_hf, {}),
-    "from_webdataset": (convert_module.from_webdataset, {}),
-    "convert": (convert_module.convert, {}),
-    "from_robomimic": (
-        convert_module.from_robomimic,
-        {
-            "shuffle": "robomimic's demo order is kept (the windows are shuffled when read)",
-            "seed": "nothing is shuffled when written",
-            "num_workers": "the file is read in this process, one demo at a time",
-            "multiprocessing_context": "no reader workers",
-            "on_error": "a bad demo stops the conversion",
-            "max_skipped": "nothing is skipped",
-            "group_by": "grouped by demo, always",
-            "schema": "the schema is built from the file",
-        },
-    ),
+#: ``num_shards``; write_shard's ``finalize``, ``storage_options``), and each converter's own
+#: (``keys``, ``check_images``, ``extensions``, ``keep_paths``, ``split``, ``format``, robomimic's
+#: ``obs_keys``, ``dataset_keys``).
+ENTRY_POINTS: dict[str, tuple[Callable[..., Any], type]] = {
+    "write_record": (write_record, WriteOptions),
+    "write_shard": (write_shard, WriteOptions),
+    "RecordWriter": (RecordWriter.__init__, WriterOptions),
+    "from_image_folder": (convert_module.from_image_folder, ConvertOptions),
+    "from_list_file": (convert_module.from_list_file, ConvertOptions),
+    "from_numpy": (convert_module.from_numpy, ConvertOptions),
+    "from_hdf5": (convert_module.from_hdf5, ConvertOptions),
+    "from_hf": (convert_module.from_hf, ConvertOptions),
+    "from_webdataset": (convert_module.from_webdataset, ConvertOptions),
+    "convert": (convert_module.convert, ConvertOptions),
+    "from_robomimic": (convert_module.from_robomimic, StoreOptions),
 }
 OPTIONS = [f.name for f in dataclasses.fields(WriteSettings)]
 REFERENCE = inspect.signature(write_record).parameters
+
+
+def test_the_options_are_one_list_typed_once_with_one_default_each() -> None:
+    """WriteOptions (and its parts) name exactly WriteSettings' fields, with the same types."""
+    assert sorted(WriteOptions.__annotations__) == sorted(OPTIONS)
+    assert set(StoreOptions.__annotations__) < set(WriterOptions.__annotations__) < set(WriteOptions.__annotations__)
+    typed, defaults = typing.get_type_hints(WriteOptions), typing.get_type_hints(WriteSettings)
+    for name in OPTIONS:
+        assert typed[name] == defaults[name], name
+
+
+@pytest.mark.parametrize(
+    ("taken", "parent"), [(StoreOptions, None), (WriterOptions, StoreOptions), (WriteOptions, WriterOptions)]
+)
+def test_every_option_is_documented_once_where_it_is_declared(taken: type, parent: type | None) -> None:
+    own = [name for name in taken.__annotations__ if parent is None or name not in parent.__annotations__]
+    doc = inspect.getdoc(taken) or ""
+    for name in own:
+        assert re.search(rf"^    {name}: ", doc, re.M), f"{taken.__name__} does not document {name}"
+    for entry, (function, _) in ENTRY_POINTS.items():
+        assert not re.search(r"^\s*shuffle, seed", inspect.getdoc(function) or "", re.M), f"{entry} lists them again"
 
 
 def test_write_record_takes_every_option_with_the_default_of_the_one_definition() -> None:
@@ -183,34 +190,57 @@ def test_write_record_takes_every_option_with_the_default_of_the_one_definition(
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
-@pytest.mark.parametrize("option", OPTIONS)
-def test_every_entry_point_takes_every_option_with_the_same_name_default_and_type(entry: str, option: str) -> None:
-    function, lacking = ENTRY_POINTS[entry]
+def test_every_entry_point_takes_its_options_as_one_typed_keyword_mapping(entry: str) -> None:
+    """The code says ``**options: Unpack[...]`` once; help() and inspect show every option with its default."""
+    function, taken = ENTRY_POINTS[entry]
+    code = function.__code__
+    assert code.co_flags & inspect.CO_VARKEYWORDS, f"{entry} takes no **options"
+    keywords = code.co_varnames[code.co_argcount + code.co_kwonlyargcount]
+    if entry != "convert":  # convert also takes the converters' options: its **given is Any
+        assert function.__annotations__[keywords] == f"Unpack[{taken.__name__}]"
     parameters = inspect.signature(function).parameters
-    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()), "no **kwargs"
-    if option in lacking:
-        assert option not in parameters, f"{entry} takes {option}, listed as not applying: {lacking[option]}"
-        return
-    assert option in parameters, f"{entry} lacks write_record's {option}"
-    ours, reference = parameters[option], REFERENCE[option]
-    assert ours.kind is inspect.Parameter.KEYWORD_ONLY
-    assert ours.default == reference.default, f"{entry}'s {option} defaults to {ours.default!r}"
-    assert str(ours.annotation) == str(reference.annotation), f"{entry}'s {option} is typed otherwise"
+    for option in OPTIONS:
+        if option not in taken.__annotations__:
+            assert option not in parameters, f"{entry} shows {option}, which it does not take"
+            continue
+        ours, reference = parameters[option], REFERENCE[option]
+        assert ours.kind is inspect.Parameter.KEYWORD_ONLY
+        assert ours.default == reference.default, f"{entry}'s {option} defaults to {ours.default!r}"
+        assert ours.annotation == reference.annotation, f"{entry}'s {option} is typed otherwise"
 
 
-@pytest.mark.parametrize(
-    "entry",
-    ["write_shard", "from_image_folder", "from_list_file", "from_numpy", "from_hdf5", "from_hf", "from_webdataset"],
-)
-def test_sharding_is_taken_alike(entry: str) -> None:
-    parameters = inspect.signature(ENTRY_POINTS[entry][0]).parameters
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_an_unknown_or_misspelled_keyword_is_a_type_error_naming_the_function(entry: str, tmp_path: Path) -> None:
+    function, taken = ENTRY_POINTS[entry]
+    name = entry
+    call: Callable[..., Any] = RecordWriter if entry == "RecordWriter" else function
+    args: list[Any] = [tmp_path / "out.tr"] if entry == "RecordWriter" else [Untouchable(), tmp_path / "out.tr"]
+    if entry.startswith(("from_", "convert")):
+        args = [tmp_path / "missing-source", tmp_path / "out.tr"]
+    near = "; did you mean 'shuffle'\\?" if "shuffle" in taken.__annotations__ else "$"
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'shufle'{near}"):
+        call(*args, shufle=False)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'zzz'$"):
+        call(*args, zzz=1)
+    if "num_workers" not in taken.__annotations__:
+        with pytest.raises(
+            TypeError, match=r"unexpected keyword argument 'num_workers' \(a write option it does not take"
+        ):
+            call(*args, num_workers=2)
+    assert os.listdir(tmp_path) == []
+
+
+def test_sharding_is_taken_alike() -> None:
     reference = inspect.signature(convert_module.convert).parameters
-    for name in ("shard", "num_shards"):
-        assert parameters[name].default is None and str(parameters[name].annotation) == str(reference[name].annotation)
+    for entry in ["write_shard", *(n for n in ENTRY_POINTS if n.startswith("from_") and n != "from_robomimic")]:
+        parameters = inspect.signature(ENTRY_POINTS[entry][0]).parameters
+        for name in ("shard", "num_shards"):
+            assert parameters[name].default is None
+            assert str(parameters[name].annotation) == str(reference[name].annotation)
 
 
 def test_string_options_are_literal_types_checked_at_run_time(tmp_path: Path) -> None:
-    hints = typing.get_type_hints(write_record)
+    hints = typing.get_type_hints(WriteOptions)
     assert typing.get_args(hints["on_error"]) == ("raise", "skip")
     assert typing.Literal["fork", "spawn", "forkserver"] in typing.get_args(hints["multiprocessing_context"])
     assert typing.Literal["zstd", "lz4"] in typing.get_args(hints["compression"])
@@ -230,11 +260,22 @@ def test_string_options_are_literal_types_checked_at_run_time(tmp_path: Path) ->
     assert os.listdir(tmp_path) == []  # nothing written, not even the shards' folder
 
 
-def test_settings_of_takes_the_named_options_and_checks_them() -> None:
-    settings = WriteSettings.of({"seed": 5, "dataset": object(), "keys": ["x"]})
+def test_settings_of_takes_the_options_and_checks_them() -> None:
+    settings = WriteSettings.of({"seed": 5}, "f")
     assert settings == dataclasses.replace(WriteSettings(), seed=5)
     with pytest.raises(ValueError, match="max_skipped=3 bounds on_error='skip'"):
-        WriteSettings.of({"max_skipped": 3})
+        WriteSettings.of({"max_skipped": 3}, "f")
+    with pytest.raises(TypeError, match=r"f\(\) got an unexpected keyword argument 'keys'"):
+        WriteSettings.of({"keys": ["x"]}, "f")
+    with pytest.raises(TypeError, match=r"g\(\) got an unexpected keyword argument 'seed'"):
+        WriteSettings.of({"seed": 1}, "g", StoreOptions)
+
+
+def test_the_options_reference_in_the_docs_names_every_option() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "writing.md").read_text(encoding="utf-8")
+    table = page[page.index("## Options at a glance") :]
+    for name in OPTIONS:
+        assert f"`{name}`" in table, f"docs/writing.md's options table lacks {name}"
 
 
 def test_robomimic_refuses_the_options_that_do_not_apply(tmp_path: Path) -> None:

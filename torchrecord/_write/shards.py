@@ -19,11 +19,11 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch.distributed as dist
+from typing_extensions import Unpack
 
 from torchrecord._core import compress as _compress
 from torchrecord._shards import manifest as _manifest
@@ -33,9 +33,9 @@ from torchrecord._store.record_set import is_url
 from torchrecord._version import __version__
 from torchrecord._write.declared import Declared
 from torchrecord._write.objects import RemoteFolder, stop_for_test
-from torchrecord._write.settings import WriteSettings
+from torchrecord._write.settings import WriteOptions, WriteSettings, spell_out
 from torchrecord._write.sources import is_map_style
-from torchrecord._write.writer import SchemaArg, write_source
+from torchrecord._write.writer import write_source
 from torchrecord.errors import (
     ArgumentError,
     FormatError,
@@ -61,31 +61,16 @@ _GROUPS_REFUSED = (
 )
 
 
+@spell_out(WriteOptions)
 def write_shard(
     dataset: Any,
     directory: str | os.PathLike[str],
     *,
     shard: int | None = None,
     num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
     finalize: bool = True,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    **options: Unpack[WriteOptions],
 ) -> RecordFile:
     """Write shard ``shard`` of ``num_shards`` of a sharded set in ``directory``.
 
@@ -123,24 +108,19 @@ def write_shard(
             environment variables).
         shard, num_shards: which shard of how many; default: the rank and world
             size of ``torch.distributed`` (torchrun).
-        overwrite: write the shard of a finalized set again, with the set's
-            settings (never another set's: write that into another folder). The
-            old shard and manifest stay in place until the new shard is complete
-            and fits the set; readers then refuse the rewritten shard until the
-            set is finalized again (by this writer with ``finalize=True``).
         finalize: finalize the set when this writer finds every shard done.
-        samples_per_record: as for :func:`torchrecord.write_record`; None (the
-            default) lets each shard choose from its first sample. A sharded set
-            is read with one packing, so shards that choose differently (their
-            fields differ in shape, or one turned variable) are refused by
-            :func:`finalize_shards`: pass the same count (e.g. 1) to every writer
-            of such a set.
-        group_by: not supported (None only; ValueError): a sharded set has no groups.
-        shuffle, seed, num_workers, progress, metadata, on_error, max_skipped,
-        checksums, schema, initial_map_size, commit_bytes,
-        multiprocessing_context, compression, compression_level: as for
-        :func:`torchrecord.write_record`, for this shard (``max_skipped`` bounds
-        what this shard leaves out).
+        **options: the write options of :func:`torchrecord.write_record`
+            (:class:`~torchrecord.WriteOptions`), for this shard; ``max_skipped``
+            bounds what this shard leaves out. ``overwrite`` writes the shard of
+            a finalized set again, with the set's settings (never another set's:
+            write that into another folder); the old shard and manifest stay in
+            place until the new shard is complete and fits the set, and readers
+            refuse the rewritten shard until the set is finalized again.
+            ``samples_per_record=None`` lets each shard choose from its first
+            sample, and :func:`finalize_shards` refuses shards that chose
+            differently: pass the same count (e.g. 1) to every writer of a set
+            whose fields vary. ``group_by`` is refused (ValueError): a sharded
+            set has no groups.
 
     Returns:
         The shard, a :class:`RecordFile` (a record set on its own). For an
@@ -162,7 +142,7 @@ def write_shard(
             shard is then absent and :func:`finalize_shards` names it.
         ValueError, TypeError: an option cannot work (checked before reading).
     """
-    settings = WriteSettings.of(locals())
+    settings = WriteSettings.of(options, "write_shard")
     return write_shard_source(
         dataset, directory, settings, shard, num_shards, finalize=finalize, storage_options=storage_options
     )

@@ -13,54 +13,32 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Literal, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._core.progress import progress_bar
-from torchrecord._core.schema import Schema
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.publish import as_write_error
 from torchrecord._write.session import WriteSession
-from torchrecord._write.settings import WriteSettings
+from torchrecord._write.settings import SchemaArg, WriteOptions, WriterOptions, WriteSettings, spell_out
 from torchrecord._write.sources import Preparer, is_map_style, iterate_source, read_in_order
 from torchrecord.errors import IgnoredOptionWarning, TorchRecordWarning, WriterClosedError
 
-__all__ = ["RecordWriter", "put_entries", "write_record", "write_source"]
+__all__ = ["RecordWriter", "SchemaArg", "put_entries", "write_record", "write_source"]
 
 #: cli.py and verify.py take their progress bar from here
 _progress_bar = progress_bar
 
 #: A path as ``RecordFile`` takes it: str, bytes or a path-like object.
 PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
-#: ``schema=``: a Schema, or {field name: shape, dtype name or {"shape": ..., "dtype": ...}}.
-SchemaArg = Schema | Mapping[str, Any] | None
 
 
-def write_record(
-    dataset: Any,
-    path: PathArg,
-    *,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
-) -> RecordFile:
+@spell_out(WriteOptions)
+def write_record(dataset: Any, path: PathArg, **options: Unpack[WriteOptions]) -> RecordFile:
     """Write every sample of ``dataset`` to a record set at ``path``.
 
     Args:
@@ -71,73 +49,9 @@ def write_record(
             and floats) is one field: a 1-d tensor (bool, int64 or float64) whose
             length may vary from sample to sample (token ids).
         path: the record set to create: a single file (str, bytes or path-like).
-        shuffle: pre-shuffle with a permutation seeded by ``seed``; ``False``
-            keeps the source order.
-        seed: the shuffle seed (an int from 0 to 2**64-1), recorded in the metadata.
-        num_workers: read a map-style source with this many DataLoader worker
-            processes (useful when reading a sample is slow, e.g. image decoding).
-            An iterable is read in this process: ``num_workers`` then gives an
-            ``IgnoredOptionWarning`` (pass a ``DataLoader`` over it as the
-            source to read it in parallel).
-        overwrite: replace an existing record set at ``path`` (atomically).
-            Without it the write never replaces anything: if another writer
-            publishes at ``path`` first, this one raises ``RecordExistsError``.
-        progress: show a tqdm bar (if tqdm is installed); ``None`` shows it only
-            on a terminal.
-        metadata: user metadata stored with the record set (None, bool, int,
-            float, str, bytes, lists and dicts with str keys; checked at once).
-        on_error: ``"raise"`` aborts on the first sample the source fails to give
-            (or that cannot be stored, or does not fit the schema), naming its
-            index; ``"skip"`` leaves such
-            samples out and records them (``RecordFile.write_summary``, and the
-            metadata: ``skipped`` and the first 1,000 ``skipped_samples``). A
-            write that keeps no sample at all is a ``SourceError``.
-        max_skipped: with ``on_error="skip"``, the most samples that may be left
-            out: a count (int) or a fraction of the source (float in (0, 1)).
-            More is a ``SourceError`` naming the first failures, and nothing is
-            written. None: no bound.
-        checksums: store a CRC-32 per record (checked by ``verify``).
-        samples_per_record: store this many consecutive samples per LMDB value
-            (chunked records, stacked along a new first axis) to cut per-record
-            overhead for small samples; needs fixed shapes. Readers mix samples
-            across chunks as usual. None (the default) chooses it from the first
-            sample: when every field has a fixed shape, as many samples as make a
-            record fill its LMDB pages (the file comes within about 1.1x of the
-            payload bytes; ``RecordFile.samples_per_record`` says what was
-            chosen), else 1. If a later sample then changes a field's shape, the
-            write goes back to one sample per record.
-        group_by: write a grouped set: a field name (as in the schema, e.g.
-            ``"episode"`` for a dict key) or a function of the sample giving a
-            hashable key. The samples of one group must come one after another
-            (a key that comes back later is a ``SourceError``); the pre-shuffle
-            permutes whole groups and keeps the order inside each. The source is
-            then read in its own order (map-style ones too, still with
-            ``num_workers``; a function must pickle for spawn workers) and, when
-            shuffling, spooled to a temporary file. ``RecordFile.groups`` gives
-            the group offsets.
-        schema: state fields up front: a :class:`Schema` (e.g. another set's
-            ``RecordFile.schema``: the set gets exactly that schema), or a dict
-            of field name -> shape (``(3, None, None)``: ``None`` where the size
-            may vary), dtype name, or ``{"shape": ..., "dtype": ...}``. A sample
-            that breaks it is a ``SchemaError``. A dtype is checked, not
-            converted to: ``{"ids": "int32"}`` refuses a list of Python ints
-            (stored as int64); convert in the source
-            (``numpy.asarray(ids, dtype="int32")``). Without it, a field whose shape
-            changes gives a ``VariableShapeWarning`` and is listed in
-            ``write_summary.variable_fields``.
-        initial_map_size: starting LMDB map size; it grows on its own.
-        commit_bytes: bytes per LMDB transaction (bounded memory for retries).
-        multiprocessing_context: start method of the reader workers: ``"fork"``,
-            ``"spawn"`` or ``"forkserver"``; None: the platform's default.
-        compression: compress numeric fields: ``"zstd"`` or ``"lz4"`` (every
-            numeric field), or a dict of field name -> codec or None. A field
-            whose first records do not shrink below 0.9 of their size is left
-            alone (``metadata["compression"]`` says what was applied, with the
-            ratio). Needs cramjam (``pip install 'cramjam>=2.11'``, the ``compress`` extra);
-            a set with compressed fields has format version 2, which older
-            torchrecord refuses with a VersionError. Strings are never compressed.
-        compression_level: the codec's level: zstd -7..22 (default 3), LZ4
-            1..12 (high-compression mode; default: LZ4's fast mode).
+        **options: the write options, keyword-only, each with its default
+            (``shuffle=True``, ``seed=0``, ``on_error="raise"``, ...; the list is
+            :class:`WriteOptions`). An unknown keyword is a TypeError.
 
     Returns:
         A :class:`RecordFile` for the new record set; its ``write_summary`` says
@@ -156,10 +70,11 @@ def write_record(
             field), named by the file, the sample and the field.
         SchemaError: a sample's structure or dtype differs from the first one's,
             or breaks the stated ``schema``.
-        ValueError, TypeError: an option cannot work (checked before reading).
+        ValueError, TypeError: an option cannot work, or is no option (checked
+            before reading).
         WriteError: the write failed (disk full, ...); nothing is left at ``path``.
     """
-    settings = WriteSettings.of(locals())
+    settings = WriteSettings.of(options, "write_record")
     return write_source(dataset, os.fsdecode(path), settings)
 
 
@@ -253,28 +168,10 @@ class RecordWriter:
 
     Args:
         path: the record set to create: a single file.
-        overwrite: replace an existing record set at ``path`` (atomically, at close).
-        seed: the shuffle seed, recorded in the metadata.
-        shuffle: write the samples in a seeded permuted order (of whole groups
-            with ``group_by``); ``False`` keeps the order of ``append``.
-        samples_per_record: samples per LMDB value (chunked records; fixed
-            shapes); None chooses it from the first sample (see :func:`write_record`).
-        progress: show a tqdm bar (if installed); ``None``: only on a terminal.
-        metadata: user metadata stored with the set (checked at once, see :func:`write_record`).
-        on_error: ``"raise"``: a sample that cannot be stored, or does not fit the
-            schema (a field that changes kind, another structure), aborts the write
-            and raises; ``"skip"``: it is left out and recorded (``write_summary``).
-            A write that keeps no sample is a ``SourceError`` at close.
-        max_skipped: with ``"skip"``: the most samples that may be left out, a
-            count (int) or a fraction (float in (0, 1), checked at close).
-        checksums: store a CRC-32 per record.
-        group_by: a field name or a function of the sample: write a grouped set
-            (see :func:`write_record`); samples of one group must be appended one
-            after another.
-        schema: fields stated up front, as for :func:`write_record`.
-        initial_map_size: starting LMDB map size; it grows on its own.
-        commit_bytes: bytes per LMDB transaction.
-        compression, compression_level: compress numeric fields (see :func:`write_record`).
+        **options: the write options of :func:`write_record` but those of
+            reading a source (:class:`WriterOptions`); ``overwrite`` replaces an
+            existing set at close, and ``group_by`` samples of one group must be
+            appended one after another.
 
     Attributes:
         result: the published :class:`RecordFile` after a successful close, else
@@ -292,32 +189,14 @@ class RecordWriter:
         RecordFile('train.tr')
     """
 
-    def __init__(
-        self,
-        path: PathArg,
-        *,
-        overwrite: bool = False,
-        seed: int = 0,
-        shuffle: bool = True,
-        samples_per_record: int | None = None,
-        progress: bool | None = None,
-        metadata: dict[str, Any] | None = None,
-        on_error: Literal["raise", "skip"] = "raise",
-        max_skipped: int | float | None = None,
-        checksums: bool = True,
-        group_by: str | Callable[[Any], Any] | None = None,
-        schema: SchemaArg = None,
-        initial_map_size: int = 1 << 28,
-        commit_bytes: int = 64 << 20,
-        compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-        compression_level: int | None = None,
-    ) -> None:
+    @spell_out(WriterOptions)
+    def __init__(self, path: PathArg, **options: Unpack[WriterOptions]) -> None:
         self.path = os.fsdecode(path)
-        settings = WriteSettings.of(locals())
+        settings = WriteSettings.of(options, "RecordWriter", WriterOptions)
         self.result: RecordFile | None = None
         self._session: WriteSession | None = None
         try:
-            session = WriteSession(self.path, overwrite, settings, spool=shuffle, source="append")
+            session = WriteSession(self.path, settings.overwrite, settings, spool=settings.shuffle, source="append")
         except BaseException as exc:
             _reraise(exc, self.path)
         self._session = session

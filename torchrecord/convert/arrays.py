@@ -19,23 +19,23 @@ Pickled (object) arrays are refused, never unpickled.
 from __future__ import annotations
 
 import functools
-import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.settings import WriteSettings
-from torchrecord._write.writer import SchemaArg
-from torchrecord.convert._common import RowStream, common_length, existing, row_converter, write, write_stream
+from torchrecord._write.settings import spell_out
+from torchrecord.convert._common import KEYS, Converter, ConvertOptions, Names, PathArg, Probe, Target, existing, write
+from torchrecord.convert._rows import RowStream, common_length, row_converter, write_stream
 from torchrecord.errors import SourceError
 
-__all__ = ["NpyRows", "NpzRows", "from_numpy", "sniff_numpy"]
+__all__ = ["NPY", "NPZ", "NpyRows", "NpzRows", "from_numpy", "sniff_numpy"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -210,31 +210,8 @@ def _read_rows(fp: IO[bytes], m: _Member, rows: int, row_bytes: int, path: str) 
     return np.frombuffer(data, dtype=m.dtype).reshape(shape)
 
 
-def from_numpy(
-    source: str | os.PathLike[str],
-    path: str | os.PathLike[str],
-    *,
-    keys: Sequence[str] | None = None,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
-) -> RecordFile:
+@spell_out(ConvertOptions)
+def from_numpy(source: PathArg, path: PathArg, *, keys: Names = None, **options: Unpack[ConvertOptions]) -> RecordFile:
     """Convert a ``.npy`` array or ``.npz`` archive into a record set, one sample per row.
 
     A ``.npy`` gives samples that are its rows (``array[i]``, as NumPy arrays);
@@ -247,20 +224,14 @@ def from_numpy(
         source: the ``.npy`` or ``.npz`` file (recognized by content, not name).
         path: the record set to write.
         keys: for an ``.npz``, the arrays to convert, in this order (default: all).
-        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
-            set in the folder ``path`` (see :func:`torchrecord.write_shard`);
-            None: a single file.
-        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
-        max_skipped, checksums, samples_per_record, group_by, schema,
-        initial_map_size, commit_bytes, multiprocessing_context, compression,
-        compression_level: as for :func:`torchrecord.write_record`, with the
-            same defaults; ``metadata`` is stored beside the converter's keys.
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`).
 
     Raises:
         SourceError: the file is missing, not NumPy, holds object arrays or
             unsupported dtypes, or its arrays disagree in length (naming them).
     """
-    settings = WriteSettings.of(locals())
+    target = Target.of(path, options, "from_numpy")
     src = existing(source)
     meta = {"source_format": sniff_numpy(src)}
     if meta["source_format"] == "npy":
@@ -270,11 +241,25 @@ def from_numpy(
         length = common_length(src, {"array": array.shape})
         convert = row_converter(src, "array", array.dtype, array.ndim)
         del array
-        return write(NpyRows(src, length, convert), path, meta, settings, shard, num_shards)
+        return write(NpyRows(src, length, convert), target, meta)
     members = _describe_members(src, keys)
     length = common_length(src, {m.key: m.shape for m in members})
     converts = [row_converter(src, m.key, m.dtype, len(m.shape)) for m in members]
     if all(m.stored for m in members):
-        return write(NpzRows(src, members, length, converts), path, meta, settings, shard, num_shards)
+        return write(NpzRows(src, members, length, converts), target, meta)
     stream = RowStream(length, functools.partial(_stream_npz, src, members, length, converts))
-    return write_stream(stream, path, meta, settings, shard, num_shards)
+    return write_stream(stream, target, meta)
+
+
+def _is_npy(probe: Probe) -> bool:
+    return probe.head.startswith(_NPY_MAGIC)
+
+
+def _is_npz(probe: Probe) -> bool:
+    return probe.head.startswith(_ZIP_MAGIC)
+
+
+NPY = Converter("npy", from_numpy, "one array; a sample is a row (first axis), memory-mapped", _is_npy, rank=30)
+NPZ = Converter(
+    "npz", from_numpy, "{name: row} over its arrays (compressed archives are streamed)", _is_npz, 30, (KEYS,)
+)

@@ -19,21 +19,32 @@ their encoding is UTF-8 and ``bytes`` fields otherwise.
 from __future__ import annotations
 
 import functools
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.settings import WriteSettings
-from torchrecord._write.writer import SchemaArg
-from torchrecord.convert._common import RowStream, common_length, existing, require, row_converter, write, write_stream
+from torchrecord._write.settings import spell_out
+from torchrecord.convert._common import (
+    KEYS,
+    Converter,
+    ConvertOptions,
+    Names,
+    PathArg,
+    Target,
+    existing,
+    is_hdf5,
+    require,
+    write,
+)
+from torchrecord.convert._rows import RowStream, common_length, row_converter, write_stream
 from torchrecord.convert.robomimic import is_robomimic
 from torchrecord.errors import SourceError
 
-__all__ = ["H5Rows", "from_hdf5"]
+__all__ = ["H5Rows", "HDF5", "from_hdf5"]
 
 _BLOCK_BYTES = 8 << 20  # rows read per step from chunked datasets: about this many bytes
 
@@ -154,31 +165,8 @@ def _stream(
                 yield _nest(columns, [c(b[j]) for c, b in zip(converts, blocks)])
 
 
-def from_hdf5(
-    source: str | os.PathLike[str],
-    path: str | os.PathLike[str],
-    *,
-    keys: Sequence[str] | None = None,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
-) -> RecordFile:
+@spell_out(ConvertOptions)
+def from_hdf5(source: PathArg, path: PathArg, *, keys: Names = None, **options: Unpack[ConvertOptions]) -> RecordFile:
     """Convert the datasets of an HDF5 file into a record set, one sample per row.
 
     Args:
@@ -187,21 +175,15 @@ def from_hdf5(
         keys: dataset paths to convert (``"images"``, ``"meta/ids"``), in this order;
             default: every dataset in the file, which must then all share their
             first dimension.
-        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
-            set in the folder ``path`` (see :func:`torchrecord.write_shard`);
-            None: a single file.
-        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
-        max_skipped, checksums, samples_per_record, group_by, schema,
-        initial_map_size, commit_bytes, multiprocessing_context, compression,
-        compression_level: as for :func:`torchrecord.write_record`, with the
-            same defaults; ``metadata`` is stored beside the converter's keys.
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`).
 
     Raises:
         ImportError: h5py is not installed (``pip install h5py``, or the ``hdf5`` extra).
         SourceError: the file is missing or not HDF5, a dataset is missing, scalar,
             of an unsupported dtype, or the datasets disagree in length.
     """
-    settings = WriteSettings.of(locals())
+    target = Target.of(path, options, "from_hdf5")
     src = existing(source)
     h5py = _h5py()
     try:
@@ -222,9 +204,19 @@ def from_hdf5(
     meta = {"source_format": "hdf5"}
     if any(c.chunk_rows for c in columns):
         stream = RowStream(length, functools.partial(_stream, src, columns, length, converts))
-        return write_stream(stream, path, meta, settings, shard, num_shards)
+        return write_stream(stream, target, meta)
     rows = H5Rows(src, columns, length, converts)
     try:
-        return write(rows, path, meta, settings, shard, num_shards)
+        return write(rows, target, meta)
     finally:
         rows.close()
+
+
+HDF5 = Converter(
+    "hdf5",
+    from_hdf5,
+    "{name: row} over its datasets, which share their first dimension",
+    is_hdf5,
+    rank=50,  # after robomimic, whose files are HDF5 too
+    options=(KEYS,),
+)

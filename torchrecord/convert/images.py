@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
+
+from typing_extensions import Unpack
 
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.settings import WriteSettings
-from torchrecord._write.writer import SchemaArg
-from torchrecord.convert._common import existing, require, write
+from torchrecord._write.settings import spell_out
+from torchrecord.convert._common import Converter, ConvertOptions, Option, Target, existing, require, write
 from torchrecord.errors import ArgumentError, SourceError
 
 __all__ = [
+    "FOLDER",
     "IMG_EXTENSIONS",
     "ImageFiles",
+    "LIST",
     "from_image_folder",
     "from_list_file",
     "image_extensions",
@@ -212,6 +215,7 @@ def _pillow_unless(check_images: bool) -> None:
         require("PIL.Image", "images", "checking images (check_images=True, the default)")
 
 
+@spell_out(ConvertOptions)
 def from_image_folder(
     root: str | os.PathLike[str],
     path: str | os.PathLike[str],
@@ -219,25 +223,7 @@ def from_image_folder(
     check_images: bool = True,
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
     keep_paths: bool = True,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
+    **options: Unpack[ConvertOptions],
 ) -> RecordFile:
     """Convert a class-per-folder image tree (``root/<class>/<image>``) into a record set.
 
@@ -257,56 +243,33 @@ def from_image_folder(
             alone. None takes every file.
         keep_paths: store each file's relative path as the ``"path"`` field, to
             trace a sample back to its file; ``False`` leaves it out.
-        num_workers: read the files in this many worker processes.
-        on_error: ``"skip"`` leaves bad files out, each named in
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`):
+            ``num_workers`` reads the files in worker processes, and
+            ``on_error="skip"`` leaves bad files out, each named in
             ``write_summary.skipped_samples``.
-        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
-            set in the folder ``path`` (see :func:`torchrecord.write_shard`);
-            None: a single file.
-        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
-        max_skipped, checksums, samples_per_record, group_by, schema,
-        initial_map_size, commit_bytes, multiprocessing_context, compression,
-        compression_level: as for :func:`torchrecord.write_record`, with the
-            same defaults; ``metadata`` is stored beside the converter's keys.
 
     Raises:
         SourceError: root is missing or holds no image files, or a file is bad (naming it).
         ImportError: ``check_images`` is true and Pillow is not installed.
     """
-    settings = WriteSettings.of(locals())
+    target = Target.of(path, options, "from_image_folder")
     source = existing(root, directory=True)
     _pillow_unless(check_images)
     files, labels, classes = scan_folder(source, extensions)
     names = [_relative(f, source) for f in files] if keep_paths else None
     meta = {"source_format": "folder", "classes": classes}
-    return write(ImageFiles(files, labels, check_images, names), path, meta, settings, shard, num_shards)
+    return write(ImageFiles(files, labels, check_images, names), target, meta)
 
 
+@spell_out(ConvertOptions)
 def from_list_file(
     list_file: str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
     check_images: bool = True,
     keep_paths: bool = True,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
+    **options: Unpack[ConvertOptions],
 ) -> RecordFile:
     """Convert the images named by a list file of ``<path> <label>`` lines into a record set.
 
@@ -315,14 +278,14 @@ def from_list_file(
     stay absolute). Every listed file is converted, whatever its extension; see
     :func:`scan_list_file`. Other arguments as for :func:`from_image_folder`.
     """
-    settings = WriteSettings.of(locals())
+    target = Target.of(path, options, "from_list_file")
     source = existing(list_file)
     _pillow_unless(check_images)
     files, labels = scan_list_file(source)
     base = os.path.dirname(os.path.abspath(source))
     names = [_relative(f, base) for f in files] if keep_paths else None
     meta = {"source_format": "list"}
-    return write(ImageFiles(files, labels, check_images, names), path, meta, settings, shard, num_shards)
+    return write(ImageFiles(files, labels, check_images, names), target, meta)
 
 
 def _relative(file: str, base: str) -> str:
@@ -331,3 +294,58 @@ def _relative(file: str, base: str) -> str:
     if not full.startswith(os.path.abspath(base) + os.sep):
         return file
     return os.path.relpath(full, os.path.abspath(base)).replace(os.sep, "/")
+
+
+#: ``check_images``, ``keep_paths`` and ``extensions``: the image converters' options.
+CHECK_IMAGES = Option(
+    "check_images",
+    True,
+    "bool",
+    "--no-check-images",
+    "images: check file signatures only, do not decode each image (faster; no Pillow needed)",
+    {"action": "store_false"},
+)
+KEEP_PATHS = Option(
+    "keep_paths",
+    True,
+    "bool",
+    "--no-paths",
+    "images: do not store each file's relative path as the 'path' field",
+    {"action": "store_false"},
+)
+EXTENSIONS = Option(
+    "extensions",
+    IMG_EXTENSIONS,
+    "Sequence[str] | None",
+    "--extensions",
+    "folder: comma-separated image file extensions to take, or '*' for every file "
+    f"(default: {','.join(IMG_EXTENSIONS)})",
+    {"type": lambda text: None if text.strip() == "*" else _extension_list(text), "metavar": "LIST"},
+)
+
+
+def _extension_list(text: str) -> list[str]:
+    names = [e.strip() for e in text.split(",") if e.strip()]
+    if not names:
+        raise ValueError("expected extensions such as .jpg,.png, or '*' for every file")
+    return names
+
+
+FOLDER = Converter(
+    "folder",
+    from_image_folder,
+    "root/<class>/<image>: samples {'image': bytes, 'label': class index, 'path': file path relative "
+    "to SOURCE}, class names in the user metadata ('classes'); only files with an image extension "
+    "(see --extensions)",
+    lambda probe: probe.is_dir,
+    rank=90,  # any folder that no other format claims
+    options=(CHECK_IMAGES, EXTENSIONS, KEEP_PATHS),
+)
+LIST = Converter(
+    "list",
+    from_list_file,
+    "text file of '<path> <label>' lines, paths relative to the list file",
+    lambda probe: not probe.is_dir and bool(probe.head) and b"\0" not in probe.head,
+    rank=100,  # any text file that no other format claims
+    options=(CHECK_IMAGES, KEEP_PATHS),
+)

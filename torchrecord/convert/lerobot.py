@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._lerobot.episodes import EPISODE_FIELD, META_KEY, VERSION
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.settings import WriteSettings
-from torchrecord.convert._common import RowStream, write
+from torchrecord._write.settings import StoreOptions, WriteSettings, spell_out
+from torchrecord.convert._common import Converter, Target, write
+from torchrecord.convert._rows import RowStream
 from torchrecord.convert.lerobot_source import LeRobotSource, find_lerobot, is_lerobot
 from torchrecord.convert.lerobot_video import VideoFrames, VideoPlan, av_version
 from torchrecord.errors import ArgumentError, SourceError
 
-__all__ = ["NOT_LEROBOT", "convert_options", "find_lerobot", "from_lerobot", "is_lerobot"]
+__all__ = ["LEROBOT", "NOT_LEROBOT", "find_lerobot", "from_lerobot", "is_lerobot"]
 
 
 class _Video:
@@ -130,21 +132,14 @@ def _check_rows(
             )
 
 
+@spell_out(StoreOptions)
 def from_lerobot(
     source: str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
     shard: int | None = None,
     num_shards: int | None = None,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
+    **options: Unpack[StoreOptions],
 ) -> RecordFile:
     """Convert a LeRobot v3.0 dataset into a record set, one sample per frame, in LeRobot's frame order.
 
@@ -169,17 +164,14 @@ def from_lerobot(
             finish publishes the set (see :func:`torchrecord.write_shard`).
             A single file is grouped by episode (``group_by``); a sharded set
             has no groups (the episode table gives the episodes).
-        overwrite: replace an existing set (or shard) at ``path``.
-        progress: a tqdm bar (None: on a terminal only).
-        metadata: more user metadata, stored beside ``"lerobot"``.
-        checksums: store a CRC-32 per record.
-        samples_per_record: frames per LMDB record; None: as ``write_record``
-            packs, or 1 with ``compression`` (a frame read at random then
-            decompresses only itself).
-        initial_map_size, commit_bytes: as for :func:`torchrecord.write_record`.
-        compression, compression_level: compress fields as ``write_record``
-            does, e.g. ``{"observation.images.top": "zstd"}`` (the ``compress``
-            extra; see docs/lerobot.md for sizes and speeds).
+        **options: the write options of how a set is stored
+            (:class:`~torchrecord.StoreOptions`: ``overwrite``, ``metadata``,
+            stored beside ``"lerobot"``, ``compression``...).
+            ``samples_per_record`` defaults to 1 with ``compression`` (a frame
+            read at random then decompresses only itself);
+            ``compression={"observation.images.top": "zstd"}`` compresses a
+            camera (the ``compress`` extra; see docs/lerobot.md for sizes and
+            speeds).
 
     The other options of :func:`torchrecord.write_record` do not apply: the set
     keeps LeRobot's frame order (``shuffle``, ``seed``), is grouped by episode
@@ -196,7 +188,7 @@ def from_lerobot(
         MissingDependencyError: pyarrow (or, for videos, PyAV; for images,
             Pillow) is not installed: the ``lerobot`` extra installs them.
     """
-    settings = WriteSettings.of(locals())
+    settings = WriteSettings.of(options, "from_lerobot", StoreOptions)
     src = LeRobotSource(find_lerobot(source))
     episodes = len(src.episodes["episode_index"])
     lo, hi = 0, int(src.episodes["dataset_to_index"][-1])
@@ -216,9 +208,12 @@ def from_lerobot(
     stream = RowStream(hi - lo, lambda: _samples(src, lo, hi, videos))
     grouped = EPISODE_FIELD if num_shards is None else None
     # compressed: one frame per record, so that reading a frame at random decompresses that frame only
-    packing = 1 if compression is not None and samples_per_record is None else samples_per_record
+    packing = settings.samples_per_record
+    if settings.compression is not None and packing is None:
+        packing = 1
     settings = dataclasses.replace(settings, shuffle=False, group_by=grouped, samples_per_record=packing)
-    return write(stream, path, {"source_format": "lerobot", META_KEY: description}, settings, shard, num_shards)
+    target = Target(path, settings, shard, num_shards)
+    return write(stream, target, {"source_format": "lerobot", META_KEY: description})
 
 
 #: write_record's options that do not apply to a LeRobot source (see :func:`from_lerobot`), and why.
@@ -233,13 +228,14 @@ NOT_LEROBOT = {
 }
 
 
-def convert_options(source: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of :func:`torchrecord.convert.convert` that :func:`from_lerobot` takes (``shuffle`` is ignored:
-    the frame order is kept); ArgumentError naming the first given one that does not apply."""
-    defaults = dataclasses.asdict(WriteSettings())
-    for name, why in NOT_LEROBOT.items():
-        if given[name] != defaults[name]:
-            raise ArgumentError(
-                f"{name}={given[name]!r} does not apply to a lerobot source ({source}): {why}; leave it out"
-            )
-    return {name: value for name, value in given.items() if name not in NOT_LEROBOT and name != "shuffle"}
+LEROBOT = Converter(
+    "lerobot",
+    from_lerobot,
+    "a LeRobot v3.0 dataset folder (or, with --format lerobot, a repo id in the local Hugging Face cache): "
+    "one sample per frame in LeRobot's order, cameras as uint8 [H, W, C] (videos decoded), for "
+    "torchrecord.LeRobotDataset",
+    lambda probe: probe.is_dir and is_lerobot(probe.path),
+    rank=5,  # before hf: a LeRobot folder holds parquet files too
+    refused={**NOT_LEROBOT, "shuffle": "the set keeps LeRobot's frame order"},
+    defaults={"shuffle": False},
+)

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._robomimic.episodes import DEMO_FIELD, META_KEY, SHIFT, STORED, VERSION, field_name, final_entry
 from torchrecord._store.record_file import RecordFile
-from torchrecord._write.settings import WriteSettings
+from torchrecord._write.settings import StoreOptions, WriteSettings, spell_out
 from torchrecord._write.writer import RecordWriter, put_entries
-from torchrecord.convert._common import existing, require
+from torchrecord.convert._common import KEYS, Converter, Option, existing, is_hdf5, names, require
 from torchrecord.errors import ArgumentError, SourceError
 
-__all__ = ["DEFAULT_DATASET_KEYS", "from_robomimic", "is_robomimic"]
+__all__ = ["DEFAULT_DATASET_KEYS", "ROBOMIMIC", "from_robomimic", "is_robomimic"]
 
 #: The dataset keys converted unless told otherwise.
 DEFAULT_DATASET_KEYS = ("actions", "rewards", "dones")
@@ -64,21 +65,14 @@ class _Key:
     dtype: np.dtype[Any]
 
 
+@spell_out(StoreOptions)
 def from_robomimic(
     hdf5_path: str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
     obs_keys: Sequence[str] | None = None,
     dataset_keys: Sequence[str] = DEFAULT_DATASET_KEYS,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    checksums: bool = True,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
-    samples_per_record: int | None = None,
+    **options: Unpack[StoreOptions],
 ) -> RecordFile:
     """Convert a robomimic HDF5 file into a grouped record set, one sample per time step.
 
@@ -103,19 +97,12 @@ def from_robomimic(
             (robomimic then reads zeros under a cache mode, and so do the window
             datasets, with a ``MissingDatasetKeyWarning``); a key only some demos
             have is a SourceError.
-        overwrite: replace an existing set at ``path``.
-        progress: a tqdm bar (None: on a terminal only).
-        metadata: more user metadata, stored beside ``"robomimic"``.
-        checksums: store a CRC-32 per record.
-        initial_map_size, commit_bytes: as for :func:`torchrecord.write_record`.
-        compression, compression_level: compress fields as ``write_record``
-            does: ``"zstd"`` or ``"lz4"`` for every numeric field (fields that do
-            not shrink are left alone), or a dict of field name -> codec, e.g.
-            ``{"obs.agentview_image": "zstd"}`` for rendered camera images.
-            Needs the ``compress`` extra.
-        samples_per_record: steps stored per LMDB record, as for
-            ``write_record``; None (the default) chooses it from the frame size,
-            as ``write_record`` does (small low-dim steps are packed together).
+        **options: the write options of how a set is stored
+            (:class:`~torchrecord.StoreOptions`: ``overwrite``, ``metadata``,
+            ``compression``, ...; ``metadata`` is stored beside
+            ``"robomimic"``). ``compression={"obs.agentview_image": "zstd"}``
+            compresses rendered camera images; ``samples_per_record=None`` packs
+            small low-dim steps together, as ``write_record`` does.
 
     The other options of :func:`torchrecord.write_record` do not apply: the set
     keeps robomimic's demo order (``shuffle``, ``seed``; the windows are
@@ -130,7 +117,7 @@ def from_robomimic(
             (naming the demo and key), shapes or dtypes differ between demos, or a
             mask names a demo the file lacks.
     """
-    settings = WriteSettings.of(locals())
+    settings = WriteSettings.of(options, "from_robomimic", StoreOptions)
     src = existing(hdf5_path)
     h5py = _h5py()
     for key in dataset_keys:
@@ -397,3 +384,44 @@ def _step(position: int, t: int, arrays: dict[str, np.ndarray], keys: dict[str, 
     for k in keys["dataset"]:
         sample[k.name] = arrays[k.h5][t]
     return sample
+
+
+_SHARDS = "a robomimic set is grouped by demo and a sharded set has no groups"
+_ORDER = "the set keeps robomimic's demo order (the windows are shuffled when read)"
+_IN_PROCESS = "the file is read in this process, one demo at a time"
+_STOPS = "a bad demo stops the conversion"
+
+ROBOMIMIC = Converter(
+    "robomimic",
+    from_robomimic,
+    "robomimic demos (HDF5 with data/demo_N groups, detected by layout): one sample per time step, "
+    "grouped by demo in robomimic's order (not shuffled), for torchrecord.SequenceDataset and "
+    "WindowDataset; --keys chooses the obs keys, --dataset-keys the per-step arrays",
+    lambda probe: is_hdf5(probe) and is_robomimic(probe.path),
+    rank=40,  # before the generic HDF5 converter
+    options=(
+        KEYS,
+        Option(
+            "dataset_keys",
+            None,
+            "Sequence[str] | None",
+            "--dataset-keys",
+            "robomimic: comma-separated per-step arrays to convert (default: actions,rewards,dones)",
+            {"type": names, "metavar": "NAMES"},
+        ),
+    ),
+    parameters={"keys": "obs_keys"},
+    refused={
+        "num_shards": _SHARDS,
+        "shard": _SHARDS,
+        "shuffle": _ORDER,
+        "seed": _ORDER,
+        "num_workers": _IN_PROCESS,
+        "multiprocessing_context": _IN_PROCESS,
+        "on_error": _STOPS,
+        "max_skipped": _STOPS,
+        "group_by": "the set is grouped by demo",
+        "schema": "the converter builds the schema from the file",
+    },
+    defaults={"shuffle": False},
+)

@@ -20,25 +20,29 @@ tars ``i, i + n, ...``.
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import json
+import lzma
 import mmap
 import os
 import re
-import tarfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import IO, Any, Literal
+from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from torchrecord._core.extras import REMOTE_HINT
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.fastwrite import BytesColumn
-from torchrecord._write.settings import WriteSettings
-from torchrecord._write.writer import SchemaArg
-from torchrecord.convert._common import write
+from torchrecord._write.settings import spell_out
+from torchrecord.convert._common import Converter, ConvertOptions, Probe, Target, write
+from torchrecord.convert.tars import Blocks, Member, Readable, members
 from torchrecord.errors import ArgumentError, MissingDependencyError, SourceError
 
-__all__ = ["TarSamples", "decode_member", "from_webdataset", "split_key"]
+__all__ = ["TarSamples", "WEBDATASET", "decode_member", "from_webdataset", "split_key"]
 
 _KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext (a dot in the file name)
 _INTS = ("cls", "cls2", "index")
@@ -91,214 +95,70 @@ def _open(source: str) -> IO[bytes]:
         raise SourceError(f"{source}: cannot open it ({exc})") from None
 
 
-def _members(source: str, tar: tarfile.TarFile) -> Iterator[tuple[str, str, tarfile.TarInfo]]:
-    """``(key, ext, member)`` of every file member of a tar, in order (hidden and key-less names left out)."""
-    try:
-        for member in tar:
-            if not member.isfile():
-                continue
-            parts = split_key(member.name)
-            if parts is None or os.path.basename(member.name).startswith("."):
-                continue
-            yield parts[0], parts[1], member
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise SourceError(f"{source}: not a readable tar file ({exc})") from None
-
-
 #: one sample's members: (extension, data offset, size) in the tar
 _Entry = tuple[str, int, str, list[tuple[str, int, int]]]
 
-_BLOCK = 512
-_FILE_TYPES = (b"0", b"\0", b"7")  # regular file (old and new style), contiguous file: what tarfile calls isfile()
-#: header types whose members this reader cannot place by itself: tarfile indexes the whole tar instead
-_TARFILE_TYPES = (b"g", b"S", b"M", b"V")  # pax global header, GNU sparse, multi-volume, volume label
 
+def _samples(source: str, found: Iterable[tuple[Member, Any]]) -> Iterator[tuple[str, list[tuple[str, Member, Any]]]]:
+    """Members grouped into samples by key, as WebDataset groups them: ``(key, [(ext, member, data), ...])``.
 
-def _number(field: bytes) -> int:
-    """A header's numeric field: octal digits (NUL/space padded), or GNU base-256 (first byte 0x80 or 0xff)."""
-    if field[:1] in (b"\x80", b"\xff"):
-        value = int.from_bytes(field[1:], "big")
-        return value - (256 ** (len(field) - 1)) if field[:1] == b"\xff" else value
-    digits = field.split(b"\0", 1)[0].strip()
-    return int(digits, 8) if digits else 0
-
-
-def _text(field: bytes) -> str:
-    """A NUL-terminated name field, decoded as tarfile decodes it (UTF-8, undecodable bytes escaped)."""
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
-def _pax(data: bytes, source: str, offset: int) -> dict[str, str]:
-    """The records of a pax extended header (``"<length> <key>=<value>\\n"`` each)."""
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(data) and data[pos] != 0:
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space]) if space > pos else 0
-        except ValueError:
-            length = 0
-        record = data[pos : pos + length]
-        if length <= 0 or space < 0 or not record.endswith(b"\n") or b"=" not in record:
-            raise SourceError(
-                f"{source}: damaged pax header at byte {offset}: cannot parse record {data[pos : pos + 40]!r}"
-            )
-        key, _, value = record[space - pos + 1 : -1].partition(b"=")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
-
-
-def _scan(source: str, data: Any) -> list[tuple[str, int, int]] | None:
-    """``(name, data offset, size)`` of every file member of the tar ``data`` (a buffer), in order.
-
-    Reads the 512-byte ustar headers directly: POSIX ``prefix`` names, GNU long
-    names (``L``) and pax extended headers (``x``: ``path`` and ``size``) are
-    followed; other non-file members are passed over. None for a tar that
-    tarfile should read (global pax headers, sparse members...); a SourceError naming the file and the byte
-    offset for a damaged header (bad checksum) or a tar that ends early. The
-    checksums are verified in NumPy, all at once (and before any other error is
-    reported: a damaged header is the cause of what follows it).
+    Hidden and key-less names are left out. A second member of one key with
+    the same extension is refused, as WebDataset refuses it ("duplicate file
+    name"), and so is a key that comes back after other keys (WebDataset would
+    make two samples of it): each names the tar, the byte offset and the member.
     """
-    total = len(data)
-    offset = 0
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    found: list[tuple[str, int, int]] = []
-    heads: list[int] = []  # every header's offset
-    stored: list[int] = []  # and the checksum it holds
-    use_tarfile = False
-    try:
-        while offset < total:
-            header = data[offset : offset + _BLOCK]
-            if header.count(0) == _BLOCK:
-                break  # the end-of-archive marker
-            if len(header) < _BLOCK:
+    seen: set[str] = set()
+    key: str | None = None
+    group: dict[str, tuple[Member, Any]] = {}
+    for member, data in found:
+        parts = split_key(member.name)
+        if parts is None or os.path.basename(member.name).startswith("."):
+            continue
+        if parts[0] == key:
+            if parts[1] in group:
                 raise SourceError(
-                    f"{source}: the tar ends early: {len(header)} bytes of a 512-byte member header at byte {offset}"
+                    f"{_at(source, member)}: a second .{parts[1]} for key {key!r} (the first is the member at "
+                    f"byte {group[parts[1]][0].header}); WebDataset refuses it too (duplicate file name): rename "
+                    "or remove one"
                 )
-            try:
-                checksum = _number(header[148:156])
-                size = _number(header[124:136])
-            except ValueError:
-                raise SourceError(_damaged(source, offset)) from None
-            heads.append(offset)
-            stored.append(checksum)
-            kind = header[156:157]
-            if kind in _TARFILE_TYPES:
-                use_tarfile = True
-                break
-            if "size" in pax:
-                size = int(pax["size"])
-            start = offset + _BLOCK
-            end = start + size
-            if size < 0 or end > total:
-                raise SourceError(
-                    f"{source}: the tar ends early: the member whose header is at byte {offset} needs {size} bytes "
-                    f"from byte {start}, but the file has {total} bytes"
-                )
-            offset = start + -(-size // _BLOCK) * _BLOCK
-            if kind == b"L":  # GNU long name: the next member's name
-                long_name = _text(data[start:end])
-                continue
-            if kind == b"x":  # pax extended header: the next member's keywords
-                pax = _pax(data[start:end], source, start - _BLOCK)
-                if any(k.startswith("GNU.sparse") for k in pax) or "hdrcharset" in pax:
-                    use_tarfile = True
-                    break
-                continue
-            if kind == b"K":  # GNU long link name: only links use it
-                continue
-            if long_name is not None:
-                name = long_name
-            elif "path" in pax:
-                name = pax["path"]
-            else:
-                name = _text(header[0:100])
-                prefix = _text(header[345:500]) if header[257:263] == b"ustar\0" else ""
-                if prefix:
-                    name = prefix + "/" + name
-            long_name, pax = None, {}
-            if kind in _FILE_TYPES and not name.endswith("/"):  # tarfile: a name ending in / is a directory
-                found.append((name, start, size))
-    except SourceError:
-        bad = _bad_checksum(data, heads, stored)
-        if bad is not None:
-            raise SourceError(_damaged(source, bad)) from None
-        raise
-    bad = _bad_checksum(data, heads, stored)
-    if bad is not None:
-        raise SourceError(_damaged(source, bad))
-    return None if use_tarfile else found
+            group[parts[1]] = (member, data)
+            continue
+        if key is not None:
+            yield key, [(ext, m, d) for ext, (m, d) in group.items()]
+        if parts[0] in seen:
+            raise SourceError(
+                f"{_at(source, member)}: key {parts[0]!r} comes back after other keys; the members of a sample "
+                "must be consecutive in the tar (WebDataset would make two samples of it)"
+            )
+        key, group = parts[0], {parts[1]: (member, data)}
+        seen.add(key)
+    if key is not None:
+        yield key, [(ext, m, d) for ext, (m, d) in group.items()]
 
 
-def _damaged(source: str, offset: int) -> str:
-    return (
-        f"{source}: damaged tar header at byte {offset} (its checksum does not match); "
-        "the file is not a tar, or it was corrupted"
-    )
+def _at(source: str, member: Member) -> str:
+    return f"{source}: byte {member.header}, member {member.name!r}"
 
 
-def _bad_checksum(data: Any, heads: list[int], stored: list[int]) -> int | None:
-    """The offset of the first header whose checksum does not match (unsigned or signed sum), or None."""
-    if not heads:
-        return None
-    buffer = np.frombuffer(data, np.uint8)
-    at = np.asarray(heads, np.int64)
-    want = np.asarray(stored, np.int64)
-    step = 4096
-    for lo in range(0, len(at), step):
-        block = buffer[at[lo : lo + step, None] + np.arange(_BLOCK)].astype(np.int64)
-        block[:, 148:156] = 32  # the checksum field counts as spaces
-        unsigned = block.sum(axis=1)
-        signed = unsigned - 256 * (block > 127).sum(axis=1)
-        wanted = want[lo : lo + step]
-        bad = np.flatnonzero((wanted != unsigned) & (wanted != signed))
-        if len(bad):
-            return heads[lo + int(bad[0])]
-    return None
-
-
-def _tar_members(source: str) -> Iterator[tuple[str, int, int]]:
-    """``(name, data offset, size)`` of the file members of a local tar: read directly, else by tarfile."""
+def _tar_members(source: str) -> list[Member]:
+    """The file members of a local tar, from its headers (the data is not read)."""
     try:
         with open(source, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
+            if os.fstat(f.fileno()).st_size == 0:
                 raise SourceError(f"{source}: not a readable tar file (it is empty)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                found = _scan(source, data)
+                return [member for member, _ in members(Blocks(source, data=data))]
     except OSError as exc:
         raise SourceError(f"{source}: cannot read it ({exc.strerror or exc})") from None
-    return _tarfile_members(source) if found is None else iter(found)
-
-
-def _tarfile_members(source: str) -> Iterator[tuple[str, int, int]]:
-    try:
-        tar = tarfile.open(source, "r:")  # noqa: SIM115  # closed by the with below
-    except (tarfile.TarError, OSError) as exc:
-        raise SourceError(f"{source}: not a readable tar file ({exc})") from None
-    with tar:
-        try:
-            found = [(m.name, m.offset_data, m.size) for m in tar if m.isfile()]
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise SourceError(f"{source}: not a readable tar file ({exc})") from None
-    return iter(found)
 
 
 def _index(source: str) -> list[_Entry]:
-    """Every sample of a local tar: (source, key, [(ext, offset, size), ...]) without reading the data."""
-    entries: list[_Entry] = []
-    for name, offset, size in _tar_members(source):
-        parts = split_key(name)
-        if parts is None or os.path.basename(name).startswith("."):
-            continue
-        key, ext = parts
-        if entries and entries[-1][2] == key:
-            entries[-1][3].append((ext, offset, size))
-        else:
-            entries.append((source, len(entries), key, [(ext, offset, size)]))
-    return entries
+    """Every sample of a local tar: (source, number, key, [(ext, offset, size), ...]) without reading the data."""
+    found = ((m, None) for m in _tar_members(source))
+    return [
+        (source, number, key, [(ext, m.offset, m.size) for ext, m, _ in group])
+        for number, (key, group) in enumerate(_samples(source, found))
+    ]
 
 
 class TarSamples:
@@ -389,24 +249,41 @@ class _TarStream:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for source in self.sources:
             with _open(source) as raw:
-                try:
-                    tar = tarfile.open(fileobj=raw, mode="r|*")  # noqa: SIM115  # closed by the with below
-                except (tarfile.TarError, OSError) as exc:
-                    raise SourceError(f"{source}: not a readable tar file ({exc})") from None
-                with tar:
-                    sample: dict[str, Any] | None = None
-                    number = 0
-                    for key, ext, member in _members(source, tar):
-                        if sample is None or sample["__key__"] != key:
-                            if sample is not None:
-                                yield sample
-                                number += 1
-                            sample = {"__key__": key}
-                        handle = tar.extractfile(member)
-                        assert handle is not None  # a file member
-                        sample[ext] = decode_member(f"{source}: sample {number} ({key!r})", ext, handle.read())
-                    if sample is not None:
-                        yield sample
+                found = members(Blocks(source, stream=_decompressed(source, raw)), data=True)
+                for number, (key, group) in enumerate(_samples(source, found)):
+                    where = f"{source}: sample {number} ({key!r})"
+                    yield {"__key__": key, **{ext: decode_member(where, ext, data) for ext, _, data in group}}
+
+
+class _Joined(io.RawIOBase):
+    """The bytes already read from a stream (to tell its compression), then the rest of it."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self.head, self.rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.head[: len(buffer)] if self.head else self.rest.read(len(buffer))
+        self.head = self.head[len(data) :] if self.head else b""
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _decompressed(source: str, raw: IO[bytes]) -> Readable:
+    """The tar in ``raw``, decompressed as its first bytes say (gzip, bzip2, xz) or as it is."""
+    head = raw.read(6)
+    joined = io.BufferedReader(_Joined(head, raw))
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=joined, mode="rb")
+    if head.startswith(b"BZh"):
+        return bz2.BZ2File(joined)
+    if head.startswith(b"\xfd7zXZ"):
+        return lzma.LZMAFile(joined)
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        raise SourceError(f"{source}: a zstd-compressed tar, which this reader cannot decompress; decompress it first")
+    return joined
 
 
 def _sources(paths_or_urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -430,29 +307,11 @@ def _sources(paths_or_urls: str | os.PathLike[str] | Sequence[str | os.PathLike[
     return out
 
 
+@spell_out(ConvertOptions)
 def from_webdataset(
     paths_or_urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     path: str | os.PathLike[str],
-    *,
-    shard: int | None = None,
-    num_shards: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 0,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    metadata: dict[str, Any] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    max_skipped: int | float | None = None,
-    checksums: bool = True,
-    samples_per_record: int | None = None,
-    group_by: str | Callable[[Any], Any] | None = None,
-    schema: SchemaArg = None,
-    initial_map_size: int = 1 << 28,
-    commit_bytes: int = 64 << 20,
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
-    compression: Literal["zstd", "lz4"] | Mapping[str, Literal["zstd", "lz4"] | None] | None = None,
-    compression_level: int | None = None,
+    **options: Unpack[ConvertOptions],
 ) -> RecordFile:
     """Convert WebDataset tar shards into a record set, one sample per ``__key__`` (see this module).
 
@@ -460,23 +319,19 @@ def from_webdataset(
         paths_or_urls: a tar file, a folder of them, a URL, or a list of these
             (read in this order).
         path: the record set to write (a folder with ``num_shards``).
-        shard, num_shards: write shard ``shard`` of ``num_shards`` of a sharded
-            set in the folder ``path`` (see :func:`torchrecord.write_shard`);
-            streamed tars are dealt out to the shards (shard i reads tars i,
-            i + n, ...), so there must be at least ``num_shards`` of them.
-        shuffle, seed, num_workers, overwrite, progress, metadata, on_error,
-        max_skipped, checksums, samples_per_record, group_by, schema,
-        initial_map_size, commit_bytes, multiprocessing_context, compression,
-        compression_level: as for :func:`torchrecord.write_record`, with the
-            same defaults; ``metadata`` is stored beside the converter's keys
-            (``source_format``, ``tars``: the number of tars read).
+        **options: the write options and ``shard``/``num_shards``
+            (:class:`~torchrecord.convert.ConvertOptions`); ``metadata`` is
+            stored beside the converter's keys (``source_format``, ``tars``: the
+            number of tars read). Streamed tars are dealt out to the shards
+            (shard i reads tars i, i + n, ...), so there must be at least
+            ``num_shards`` of them.
 
     Raises:
         SourceError: a tar is missing or damaged, a ``.cls`` or ``.json`` member
             does not decode (naming the tar, sample and key).
         MissingDependencyError: a URL without fsspec (``remote`` extra).
     """
-    settings = WriteSettings.of(locals())
+    target = Target.of(path, options, "from_webdataset")
     sources = _sources(paths_or_urls)
     meta = {"source_format": "webdataset", "tars": len(sources)}
     if all(_local(s) for s in sources):
@@ -485,7 +340,8 @@ def from_webdataset(
             entries += _index(source)
         if not entries:
             raise SourceError(f"{sources[0]}{' ...' if len(sources) > 1 else ''}: holds no samples")
-        return write(TarSamples(entries), path, meta, settings, shard, num_shards)
+        return write(TarSamples(entries), target, meta)
+    shard, num_shards = target.shard, target.num_shards
     if shard is not None and num_shards is not None:
         if len(sources) < num_shards:
             raise ArgumentError(
@@ -494,4 +350,17 @@ def from_webdataset(
             )
         if 0 <= shard < num_shards:
             sources = sources[shard::num_shards]
-    return write(_TarStream(sources), path, meta, settings, shard, num_shards)
+    return write(_TarStream(sources), target, meta)
+
+
+def _is_tar(probe: Probe) -> bool:
+    return not probe.is_dir and (probe.head[257:262] == b"ustar" or probe.path.endswith((".tar", ".tar.gz", ".tgz")))
+
+
+WEBDATASET = Converter(
+    "webdataset",
+    from_webdataset,
+    ".tar shards (a file, or a folder of them): {'__key__': str, <ext>: bytes} per key, .cls as int, .json decoded",
+    _is_tar,
+    rank=10,
+)
