@@ -33,19 +33,18 @@ import ctypes.util
 import errno
 import fcntl
 import os
-import re
 import socket
 import sys
 import time
 
 import lmdb
 
+from torchrecord._storage.temps import parse_temp, temp_path
 from torchrecord._write.lmdb_writer import space_hint
 from torchrecord.errors import RecordExistsError, TorchRecordError, WriteError
 
 __all__ = ["LOCK_SUFFIX", "Publisher", "as_write_error", "remove_stale_temporaries"]
 
-_TEMP_PATTERN = ".{name}.tmp-{pid}-{token}"
 #: Suffix of the lock file a live write holds locked.
 LOCK_SUFFIX = ".lock"
 #: A lock file found empty and unlocked may belong to a writer that has created it but not locked it
@@ -77,7 +76,7 @@ class Publisher:
         if not os.path.isdir(self.parent):
             raise WriteError(f"{target}: parent directory {self.parent} does not exist")
         remove_stale_temporaries(target)
-        self.temp = _temporary_path(target)
+        self.temp = temp_path(target)
         self.lock_path = self.temp + LOCK_SUFFIX
         self._lock_fd: int | None = _hold_lock(self.lock_path, target)
         self._scratch = [self.temp]
@@ -209,12 +208,6 @@ def _renameat2_noreplace(temp: str, target: str) -> bool:
 # -- temporaries and their locks -------------------------------------------------------------
 
 
-def _temporary_path(target: str) -> str:
-    directory, name = os.path.split(os.path.abspath(target))
-    token = os.urandom(4).hex()
-    return os.path.join(directory, _TEMP_PATTERN.format(name=name, pid=os.getpid(), token=token))
-
-
 #: the lock descriptors this process holds: a forked child closes its copies (see _close_in_child)
 _HELD: set[int] = set()
 
@@ -268,7 +261,6 @@ def remove_stale_temporaries(target: str) -> list[str]:
     judged by their PID.
     """
     directory, name = os.path.split(os.path.abspath(target))
-    pattern = re.compile(r"^(\." + re.escape(name) + r"\.tmp-(\d+)-[0-9a-f]+)")
     try:
         entries = os.listdir(directory)
     except OSError:
@@ -276,10 +268,10 @@ def remove_stale_temporaries(target: str) -> list[str]:
     writes: dict[str, list[str]] = {}
     pids: dict[str, int] = {}
     for entry in entries:
-        match = pattern.match(entry)
-        if match:
-            writes.setdefault(match.group(1), []).append(entry)
-            pids[match.group(1)] = int(match.group(2))
+        temp = parse_temp(entry)
+        if temp is not None and temp.name == name:
+            writes.setdefault(temp.base, []).append(entry)
+            pids[temp.base] = temp.pid
     removed: list[str] = []
     for base, files in writes.items():
         lock = base + LOCK_SUFFIX
