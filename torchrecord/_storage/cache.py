@@ -201,7 +201,7 @@ class ShardCache:
                 "it serves another file than the set's (check the URL and the server)"
             )
         if stopped == LATE:
-            raise FetchError(late_message(url, f"shard {s}", self.deadline(s)))
+            raise FetchError(late_message(url, f"shard {s}", self.deadline(s), out.tell(), expected))
 
     def _check_replaced(self, s: int, url: str) -> None:
         """ChecksumError at once when the server's object says it is another shard body than the manifest's."""

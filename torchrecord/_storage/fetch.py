@@ -35,7 +35,8 @@ def fetch_bytes(url: str, transport: Transport, what: str, limit: int = MANIFEST
         if stopped == TOO_LONG:
             raise FetchError(f"{url}: the server sent more than {limit} bytes; that is no {what}")
         if stopped == LATE:
-            raise FetchError(late_message(url, what, grace + sum(map(len, got)) / rate))
+            size = sum(map(len, got))
+            raise FetchError(late_message(url, what, grace + size / rate, size))
 
     with_retries(url, what, None, attempt)
     return b"".join(got)

@@ -189,8 +189,16 @@ class Damaged(Exception):
     """One attempt's data did not match what was expected (raised by an attempt, to be tried again)."""
 
 
-def late_message(url: str, what: str, elapsed: float) -> str:
-    return f"{url}: {what} did not arrive within its deadline ({elapsed:.0f} s; {deadline_words()})"
+def late_message(url: str, what: str, elapsed: float, got: int | None = None, size: int | None = None) -> str:
+    """The message of a transfer stopped at its deadline: what had arrived, and the settings of the deadline."""
+    if got is None:
+        arrived = ""
+    elif got == 0:
+        arrived = ": no data arrived (the server stalled, or answers too slowly)"
+    else:
+        of = f" of {size}" if size is not None else ""
+        arrived = f": {got}{of} bytes arrived, then the server stalled or slowed down"
+    return f"{url}: {what} did not arrive within its deadline ({elapsed:.0f} s){arrived}; {deadline_words()}"
 
 
 def with_retries(url: str, what: str, deadline: float | None, attempt: Callable[[float | None], None]) -> None:

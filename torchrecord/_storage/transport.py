@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from torchrecord._core.extras import REMOTE_HINT, S3_HINT
+from torchrecord._storage.location import env_number
 from torchrecord._storage.transfer import TIMEOUT, Stream
 from torchrecord.errors import MissingDependencyError
 
 __all__ = ["FsspecStorage", "ObjectInfo", "Storage", "Transport", "is_http"]
 
-#: Bytes of each part of a multipart upload (s3fs uploads files of twice this or more in parts).
+#: Bytes of each part of a multipart upload (s3fs uploads files of twice this or more in parts);
+#: ``$TORCHRECORD_UPLOAD_PART_SIZE`` sets another (S3 takes 5 MiB at least).
 PART_SIZE = 64 << 20
+PART_SIZE_ENV = "TORCHRECORD_UPLOAD_PART_SIZE"
 
 
 @runtime_checkable
@@ -92,18 +95,19 @@ class FsspecStorage:
             defaults, which for S3 are the usual environment variables (``AWS_ACCESS_KEY_ID``,
             ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...).
         filesystem: an fsspec file system to use as it is (then ``storage_options`` is not taken).
-        part_size: bytes of each part of a multipart upload.
+        part_size: bytes of each part of a multipart upload (None: ``$TORCHRECORD_UPLOAD_PART_SIZE``, else 64 MiB).
 
     File systems built here are fsspec's cached instances (one per protocol and options; fsspec
     starts afresh in a forked child), except for http(s), built per transfer.
     """
 
     def __init__(
-        self, storage_options: dict[str, Any] | None = None, filesystem: Any = None, part_size: int = PART_SIZE
+        self, storage_options: dict[str, Any] | None = None, filesystem: Any = None, part_size: int | None = None
     ) -> None:
         self.storage_options = dict(storage_options or {})
         self.fs = filesystem
-        self.part_size = part_size
+        chosen = env_number(PART_SIZE_ENV, PART_SIZE, integer=True)
+        self.part_size = int(part_size if part_size is not None else chosen or PART_SIZE)
 
     def filesystem(self, url: str, deadline: float | None = None) -> tuple[Any, str]:
         """(fsspec file system, path) for ``url``."""

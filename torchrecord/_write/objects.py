@@ -195,8 +195,8 @@ def remote_shard_entry(objects: ObjectFolder, i: int, n: int) -> tuple[dict[str,
         said = f"SHA-256 {recorded[:16]}..." if recorded else f"{found.size} bytes"
         raise IncompleteRecordSetError(
             f"{objects.where(name)}: shard {i} is not the file its note describes (the object was uploaded with "
-            f"{said}, the note says SHA-256 {str(entry['sha256'])[:16]}..., {entry['bytes']} bytes): its writer stopped "
-            f"after uploading it and before writing its note, or another writer replaced it. Write shard {i} again, "
+            f"{said}, the note says SHA-256 {str(entry['sha256'])[:16]}..., {entry['bytes']} bytes): its writer "
+            f"stopped after uploading it and before writing its note, or another writer replaced it. Write shard {i} again, "
             "then finalize_shards"
         )
     return entry, meta

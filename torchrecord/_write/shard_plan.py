@@ -310,25 +310,41 @@ def check_packing(folder: str, metas: list[dict[str, Any]]) -> int:
 
 
 def check_attempts(folder: str, metas: list[dict[str, Any]], mine: str | None = None) -> str | None:
-    """The one write attempt of every shard (returned), else IncompleteRecordSetError naming the others.
+    """The one write attempt of every shard (returned), else IncompleteRecordSetError naming the shards of each.
 
-    ``mine``: the attempt of the writer that finalizes (its shards belong; the others are named).
-    Shards of a torchrecord without attempts record none: they agree with each other only.
+    ``mine``: the attempt of the writer that finalizes (the shards of other attempts are the ones
+    to write again). Shards of a torchrecord without attempts record none: they agree with each
+    other only.
     """
     attempts = [attempt_of(meta) for meta in metas]
     if len(set(attempts)) == 1:
         return attempts[0]
-    expected = mine if mine in attempts else max(set(attempts), key=attempts.count)
-    stray = [i for i, a in enumerate(attempts) if a != expected]
-    n = len(metas)
-    named = ", ".join(f"shard {i} ({attempts[i] or 'no attempt'})" for i in stray[:10])
-    more = f" and {len(stray) - 10} more" if len(stray) > 10 else ""
-    raise IncompleteRecordSetError(
-        f"{folder}: {len(stray)} of {n} shards belong to another write attempt than the other shards' "
-        f"({expected or 'no attempt'}): {named}{more}. A set holds the shards of one write attempt, so it was not "
-        f"finalized (an earlier set stays as it was). Write those shards again in attempt {expected!r} "
-        "(write_shard(..., attempt=...)), or wait for their writers, then finalize_shards"
+    groups: dict[str | None, list[int]] = {}
+    for i, attempt in enumerate(attempts):
+        groups.setdefault(attempt, []).append(i)
+    sizes = sorted((len(g) for g in groups.values()), reverse=True)
+    keep = mine if mine in groups else (max(groups, key=lambda a: len(groups[a])) if sizes[0] > sizes[1] else None)
+    described = "; ".join(
+        f"shard{'s' if len(shards) > 1 else ''} {_list(shards)} ({attempt or 'no attempt'})"
+        for attempt, shards in groups.items()
     )
+    if keep is None:
+        fix = "write the shards of the other attempts again in the attempt you keep (write_shard(..., attempt=...))"
+    else:
+        stray = [i for i, a in enumerate(attempts) if a != keep]
+        plural = "s" if len(stray) > 1 else ""
+        fix = f"write shard{plural} {_list(stray)} again in attempt {keep!r}, or wait for its writer"
+    raise IncompleteRecordSetError(
+        f"{folder}: its shards belong to another write attempt than each other: {described}. A set holds the "
+        f"shards of one write attempt, so it was not finalized (an earlier set stays as it was): {fix}, then "
+        "finalize_shards"
+    )
+
+
+def _list(shards: list[int]) -> str:
+    """Shard numbers for a message: the first ten, and how many more."""
+    more = f" and {len(shards) - 10} more" if len(shards) > 10 else ""
+    return ", ".join(map(str, shards[:10])) + more
 
 
 class LocalFolder:
