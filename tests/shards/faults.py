@@ -100,7 +100,7 @@ class Rule:
 
     method: str
     path: str
-    action: str  # flip | reset | truncate | 500 | 503 | stall
+    action: str  # flip | reset | truncate | 403 | 500 | 503 | stall
     times: int = 1
     stall: float = 3600.0
 
@@ -163,7 +163,7 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
-        if rule is not None and rule.action in ("500", "503"):
+        if rule is not None and rule.action in ("403", "500", "503"):
             _answer(
                 h,
                 int(rule.action),
@@ -223,9 +223,10 @@ def _answer(
     with contextlib.suppress(OSError):
         h.send_response(status)
         for key, value in headers.items():
-            if key.lower() != "content-length":
+            if key.lower() != "content-length" or h.command == "HEAD":  # a HEAD's length is the object's
                 h.send_header(key, value)
-        h.send_header("Content-Length", str(len(data) if length is None else length))
+        if h.command != "HEAD":
+            h.send_header("Content-Length", str(len(data) if length is None else length))
         h.end_headers()
         if h.command != "HEAD":
             h.wfile.write(data)

@@ -174,15 +174,20 @@ def describe_failure(exc: BaseException) -> str:
     return text
 
 
-def _http_status(exc: BaseException) -> int | None:
-    """The HTTP status of a failed request, where the exception carries one."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(code, int):
-            return code
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None
+def _http_status(exc: BaseException | None) -> int | None:
+    """The HTTP status of a failed request, where the exception (or one it was raised from) carries one."""
+    seen = 0
+    while exc is not None and seen < 8:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(code, int):
+                return code
+        status = getattr(exc, "status", None)
+        if isinstance(status, int):
+            return status
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 class Damaged(Exception):
