@@ -311,21 +311,3 @@ def _check_entry(entry: Any, i: int, n: int, per_record: int, per_sample: int, w
             f"{at}: count {count} ({records} records, at least {per_sample} bytes a sample) does not fit in "
             f"its bytes {size}"
         )
-
-
-def check_shard_file(entry: dict[str, Any], s: int, path: str, per_sample: int) -> None:
-    """Check a local shard file's size against its manifest entry's claims before the set relies on them.
-
-    A count that cannot fit in the file's actual size is refused here (readers size
-    index arrays by the counts before any shard is opened); a missing file is left
-    to the shard's opening, which names it.
-    """
-    try:
-        actual = os.stat(path).st_size
-    except (OSError, ValueError):
-        return
-    if entry["records"] * MIN_RECORD_BYTES > actual or entry["count"] * per_sample > actual:
-        raise FormatError(
-            f"{path}: shard {s} claims {entry['count']} samples in {entry['records']} records, but the file "
-            f"holds {actual} bytes: the manifest does not describe this file; run torchrecord.finalize_shards again"
-        )

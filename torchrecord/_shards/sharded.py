@@ -22,6 +22,7 @@ import numpy as np
 
 from torchrecord._core.schema import Schema
 from torchrecord._shards import manifest as _manifest
+from torchrecord._shards.entries import check_shard, check_shard_file
 from torchrecord._storage import backend_for
 from torchrecord._storage.cache import ShardCache
 from torchrecord._storage.fetch import fetch_bytes
@@ -34,7 +35,6 @@ from torchrecord._store.record_set import RecordSet, _integer, is_sharded, is_ur
 from torchrecord.errors import (
     ArgumentError,
     FetchError,
-    FormatError,
     IndexOutOfRangeError,
     NotARecordSetError,
     RecordNotFoundError,
@@ -170,7 +170,7 @@ class ShardedSet(RecordSet):
             if entry["count"] == 0:
                 rf = self._fetched(s)
                 try:
-                    _check_shard(rf, s, manifest)
+                    check_shard(rf, s, manifest)
                 finally:
                     rf._let_go(hard=True)
 
@@ -183,7 +183,7 @@ class ShardedSet(RecordSet):
         base = self._base()
         per_sample = fixed_sample_bytes((manifest.get("schema") or {}).get("fields", []))
         for s, entry in enumerate(manifest["shards"]):
-            _manifest.check_shard_file(entry, s, os.path.join(base, entry["name"]), per_sample)
+            check_shard_file(entry, s, os.path.join(base, entry["name"]), per_sample)
         self._check_headers(manifest, [s for s, entry in enumerate(manifest["shards"]) if entry["count"] == 0])
 
     def _check_headers(self, manifest: dict[str, Any] | None = None, shards: list[int] | None = None) -> None:
@@ -202,7 +202,7 @@ class ShardedSet(RecordSet):
                 continue  # a missing shard is named when it is read
             rf = RecordFile(path, check=self._check)
             try:
-                _check_shard(rf, s, manifest)
+                check_shard(rf, s, manifest)
             finally:
                 rf._let_go(hard=True)
 
@@ -300,7 +300,7 @@ class ShardedSet(RecordSet):
                 rf = self._fetched(s)
             else:
                 rf = RecordFile(os.path.join(self._base(), entry["name"]), check=self._check)
-            _check_shard(rf, s, self.manifest)
+            check_shard(rf, s, self.manifest)
             self._files[s] = rf
         return rf
 
@@ -466,39 +466,6 @@ class ShardedSet(RecordSet):
         self.storage_options = state.get("storage_options")
         self.storage = state.get("storage")
         self._setup(state["cache_dir"], state["cache_limit"], state.get("check"), state["m"])
-
-
-def _check_shard(rf: RecordFile, s: int, manifest: dict[str, Any]) -> None:
-    """FormatError unless ``rf`` is the file shard ``s`` of the manifest lists: set_id, counts, packing, size, place."""
-    entry = manifest["shards"][s]
-    n = len(manifest["shards"])
-    meta = rf.metadata
-    place: dict[str, Any] = meta["shard"] if isinstance(meta.get("shard"), dict) else {}
-    size = os.path.getsize(rf.path)
-    said_per_record = manifest.get("samples_per_record", 1)  # an empty shard packs nothing: any packing fits
-    found = {
-        "set_id": rf.set_id,
-        "count": len(rf),
-        "records": rf.num_records,
-        "bytes": size,
-        "samples_per_record": rf.samples_per_record if len(rf) else said_per_record,
-        "shard": [place.get("index", s), place.get("of", n)],
-    }
-    said = {
-        "set_id": entry["set_id"],
-        "count": entry["count"],
-        "records": entry["records"],
-        "bytes": entry["bytes"],
-        "samples_per_record": said_per_record,
-        "shard": [s, n],
-    }
-    differ = [k for k in said if found[k] != said[k]]
-    if differ:
-        detail = "; ".join(f"{k}: the file has {found[k]}, the manifest says {said[k]}" for k in differ)
-        raise FormatError(
-            f"{rf.path}: shard {s} is not the file the manifest lists ({detail}): it was rewritten after the set "
-            "was finalized, or the manifest was edited; run torchrecord.finalize_shards again"
-        )
 
 
 def _not_a_set(path: str, manifest: str) -> TorchRecordError:

@@ -19,7 +19,7 @@ import time
 
 from torchrecord.errors import CacheError
 
-__all__ = ["Lock", "remove"]
+__all__ = ["Lock", "holds", "keep", "let_go", "remove"]
 
 #: An empty lock file may be one a holder has just created and not yet locked: left alone this long (s).
 UNFILLED_GRACE = 3600.0
@@ -38,8 +38,24 @@ def _close_in_child() -> None:
 os.register_at_fork(after_in_child=_close_in_child)
 
 
+def keep(fd: int) -> None:
+    """Count the lock descriptor ``fd`` as held by this process: a forked child closes its copy."""
+    _HELD.add(fd)
+
+
+def holds(fd: int) -> bool:
+    """This process holds the lock descriptor ``fd`` (False in a forked child, which closed its copy)."""
+    return fd in _HELD
+
+
+def let_go(fd: int) -> None:
+    """Close the lock descriptor ``fd`` this process holds."""
+    _HELD.discard(fd)
+    os.close(fd)
+
+
 def remove(path: str) -> bool:
-    """Best-effort removal of a file; True if it was removed."""
+    """Best-effort removal of a file (on a read-only file system even a missing file gives EROFS); True if removed."""
     try:
         os.remove(path)
     except OSError:
@@ -96,7 +112,7 @@ class Lock:
                 os.close(fd)  # a holder has just made it and is about to lock it: left alone
                 return False
             self.fd = fd
-            _HELD.add(fd)
+            keep(fd)
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()} {socket.gethostname()} {self.note}\n".encode())
@@ -109,6 +125,5 @@ class Lock:
         """Remove the lock file (while still locked) and let go; nothing if not held."""
         if self.fd is not None:
             remove(self.path)
-            _HELD.discard(self.fd)
-            os.close(self.fd)
+            let_go(self.fd)
             self.fd = None

@@ -86,7 +86,7 @@ def write_remote_shard(
     finalizer: Callable[[str, dict[str, Any] | None, Any, str | None], ShardedSet],
 ) -> RecordFile:
     """Write ``body``'s shard into ``objects`` (see the module's docstring); returns the shard as written."""
-    shard, n = body.shard, body.num_shards
+    shard, n = int(body.info["index"]), int(body.info["of"])
     name = _manifest.shard_name(shard, n)
     view = RemoteFolder(objects)
     start = check_folder(view, shard, body.info, body.settings.overwrite, given, from_dist)
@@ -196,7 +196,7 @@ def remote_shard_entry(objects: ObjectFolder, i: int, n: int) -> tuple[dict[str,
         raise IncompleteRecordSetError(
             f"{objects.where(name)}: shard {i} is not the file its note describes (the object was uploaded with "
             f"{said}, the note says SHA-256 {str(entry['sha256'])[:16]}..., {entry['bytes']} bytes): its writer "
-            f"stopped after uploading it and before writing its note, or another writer replaced it. Write shard {i} again, "
-            "then finalize_shards"
+            f"stopped after uploading it and before writing its note, or another writer replaced it. Write shard {i} "
+            "again, then finalize_shards"
         )
     return entry, meta

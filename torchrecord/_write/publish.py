@@ -39,6 +39,8 @@ import time
 
 import lmdb
 
+from torchrecord._storage.locks import holds, keep, let_go
+from torchrecord._storage.locks import remove as _remove
 from torchrecord._storage.temps import parse_temp, temp_path
 from torchrecord._write.lmdb_writer import space_hint
 from torchrecord.errors import RecordExistsError, TorchRecordError, WriteError
@@ -116,9 +118,9 @@ class Publisher:
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
-        if fd is not None and fd in _HELD:  # not in a forked child, which closed its copy
+        if fd is not None and holds(fd):  # not in a forked child, which closed its copy
             _remove(self.lock_path)  # removed while still locked: nobody can take it for a stale one
-            _release_lock(fd)
+            let_go(fd)
 
 
 def as_write_error(exc: BaseException, target: str) -> BaseException:
@@ -208,10 +210,6 @@ def _renameat2_noreplace(temp: str, target: str) -> bool:
 # -- temporaries and their locks -------------------------------------------------------------
 
 
-#: the lock descriptors this process holds: a forked child closes its copies (see _close_in_child)
-_HELD: set[int] = set()
-
-
 def _hold_lock(lock_path: str, target: str) -> int:
     """Create ``lock_path``, lock it (exclusive flock) and write who holds it; returns its descriptor.
 
@@ -228,28 +226,8 @@ def _hold_lock(lock_path: str, target: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while another writer probes it (microseconds)
     with contextlib.suppress(OSError):  # who holds it, for people; a full disk fails the write just after
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-    _HELD.add(fd)
+    keep(fd)  # a forked child (a DataLoader worker of the writer) closes its copy: the lock lives as the writer
     return fd
-
-
-def _release_lock(fd: int) -> None:
-    _HELD.discard(fd)
-    os.close(fd)
-
-
-def _close_in_child() -> None:
-    """In a forked child (a DataLoader worker of the writer), close the copies of the writer's locks.
-
-    The lock then lives exactly as long as the writer: a killed writer's files
-    are stale at once, even while its workers are still shutting down.
-    """
-    for fd in _HELD:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_close_in_child)
 
 
 def remove_stale_temporaries(target: str) -> list[str]:
@@ -314,15 +292,6 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
-
-
-def _remove(path: str) -> bool:
-    """Best-effort removal (on a read-only file system even a missing file gives EROFS); True if removed."""
-    try:
-        os.remove(path)
-    except OSError:
-        return False
     return True
 
 

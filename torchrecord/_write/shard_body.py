@@ -54,14 +54,6 @@ class ShardBody:
         info["options"] = plan_options(settings)
         return cls(dataset, settings, positions, info)
 
-    @property
-    def shard(self) -> int:
-        return int(self.info["index"])
-
-    @property
-    def num_shards(self) -> int:
-        return int(self.info["of"])
-
     def join(self, attempt: Attempt) -> None:
         """Record the write attempt this shard belongs to (none for a set of a torchrecord without attempts)."""
         if attempt.id is not None:
@@ -86,8 +78,8 @@ class ShardBody:
     def note(self, rf: RecordFile) -> dict[str, Any]:
         """The note of the shard just written: this write's identity and count, not read back from the path."""
         note = {
-            "shard": self.shard,
-            "num_shards": self.num_shards,
+            "shard": self.info["index"],
+            "num_shards": self.info["of"],
             "set_id": rf._pin,
             "count": rf.write_summary.count,
             **self.digested,
