@@ -16,7 +16,7 @@ from typing import Any
 from torchrecord._storage.transport import FsspecStorage, Storage, Transport
 from torchrecord.errors import ArgumentError
 
-__all__ = ["BACKENDS", "backend_for", "scheme_of"]
+__all__ = ["BACKENDS", "backend_for", "scheme_of", "writable"]
 
 #: URL scheme -> the back end for it, made from the user's ``storage_options``. Schemes not here
 #: go to fsspec (:class:`FsspecStorage`), which knows ``s3``, ``gs``, ``http(s)``, ``file``...

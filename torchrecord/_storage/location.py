@@ -11,7 +11,15 @@ import os
 
 from torchrecord.errors import ArgumentError
 
-__all__ = ["CACHE_ENV", "DEFAULT_CACHE_LIMIT", "LIMIT_ENV", "cache_location", "default_limit", "describe_limit"]
+__all__ = [
+    "CACHE_ENV",
+    "DEFAULT_CACHE_LIMIT",
+    "LIMIT_ENV",
+    "cache_location",
+    "default_limit",
+    "describe_limit",
+    "env_number",
+]
 
 #: Bytes of shards the cache keeps when ``cache_limit`` is None (env TORCHRECORD_CACHE_LIMIT): 20 GiB.
 DEFAULT_CACHE_LIMIT = 20 << 30

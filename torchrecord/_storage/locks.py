@@ -19,7 +19,7 @@ import time
 
 from torchrecord.errors import CacheError
 
-__all__ = ["Lock", "holds", "keep", "let_go", "remove"]
+__all__ = ["Lock", "UNFILLED_GRACE", "holds", "keep", "let_go", "remove"]
 
 #: An empty lock file may be one a holder has just created and not yet locked: left alone this long (s).
 UNFILLED_GRACE = 3600.0

@@ -16,7 +16,7 @@ import stat
 from torchrecord._storage.location import CACHE_ENV
 from torchrecord.errors import CacheError
 
-__all__ = ["MARKER", "is_own_set_folder", "make_root", "make_set_folder"]
+__all__ = ["MARKER", "SET_FOLDER", "is_own_set_folder", "make_root", "make_set_folder"]
 
 #: The file that marks a set folder as the cache's own.
 MARKER = ".torchrecord-cache"

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchrecord._storage.locks import remove
 
-__all__ = ["file_digest", "lock_path", "read_stamp", "stamp_path", "stamped", "write_stamp"]
+__all__ = ["adopt", "file_digest", "lock_path", "read_stamp", "stamp_path", "stamped", "write_stamp"]
 
 _DIGEST_CHUNK = 8 << 20
 

@@ -21,18 +21,21 @@ from torchrecord.errors import ArgumentError
 
 __all__ = [
     "ATTEMPTS",
+    "Damaged",
     "FETCH_GRACE",
     "FETCH_MIN_RATE",
     "GRACE_ENV",
     "LATE",
     "RATE_ENV",
+    "Stream",
     "TIMEOUT",
     "TOO_LONG",
-    "Stream",
     "deadline_words",
     "describe_failure",
+    "late_message",
     "receive",
     "transfer_limits",
+    "with_retries",
 ]
 
 #: Attempts at one shard (a failed or damaged transfer is tried again within the deadline).

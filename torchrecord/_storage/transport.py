@@ -24,7 +24,7 @@ from torchrecord._storage.location import env_number
 from torchrecord._storage.transfer import TIMEOUT, Stream
 from torchrecord.errors import MissingDependencyError
 
-__all__ = ["FsspecStorage", "ObjectInfo", "Storage", "Transport", "is_http"]
+__all__ = ["FsspecStorage", "ObjectInfo", "PART_SIZE", "PART_SIZE_ENV", "Storage", "Transport", "is_http"]
 
 #: Bytes of each part of a multipart upload (s3fs uploads files of twice this or more in parts);
 #: ``$TORCHRECORD_UPLOAD_PART_SIZE`` sets another (S3 takes 5 MiB at least).

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from torchrecord.errors import ArgumentError
 
-__all__ = ["ATTEMPT_ENV", "Attempt", "attempt_of", "resolve_attempt"]
+__all__ = ["ATTEMPT_ENV", "Attempt", "attempt_of", "check_attempt", "resolve_attempt"]
 
 ATTEMPT_ENV = "TORCHRECORD_WRITE_ATTEMPT"
 _VALID = re.compile(r"^[0-9A-Za-z_.:-]{1,64}$")

@@ -28,7 +28,16 @@ from torchrecord._write.shard_body import ShardBody
 from torchrecord._write.shard_plan import Start, check_fits, check_folder, recheck
 from torchrecord.errors import FormatError, IncompleteRecordSetError, TorchRecordError, WriteError
 
-__all__ = ["ATTEMPT_KEY", "RemoteFolder", "remote_shard_entry", "stop_for_test", "uploaded", "write_remote_shard"]
+__all__ = [
+    "ATTEMPT_KEY",
+    "RemoteFolder",
+    "SET_ID_KEY",
+    "STOP_ENV",
+    "remote_shard_entry",
+    "stop_for_test",
+    "uploaded",
+    "write_remote_shard",
+]
 
 #: Test hook: the writer kills itself (SIGKILL, as a killed task would be) at this point of an
 #: upload: ``before-upload`` (its shard is staged, not uploaded), ``before-note`` (its shard is up,

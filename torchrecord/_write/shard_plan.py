@@ -31,6 +31,28 @@ from torchrecord.errors import (
     TorchRecordError,
 )
 
+__all__ = [
+    "FolderView",
+    "LocalFolder",
+    "PLAN_KEYS",
+    "PLAN_NAMES",
+    "SetLock",
+    "Start",
+    "Superseded",
+    "check_attempts",
+    "check_fits",
+    "check_folder",
+    "check_packing",
+    "check_plans",
+    "compression_levels",
+    "describe_missing",
+    "plan_conflict",
+    "plan_of",
+    "plan_options",
+    "recheck",
+    "view_limit",
+]
+
 #: What every shard of one set must agree on (from each shard's ``shard`` metadata): its place in
 #: the plan, and the options that decide what the shards hold and how (``options``).
 PLAN_KEYS = ("of", "seed", "source", "total", "options")
