@@ -149,3 +149,13 @@ def test_a_retry_of_a_finalized_shard_with_its_settings_is_a_no_op(tmp_path: Pat
     ids = _shard_ids(folder)
     assert _shard(folder, 1).set_id == ids[1]
     assert _shard_ids(folder) == ids and (folder / "manifest.json").read_bytes() == manifest
+
+
+def test_an_empty_shard_does_not_fail_the_packing_check(tmp_path: Path) -> None:
+    folder = tmp_path / "few"
+    data = [{"x": torch.zeros(3), "i": i} for i in range(3)]  # 3 samples in 4 shards: shard 0 is empty
+    for i in range(4):
+        write_shard(data, folder, shard=i, num_shards=4, seed=0, progress=False)
+    rs = open_set(folder)
+    assert [e["count"] for e in rs.manifest["shards"]] == [0, 1, 1, 1]
+    assert sorted(int(s["i"]) for s in rs) == [0, 1, 2]

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from torchrecord.errors import ArgumentError
 
-__all__ = ["ATTEMPT_ENV", "Attempt", "attempt_of", "check_attempt", "resolve_attempt"]
+__all__ = ["ATTEMPT_ENV", "Attempt", "attempt_of", "check_attempt", "chosen_attempt", "resolve_attempt"]
 
 ATTEMPT_ENV = "TORCHRECORD_WRITE_ATTEMPT"
 _VALID = re.compile(r"^[0-9A-Za-z_.:-]{1,64}$")
@@ -53,24 +53,34 @@ def check_attempt(value: Any, where: str) -> str:
     return value
 
 
-def resolve_attempt(given: str | None, plan: dict[str, Any], from_dist: bool, rewrites: str | None) -> Attempt:
-    """This writer's attempt (see the module's docstring for the order).
+def chosen_attempt(given: str | None, from_dist: bool) -> str | None:
+    """The attempt id the user or the run chose (steps 1-3 of the module's docstring), else None.
 
-    Args:
-        given: ``attempt=`` of write_shard.
-        plan: the writer's plan (what every shard of the set shares), for the derived id.
-        from_dist: the shard and shard count came from torch.distributed.
-        rewrites: the set_id of the finalized set an ``overwrite=True`` writer replaces, else None.
+    Under torch.distributed this is a collective (rank 0 broadcasts), so it runs before any check
+    that could fail on one rank and not on another.
     """
     if given is not None:
-        return Attempt(check_attempt(given, "write_shard"), True)
+        return check_attempt(given, "write_shard")
     env = os.environ.get(ATTEMPT_ENV, "").strip()
     if env:
-        return Attempt(check_attempt(env, f"${ATTEMPT_ENV}"), True)
+        return check_attempt(env, f"${ATTEMPT_ENV}")
     if from_dist:
         box = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        return Attempt(check_attempt(box[0], "torch.distributed rank 0"), True)
+        return check_attempt(box[0], "torch.distributed rank 0")
+    return None
+
+
+def resolve_attempt(chosen: str | None, plan: dict[str, Any], rewrites: str | None) -> Attempt:
+    """This writer's attempt: the chosen one, else one derived from the plan and the set a rewrite replaces.
+
+    Args:
+        chosen: what :func:`chosen_attempt` found.
+        plan: the writer's plan (what every shard of the set shares), for the derived id.
+        rewrites: the set_id of the finalized set an ``overwrite=True`` writer replaces, else None.
+    """
+    if chosen is not None:
+        return Attempt(chosen, True)
     text = json.dumps({"plan": plan, "rewrites": rewrites}, sort_keys=True, default=str)
     return Attempt("plan-" + hashlib.sha256(text.encode()).hexdigest()[:24], False)
 

@@ -90,15 +90,14 @@ def write_remote_shard(
     body: ShardBody,
     objects: ObjectFolder,
     finalize: bool,
-    given: str | None,
-    from_dist: bool,
+    chosen: str | None,
     finalizer: Callable[[str, dict[str, Any] | None, Any, str | None], ShardedSet],
 ) -> RecordFile:
     """Write ``body``'s shard into ``objects`` (see the module's docstring); returns the shard as written."""
     shard, n = int(body.info["index"]), int(body.info["of"])
     name = _manifest.shard_name(shard, n)
     view = RemoteFolder(objects)
-    start = check_folder(view, shard, body.info, body.settings.overwrite, given, from_dist)
+    start = check_folder(view, shard, body.info, body.settings.overwrite, chosen)
     if start.done and (existing := _finalized_shard(objects, start, shard)) is not None:
         return existing
     body.join(start.attempt)

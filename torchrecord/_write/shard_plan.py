@@ -154,12 +154,11 @@ class Start:
     done: bool
 
 
-def check_folder(
-    view: FolderView, shard: int, plan: dict[str, Any], overwrite: bool, given: str | None, from_dist: bool
-) -> Start:
+def check_folder(view: FolderView, shard: int, plan: dict[str, Any], overwrite: bool, chosen: str | None) -> Start:
     """Check this writer's plan against the set already in the folder, before anything is written or removed.
 
-    Returns what it found (:class:`Start`), with this writer's attempt (``_write/attempts.py``).
+    Returns what it found (:class:`Start`), with this writer's attempt (``_write/attempts.py``;
+    ``chosen``: the attempt id the user or the run chose, else None).
     Raises ArgumentError when the folder holds shards of another number of shards, or shards (or a
     finalized set) written with other settings, and RecordExistsError when it holds a finalized
     set of another chosen attempt (without ``overwrite``) or a damaged one: nothing is removed
@@ -178,7 +177,7 @@ def check_folder(
     manifest = _finalized(view, n, overwrite)
     _check_present(view, shard, plan, manifest, sorted({i for _, (i, _) in shards if i != shard}))
     rewrites = manifest["set_id"] if manifest is not None and overwrite else None
-    attempt = resolve_attempt(given, {k: plan.get(k) for k in PLAN_KEYS}, from_dist, rewrites)
+    attempt = resolve_attempt(chosen, {k: plan.get(k) for k in PLAN_KEYS}, rewrites)
     if manifest is None:
         return Start(None, attempt, False)
     theirs = manifest.get("attempt")

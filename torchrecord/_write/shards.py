@@ -26,6 +26,7 @@ from torchrecord._storage.stamps import file_digest
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import is_url
 from torchrecord._version import __version__
+from torchrecord._write.attempts import chosen_attempt
 from torchrecord._write.objects import remote_shard_entry, stop_for_test, uploaded, write_remote_shard
 from torchrecord._write.settings import WriteSettings
 from torchrecord._write.shard_body import ShardBody
@@ -219,18 +220,19 @@ def write_shard_source(
     if settings.group_by is not None:
         raise ArgumentError(_GROUPS_REFUSED)
     shard, num_shards, from_dist = _who(shard, num_shards)
+    chosen = chosen_attempt(attempt, from_dist)  # first: under torch.distributed every rank takes part
     folder = os.fspath(directory)
     body = ShardBody.of(dataset, settings, shard, num_shards)
     if is_url(folder):
         remote = ObjectFolder(folder, storage_options, storage)
-        return write_remote_shard(body, remote, finalize, attempt, from_dist, _finalize)
+        return write_remote_shard(body, remote, finalize, chosen, _finalize)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise WriteError(f"{folder}: cannot create the sharded set's folder: {exc}") from exc
     view = LocalFolder(folder)
     # the settings must agree with the set already there before anything is written or removed
-    start = check_folder(view, shard, body.info, settings.overwrite, attempt, from_dist)
+    start = check_folder(view, shard, body.info, settings.overwrite, chosen)
     existing = _finalized_shard(folder, start, shard) if start.done else None
     if existing is not None:
         return existing
