@@ -8,6 +8,7 @@ never from a sibling on its layer or from above):
     features      _mix | _streams | _robomimic | _lerobot | _memory
     operations    _read | _write | _check
     sets          _shards
+    storage       _storage
     store         _store
     core          _core
     base          _order | errors | _proto | _version
@@ -28,6 +29,7 @@ LAYERS: list[list[str]] = [
     ["_mix", "_streams", "_robomimic", "_lerobot", "_memory"],
     ["_read", "_write", "_check"],
     ["_shards"],
+    ["_storage"],
     ["_store"],
     ["_core"],
     ["_order", "errors", "_proto", "_version"],

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.shards.test_s3 import BUCKET, moto_url, s3  # noqa: F401 (fixtures)
+from tests.shards.conftest import moto_url, s3  # noqa: F401 (fixtures)
+from tests.shards.faults import BUCKET
 from tests.test_docs_examples import python_blocks
 from torchrecord import open_set
 

@@ -411,7 +411,7 @@ def test_an_oversized_answer_is_cut_at_the_manifest_size(served: tuple[_Server, 
     # the limit bends only for shards being read and the next AHEAD + 1 of the plan (a shuffle window can
     # read blocks of two shards at once): 6 shards at the peak were seen against a limit of 3.5. The bound
     # stays under the whole set (8 shards), so a cache that never evicts fails; the 8.4 MB answer never lands
-    from torchrecord._shards.remote import AHEAD
+    from torchrecord._storage.cache import AHEAD
 
     bound = limit + (AHEAD + 2) * size
     assert peak <= bound, f"the cache held {peak} bytes at its peak, over its limit {limit} (bound {bound})"
@@ -427,7 +427,8 @@ def test_a_killed_readers_partial_downloads_are_counted_then_removed(
 ) -> None:
     import signal
 
-    from torchrecord._shards.remote import ShardCache
+    from torchrecord._storage.cache import ShardCache
+    from torchrecord._storage.transport import FsspecStorage
 
     server, url = served
     cache = tmp_path / "cache"
@@ -441,7 +442,7 @@ def test_a_killed_readers_partial_downloads_are_counted_then_removed(
             assert time.monotonic() < deadline and child.is_alive(), "the reader never started downloading"
             time.sleep(0.05)
         manifest = open_set(url, cache_dir=str(cache)).manifest
-        live = ShardCache(url, manifest, str(cache), None)
+        live = ShardCache(url, manifest, str(cache), None, FsspecStorage())
         in_flight = live.held()
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
     finally:
@@ -455,7 +456,7 @@ def test_a_killed_readers_partial_downloads_are_counted_then_removed(
     assert sorted(_labels(ds)) == list(range(COUNT))
     leftovers = [p.name for p in folder.iterdir() if ".tmp-" in p.name or p.name.endswith(".lock")]
     assert leftovers == [], "partial downloads and lock files are gone"
-    assert ShardCache(url, manifest, str(cache), None).held() <= int(size * 2.5)
+    assert ShardCache(url, manifest, str(cache), None, FsspecStorage()).held() <= int(size * 2.5)
 
 
 def test_the_default_cache_is_per_user_with_a_limit(

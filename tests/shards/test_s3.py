@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +11,15 @@ import pytest
 import torch
 
 from tests.conftest import IndexedImages
+from tests.shards.faults import BUCKET, free_port
 from torchrecord import RecordDataset, ShardedSet, finalize_shards, open_set, write_shard
 from torchrecord.errors import (
     ArgumentError,
+    ChecksumError,
     FetchError,
     IncompleteRecordSetError,
     MissingDependencyError,
     NotARecordSetError,
-    RecordExistsError,
     WriteError,
 )
 
@@ -30,45 +29,6 @@ boto3 = pytest.importorskip("boto3")
 
 COUNT = 90
 SHARDS = 3
-BUCKET = "sets"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def s3(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A boto3 client on a fresh bucket of the moto server; the AWS_* variables point s3fs there."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
-    for bucket in client.list_buckets().get("Buckets", []):  # a fresh bucket for each test
-        for obj in client.list_objects_v2(Bucket=bucket["Name"]).get("Contents", []):
-            client.delete_object(Bucket=bucket["Name"], Key=obj["Key"])
-        client.delete_bucket(Bucket=bucket["Name"])
-    client.create_bucket(Bucket=BUCKET)
-    s3fs.S3FileSystem.clear_instance_cache()
-    return client
 
 
 def _local_set(tmp_path: Path) -> str:
@@ -138,7 +98,7 @@ def test_storage_options_instead_of_the_environment(
     written = open_set(url, cache_dir=str(tmp_path / "cache"), storage_options=options)
     assert [label for _, label in written] == [label for _, label in open_set(local)]
     # without them, the environment's endpoint is used: here one where no server listens
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore: no retries of the refused connection
@@ -213,14 +173,20 @@ def test_retried_writer_of_a_finalized_s3_set(s3: Any, tmp_path: Path, monkeypat
     again = write_shard(IndexedImages(40), url, shard=1, num_shards=2, seed=4, progress=False)
     assert again.set_id == entry["set_id"] and len(again) == 20
     # another plan: refused, and the set stays as it was
-    with pytest.raises(RecordExistsError, match="overwrite=True"):
+    with pytest.raises(ArgumentError, match="shard 1 has seed=5, but the finalized set"):
         write_shard(IndexedImages(40), url, shard=1, num_shards=2, seed=5, progress=False)
     assert s3.get_object(Bucket=BUCKET, Key="retried/manifest.json")["Body"].read() == before
-    # overwrite: the manifest goes until the set is finalized again
+    # overwrite: a new write attempt; the old manifest stays, and readers refuse the rewritten shard at once
     write_shard(IndexedImages(40), url, shard=1, num_shards=2, seed=4, overwrite=True, finalize=False, progress=False)
-    with pytest.raises(NotARecordSetError, match="never finalized"):
-        open_set(url)
-    assert len(finalize_shards(url)) == 40
+    assert s3.get_object(Bucket=BUCKET, Key="retried/manifest.json")["Body"].read() == before
+    with pytest.raises(ChecksumError, match="shard 1 on the server is not the one the manifest lists"):
+        list(open_set(url, cache_dir=str(tmp_path / "fresh")))
+    with pytest.raises(IncompleteRecordSetError, match=r"another write attempt.*shard 0"):
+        finalize_shards(url)  # shard 0 is of the old attempt: no set of both
+    write_shard(IndexedImages(40), url, shard=0, num_shards=2, seed=4, overwrite=True, progress=False)
+    assert (
+        len(open_set(url)) == 40 and s3.get_object(Bucket=BUCKET, Key="retried/manifest.json")["Body"].read() != before
+    )
     with pytest.raises(ArgumentError, match="cannot be written over http"):
         write_shard(IndexedImages(4), "http://127.0.0.1:9/set", shard=0, num_shards=1, progress=False)
 

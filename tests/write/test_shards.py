@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torchrecord import RecordFile, finalize_shards, open_set, write_shard
-from torchrecord.errors import ArgumentError, FormatError, SchemaError, SourceError
+from torchrecord.errors import ArgumentError, FormatError, IncompleteRecordSetError, SchemaError, SourceError
 
 N = 2
 COUNT = 20
@@ -111,11 +111,15 @@ def test_overwrite_keeps_the_old_manifest_until_a_new_one_replaces_it(tmp_path: 
     assert (folder / "manifest.json").read_bytes() == manifest
     with pytest.raises(FormatError, match="rewritten after the set was finalized"):
         _values(folder)
-    finalize_shards(folder)
-    half = COUNT // N
-    assert _values(folder) == values[:half] + [v + 100 for v in values[half:]]  # shard 1 anew
-    # with finalize=True (the default) the writer replaces the manifest itself
-    _shard(folder, 1, overwrite=True)
+    # a rewrite is a new write attempt: the old shard 0 does not belong to it, so no set of both is published
+    with pytest.raises(IncompleteRecordSetError, match=r"another write attempt.*shard 0 \(plan-"):
+        finalize_shards(folder)
+    assert (folder / "manifest.json").read_bytes() == manifest
+    _shard(folder, 0, data=_data(100), overwrite=True)  # the rewrite's last shard: it finalizes the new set
+    assert _values(folder) == [v + 100 for v in values]
+    # with finalize=True (the default) a writer replaces the manifest itself once every shard is rewritten
+    for i in range(N):
+        _shard(folder, i, overwrite=True)
     assert _values(folder) == values
 
 
@@ -145,3 +149,13 @@ def test_a_retry_of_a_finalized_shard_with_its_settings_is_a_no_op(tmp_path: Pat
     ids = _shard_ids(folder)
     assert _shard(folder, 1).set_id == ids[1]
     assert _shard_ids(folder) == ids and (folder / "manifest.json").read_bytes() == manifest
+
+
+def test_an_empty_shard_does_not_fail_the_packing_check(tmp_path: Path) -> None:
+    folder = tmp_path / "few"
+    data = [{"x": torch.zeros(3), "i": i} for i in range(3)]  # 3 samples in 4 shards: shard 0 is empty
+    for i in range(4):
+        write_shard(data, folder, shard=i, num_shards=4, seed=0, progress=False)
+    rs = open_set(folder)
+    assert [e["count"] for e in rs.manifest["shards"]] == [0, 1, 1, 1]
+    assert sorted(int(s["i"]) for s in rs) == [0, 1, 2]

@@ -12,12 +12,12 @@ import lmdb
 from torchrecord._check.isolate import run_each_isolated, run_isolated
 from torchrecord._shards.manifest import file_digest
 from torchrecord._shards.open import SetLike, open_set
-from torchrecord._shards.remote import is_url
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store import format as _format
 from torchrecord._store import opening as _opening
 from torchrecord._store.lmdb_check import StructureInfo, check_structure
 from torchrecord._store.record_file import RecordFile
+from torchrecord._store.record_set import is_url
 from torchrecord._store.walk import PIECE, Walk, check_crc
 from torchrecord.errors import CorruptRecordError, FormatError, NotARecordSetError, TorchRecordError
 

@@ -19,6 +19,8 @@ import stat
 from typing import Any, TypeGuard
 
 from torchrecord._core.schema import Field, Schema
+from torchrecord._storage.stamps import file_digest
+from torchrecord._storage.temps import temp_path
 from torchrecord._store.claims import fixed_sample_bytes
 from torchrecord._store.format import MAX_SAMPLES_PER_RECORD, check_schema
 from torchrecord._store.record_set import MANIFEST_NAME
@@ -59,7 +61,6 @@ MIN_RECORD_BYTES = 16
 _SET_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")  # it names a cache folder: nothing else
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHARD = re.compile(r"^shard-(\d{5,})-of-(\d{5,})\.tr$")
-_DIGEST_CHUNK = 8 << 20
 
 
 def shard_name(shard: int, num_shards: int) -> str:
@@ -76,17 +77,6 @@ def parse_shard_name(name: str) -> tuple[int, int] | None:
 def note_path(shard_path: str) -> str:
     """The writer's note beside a shard file."""
     return shard_path + ".json"
-
-
-def file_digest(path: str) -> tuple[str, int]:
-    """(SHA-256 hex digest, size in bytes) of a file, read in 8 MiB pieces."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while piece := f.read(_DIGEST_CHUNK):
-            h.update(piece)
-            size += len(piece)
-    return h.hexdigest(), size
 
 
 def manifest_set_id(shard_ids: list[str]) -> str:
@@ -166,8 +156,8 @@ def parse_json(text: str, where: str) -> Any:
 
 def write_json_atomic(path: str, value: Any) -> None:
     """Write ``value`` as JSON to a hidden temporary beside ``path``, sync it and rename it into place."""
-    directory, name = os.path.split(os.path.abspath(path))
-    temp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    directory = os.path.dirname(os.path.abspath(path))
+    temp = temp_path(path)
     try:
         with open(temp, "w", encoding="utf-8") as f:
             json.dump(value, f, indent=1, sort_keys=True)
@@ -320,22 +310,4 @@ def _check_entry(entry: Any, i: int, n: int, per_record: int, per_sample: int, w
         raise FormatError(
             f"{at}: count {count} ({records} records, at least {per_sample} bytes a sample) does not fit in "
             f"its bytes {size}"
-        )
-
-
-def check_shard_file(entry: dict[str, Any], s: int, path: str, per_sample: int) -> None:
-    """Check a local shard file's size against its manifest entry's claims before the set relies on them.
-
-    A count that cannot fit in the file's actual size is refused here (readers size
-    index arrays by the counts before any shard is opened); a missing file is left
-    to the shard's opening, which names it.
-    """
-    try:
-        actual = os.stat(path).st_size
-    except (OSError, ValueError):
-        return
-    if entry["records"] * MIN_RECORD_BYTES > actual or entry["count"] * per_sample > actual:
-        raise FormatError(
-            f"{path}: shard {s} claims {entry['count']} samples in {entry['records']} records, but the file "
-            f"holds {actual} bytes: the manifest does not describe this file; run torchrecord.finalize_shards again"
         )

@@ -31,6 +31,7 @@ def open_set(
     cache_limit: int | None = None,
     check: Check | None = None,
     storage_options: dict[str, Any] | None = None,
+    storage: Any = None,
 ) -> RecordSet:
     """Open the record set at ``path``: a :class:`~torchrecord.RecordFile` or a :class:`~torchrecord.ShardedSet`.
 
@@ -57,6 +58,9 @@ def open_set(
             fsspec file system (for ``s3://``: s3fs's ``key``, ``secret``,
             ``endpoint_url``...; None: the ``AWS_*`` environment variables).
             Readers other than ``RecordDataset`` take the set this returns.
+        storage: for a remote sharded set: the storage back end instead of the one
+            built from ``storage_options``: an fsspec file system, or an object with
+            ``open(url, deadline, size)`` (see :class:`~torchrecord.ShardedSet`).
 
     Returns:
         The set, read lazily: a file opens on first use, a shard when it is
@@ -80,6 +84,7 @@ def open_set(
             "cache_dir": cache_dir,
             "cache_limit": cache_limit,
             "storage_options": storage_options,
+            "storage": storage,
         }
         given = [name for name, value in options.items() if value is not None]
         if given:
@@ -98,5 +103,6 @@ def open_set(
             cache_limit=cache_limit,
             check=check,
             storage_options=storage_options,
+            storage=storage,
         )
     return RecordFile(where, subset=subset, check=check)

@@ -6,8 +6,8 @@ cumulative shard counts. A ShardedSet is a :class:`~torchrecord.RecordSet`, as a
 :class:`~torchrecord.RecordFile` is: length, schema, ``samples_per_record``,
 ``set_id``, random access, iteration, and the shards themselves
 (:meth:`ShardedSet.shard`, each a RecordFile), each opened lazily, in the
-process that reads, on first use. A manifest given as a URL is read through a local cache
-(``torchrecord._shards.remote``): a shard is fetched, checked and published into the
+process that reads, on first use. A manifest given as a URL is read through the storage
+seam (``torchrecord._storage``): a shard is fetched, checked and published into a local
 cache before it is opened.
 """
 
@@ -22,15 +22,19 @@ import numpy as np
 
 from torchrecord._core.schema import Schema
 from torchrecord._shards import manifest as _manifest
-from torchrecord._shards.remote import FsspecTransport, ShardCache, fetch_manifest, is_url
+from torchrecord._shards.entries import check_shard, check_shard_file
+from torchrecord._storage import backend_for
+from torchrecord._storage.cache import ShardCache
+from torchrecord._storage.fetch import fetch_bytes
+from torchrecord._storage.transport import Storage, Transport
 from torchrecord._store.checked import Check, combine_checks, parse_check
 from torchrecord._store.claims import fixed_sample_bytes
 from torchrecord._store.opening import describe_directory
 from torchrecord._store.record_file import RecordFile
-from torchrecord._store.record_set import RecordSet, _integer, is_sharded, not_one_file
+from torchrecord._store.record_set import RecordSet, _integer, is_sharded, is_url, not_one_file
 from torchrecord.errors import (
     ArgumentError,
-    FormatError,
+    FetchError,
     IndexOutOfRangeError,
     NotARecordSetError,
     RecordNotFoundError,
@@ -64,6 +68,10 @@ class ShardedSet(RecordSet):
         storage_options: for a remote set: keyword arguments for its fsspec file system (for
             ``s3://``: s3fs's ``key``, ``secret``, ``endpoint_url``...; None: the back end's
             defaults, for S3 the ``AWS_*`` environment variables). See docs/s3.md.
+        storage: for a remote set: the storage back end to read it through instead of the one built
+            from ``storage_options``: an fsspec file system (e.g. ``s3fs.S3FileSystem(...)``), or an
+            object with ``open(url, deadline, size)`` (see docs/s3.md); it must pickle, for
+            DataLoader workers.
         subset: not supported here (ValueError): ``RecordDataset(path, subset=...)``
             reads a subset of a sharded set.
         check: integrity on read, for each shard: ``"checksums"`` (each record's
@@ -80,9 +88,13 @@ class ShardedSet(RecordSet):
         cache_limit: int | None = None,
         check: Check | None = None,
         storage_options: dict[str, Any] | None = None,
+        storage: Any = None,
     ) -> None:
         self.path = os.fsdecode(path)
         self.storage_options = dict(storage_options) if storage_options else None
+        self.storage = storage
+        if is_url(self.path):
+            backend_for(self.path, self.storage_options, storage)  # a storage it cannot use fails here
         if subset is not None:
             raise ArgumentError(
                 f"{self.path}: subset= is not supported on a sharded set; "
@@ -108,7 +120,7 @@ class ShardedSet(RecordSet):
         """The manifest (format version, shards with their counts and checksums, schema, seed...)."""
         if self._manifest is None:
             if is_url(self.path):
-                where, text = fetch_manifest(self.path, FsspecTransport(self.storage_options))
+                where, text = self._fetch_manifest()
             else:
                 where = self.path
                 if os.path.isdir(where):
@@ -120,7 +132,47 @@ class ShardedSet(RecordSet):
             if not is_url(self.path):
                 self._check_local_shards(manifest)
             self._manifest = manifest
+            if is_url(self.path):
+                try:
+                    self._check_empty_remote_shards()
+                except BaseException:
+                    self._manifest = None
+                    raise
         return self._manifest
+
+    def _backend(self) -> Transport:
+        return backend_for(self.path, self.storage_options, self.storage)
+
+    def _fetch_manifest(self) -> tuple[str, str]:
+        """(the manifest's URL, its text), fetched now from the server (never from a cached listing)."""
+        where = self.path if self.path.endswith(".json") else self.path.rstrip("/") + "/" + _manifest.MANIFEST_NAME
+        backend = self._backend()
+        try:
+            data = fetch_bytes(where, backend, "the manifest")
+        except FileNotFoundError:
+            if _lists_shards(backend, where.rsplit("/", 1)[0]):
+                raise NotARecordSetError(
+                    f"{where}: not there, but shards are: the set was never finalized (or its writer stopped "
+                    "before publishing the manifest); run torchrecord.finalize_shards on its folder, then open it"
+                ) from None
+            raise FetchError(f"{where}: no manifest there (finalize the set, or check the URL)") from None
+        return where, _manifest.decode_text(data, where)
+
+    def _check_empty_remote_shards(self) -> None:
+        """Fetch the shards a remote manifest says hold no samples and check each against its entry.
+
+        Readers never open a shard whose count is 0, so a manifest that says 0 of a shard that
+        holds samples would drop them silently: checked when the set is opened (such shards are
+        small: a real empty shard is a few KiB).
+        """
+        manifest = self.manifest
+        for s, entry in enumerate(manifest["shards"]):
+            if entry["count"] == 0:
+                rf = self._fetched(s)
+                try:
+                    check_shard(rf, s, manifest)
+                finally:
+                    rf._let_go(hard=True)
 
     def _check_local_shards(self, manifest: dict[str, Any]) -> None:
         """Each shard file's size against its entry's claims; a shard that claims no samples is opened now.
@@ -131,7 +183,7 @@ class ShardedSet(RecordSet):
         base = self._base()
         per_sample = fixed_sample_bytes((manifest.get("schema") or {}).get("fields", []))
         for s, entry in enumerate(manifest["shards"]):
-            _manifest.check_shard_file(entry, s, os.path.join(base, entry["name"]), per_sample)
+            check_shard_file(entry, s, os.path.join(base, entry["name"]), per_sample)
         self._check_headers(manifest, [s for s, entry in enumerate(manifest["shards"]) if entry["count"] == 0])
 
     def _check_headers(self, manifest: dict[str, Any] | None = None, shards: list[int] | None = None) -> None:
@@ -150,7 +202,7 @@ class ShardedSet(RecordSet):
                 continue  # a missing shard is named when it is read
             rf = RecordFile(path, check=self._check)
             try:
-                _check_shard(rf, s, manifest)
+                check_shard(rf, s, manifest)
             finally:
                 rf._let_go(hard=True)
 
@@ -248,7 +300,7 @@ class ShardedSet(RecordSet):
                 rf = self._fetched(s)
             else:
                 rf = RecordFile(os.path.join(self._base(), entry["name"]), check=self._check)
-            _check_shard(rf, s, self.manifest)
+            check_shard(rf, s, self.manifest)
             self._files[s] = rf
         return rf
 
@@ -284,9 +336,7 @@ class ShardedSet(RecordSet):
 
     def _remote(self) -> ShardCache:
         if self._cache is None:
-            self._cache = ShardCache(
-                self._base(), self.manifest, self.cache_dir, self.cache_limit, FsspecTransport(self.storage_options)
-            )
+            self._cache = ShardCache(self._base(), self.manifest, self.cache_dir, self.cache_limit, self._backend())
         return self._cache
 
     def _check_process(self) -> None:
@@ -408,45 +458,14 @@ class ShardedSet(RecordSet):
             "m": self._manifest,
             "check": self._check,
             "storage_options": self.storage_options,
+            "storage": self.storage,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path = state["path"]
         self.storage_options = state.get("storage_options")
+        self.storage = state.get("storage")
         self._setup(state["cache_dir"], state["cache_limit"], state.get("check"), state["m"])
-
-
-def _check_shard(rf: RecordFile, s: int, manifest: dict[str, Any]) -> None:
-    """FormatError unless ``rf`` is the file shard ``s`` of the manifest lists: set_id, counts, packing, size, place."""
-    entry = manifest["shards"][s]
-    n = len(manifest["shards"])
-    meta = rf.metadata
-    place: dict[str, Any] = meta["shard"] if isinstance(meta.get("shard"), dict) else {}
-    size = os.path.getsize(rf.path)
-    said_per_record = manifest.get("samples_per_record", 1)  # an empty shard packs nothing: any packing fits
-    found = {
-        "set_id": rf.set_id,
-        "count": len(rf),
-        "records": rf.num_records,
-        "bytes": size,
-        "samples_per_record": rf.samples_per_record if len(rf) else said_per_record,
-        "shard": [place.get("index", s), place.get("of", n)],
-    }
-    said = {
-        "set_id": entry["set_id"],
-        "count": entry["count"],
-        "records": entry["records"],
-        "bytes": entry["bytes"],
-        "samples_per_record": said_per_record,
-        "shard": [s, n],
-    }
-    differ = [k for k in said if found[k] != said[k]]
-    if differ:
-        detail = "; ".join(f"{k}: the file has {found[k]}, the manifest says {said[k]}" for k in differ)
-        raise FormatError(
-            f"{rf.path}: shard {s} is not the file the manifest lists ({detail}): it was rewritten after the set "
-            "was finalized, or the manifest was edited; run torchrecord.finalize_shards again"
-        )
 
 
 def _not_a_set(path: str, manifest: str) -> TorchRecordError:
@@ -459,3 +478,14 @@ def _not_a_set(path: str, manifest: str) -> TorchRecordError:
         f"{path}: is a directory{describe_directory(path)} (a sharded set is a directory with "
         f"{_manifest.MANIFEST_NAME}: write_shard, finalize_shards)"
     )
+
+
+def _lists_shards(backend: Transport, prefix: str) -> bool:
+    """True when ``prefix`` (a URL folder) holds shard files; False when it does not or cannot be listed."""
+    if not isinstance(backend, Storage):
+        return False
+    try:
+        names = backend.names(prefix)
+    except Exception:  # listing is a courtesy for the message: any failure means "cannot tell"
+        return False
+    return any(_manifest.parse_shard_name(name) for name in names)

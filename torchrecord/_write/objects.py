@@ -1,36 +1,51 @@
-"""A sharded set's folder on object storage (``s3://``; any fsspec file system that can put files).
+"""A shard of a sharded set on object storage (``s3://``): staged locally, uploaded whole, then its note.
 
 Object storage has no rename and no partial visibility: an object appears whole when its upload
-ends, or not at all. So :func:`~torchrecord.write_shard` writes a shard in a local temporary
-folder, uploads the finished file in one put, and then a small *note* beside it
-(``shard-...tr.json``: the shard's size, SHA-256, counts and metadata, what
-:func:`~torchrecord.finalize_shards` needs, so finalizing never downloads a shard). A shard counts
-as written once its note is up. ``finalize_shards`` reads the notes and uploads ``manifest.json``
-last: readers need the manifest, so they never see a partial set.
-
-This module is the folder's I/O (list, put, read a note); ``shards.py`` decides what goes where.
+ends, or not at all. So a shard is written in a local staging folder (``_storage/staging.py``:
+a killed writer's copy is removed by the next writer on the machine), its plan is checked again,
+a killed writer's unfinished uploads of that shard are aborted, and the finished file is uploaded
+in one put with its SHA-256, ``set_id`` and write attempt stored as the object's metadata; then a
+small *note* beside it (``shard-...tr.json``: what :func:`~torchrecord.finalize_shards` needs, so
+finalizing never downloads a shard). A shard counts as written once its note is up and the note
+names the checksum the object was uploaded with. ``finalize_shards`` uploads ``manifest.json`` last.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from torchrecord._shards import manifest as _manifest
-from torchrecord._shards.remote import FsspecTransport
-from torchrecord.errors import ArgumentError, FormatError, TorchRecordError, WriteError
+from torchrecord._shards.sharded import ShardedSet
+from torchrecord._storage.cache import SHA256_KEY
+from torchrecord._storage.objects import ObjectFolder
+from torchrecord._storage.staging import Staging
+from torchrecord._store.record_file import RecordFile
+from torchrecord._write.shard_body import ShardBody
+from torchrecord._write.shard_plan import Start, check_fits, check_folder, recheck
+from torchrecord.errors import FormatError, IncompleteRecordSetError, TorchRecordError, WriteError
 
-__all__ = ["RemoteFolder", "stop_for_test"]
+__all__ = [
+    "ATTEMPT_KEY",
+    "RemoteFolder",
+    "SET_ID_KEY",
+    "STOP_ENV",
+    "remote_shard_entry",
+    "stop_for_test",
+    "uploaded",
+    "write_remote_shard",
+]
 
 #: Test hook: the writer kills itself (SIGKILL, as a killed task would be) at this point of an
-#: upload: ``before-note`` (its shard is up, its note is not) or ``before-manifest`` (every note
-#: is read and the manifest built, not uploaded).
+#: upload: ``before-upload`` (its shard is staged, not uploaded), ``before-note`` (its shard is up,
+#: its note is not) or ``before-manifest`` (every note is read and the manifest built, not uploaded).
 STOP_ENV = "TORCHRECORD_TEST_STOP"
-
-_T = TypeVar("_T")
+#: The object metadata keys of a shard: its write attempt and set_id (its SHA-256: SHA256_KEY).
+ATTEMPT_KEY = "torchrecord-attempt"
+SET_ID_KEY = "torchrecord-set-id"
 
 
 def stop_for_test(point: str) -> None:
@@ -39,121 +54,157 @@ def stop_for_test(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def json_bytes(value: Any) -> bytes:
-    """``value`` as JSON, byte for byte as :func:`~torchrecord._shards.manifest.write_json_atomic` writes it."""
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
-
-
 class RemoteFolder:
-    """The objects under one URL prefix (a sharded set's "folder"), through fsspec.
+    """A sharded set's prefix on object storage, as :func:`~torchrecord._write.shard_plan.check_folder` sees it.
 
-    Args:
-        url: ``s3://bucket/prefix`` (or another fsspec protocol that can put files; not ``http(s)://``).
-        storage_options: keyword arguments of the fsspec file system (for S3: s3fs's ``key``,
-            ``secret``, ``endpoint_url``...; None: the ``AWS_*`` environment variables).
+    A writer looks at two other shards' notes at most (each is a request): one is enough to see
+    another plan, and ``finalize_shards`` checks every note.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None) -> None:
-        self.url = url.rstrip("/")
-        if self.url.startswith(("http://", "https://")):
-            raise ArgumentError(
-                f"{url}: a sharded set cannot be written over http(s) (it is read-only there); write it to a "
-                "local folder or to object storage (s3://bucket/prefix), then serve that"
-            )
-        self.storage_options = dict(storage_options) if storage_options else None
-        fs, path = FsspecTransport(self.storage_options).filesystem(self.url)
-        self.fs = fs
-        self.prefix = str(path).rstrip("/")
+    look_at = 2
 
-    def where(self, name: str) -> str:
-        """The URL of ``name`` in the folder (for messages)."""
-        return f"{self.url}/{name}"
-
-    def _do(self, what: str, name: str, call: Callable[[], _T]) -> _T:
-        """Run one storage call; its errors (fsspec back ends raise many kinds) become a WriteError naming it."""
-        try:
-            return call()
-        except TorchRecordError:
-            raise
-        except Exception as exc:
-            raise WriteError(f"{self.where(name)}: cannot {what} ({type(exc).__name__}: {exc})") from exc
+    def __init__(self, objects: ObjectFolder) -> None:
+        self.objects = objects
+        self.where = objects.url
 
     def names(self) -> list[str]:
-        """The names of the objects in the folder (none if it does not exist yet)."""
+        return sorted(self.objects.names())
 
-        def listing() -> list[str]:
-            self.fs.invalidate_cache()
-            try:
-                found = self.fs.ls(self.prefix, detail=False)
-            except FileNotFoundError:
-                return []
-            return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in found]
-
-        return self._do("list the sharded set's folder", "", listing)
-
-    def has(self, name: str) -> bool:
-        def exists() -> bool:
-            self.fs.invalidate_cache()
-            return bool(self.fs.exists(f"{self.prefix}/{name}"))
-
-        return self._do("look for it", name, exists)
-
-    def upload(self, local: str, name: str) -> None:
-        """Put the finished file ``local`` at ``name`` in one upload (it appears whole, or not at all)."""
-        self._do("upload it", name, lambda: self.fs.put_file(local, f"{self.prefix}/{name}"))
-
-    def put_json(self, name: str, value: Any) -> None:
-        self._do("upload it", name, lambda: self.fs.pipe_file(f"{self.prefix}/{name}", json_bytes(value)))
-
-    def remove(self, name: str) -> None:
-        def remove() -> None:
-            try:
-                self.fs.rm_file(f"{self.prefix}/{name}")
-            except FileNotFoundError:
-                pass
-
-        self._do("remove it", name, remove)
-
-    def size(self, name: str) -> int:
-        return self._do("read its size", name, lambda: int(self.fs.size(f"{self.prefix}/{name}")))
-
-    def read_json(self, name: str) -> Any:
-        """A small JSON object's value (FormatError naming it if it is not JSON, or too large)."""
-
-        def cat() -> bytes:
-            if int(self.fs.size(f"{self.prefix}/{name}")) > _manifest.MAX_MANIFEST_BYTES:
-                raise FormatError(f"{self.where(name)}: larger than {_manifest.MAX_MANIFEST_BYTES} bytes: no note")
-            return bytes(self.fs.cat_file(f"{self.prefix}/{name}"))
-
-        data = self._do("read it", name, cat)
-        return _manifest.parse_json(_manifest.decode_text(data, self.where(name)), self.where(name))
-
-    def shard_entry(self, i: int, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The manifest entry of shard ``i`` of ``n`` and its metadata, from its note (the shard is not read)."""
-        name = _manifest.shard_name(i, n)
-        note = self.read_json(name + ".json")
-        where = self.where(name + ".json")
+    def read_manifest(self) -> dict[str, Any] | None:
         try:
-            meta = note["meta"]
-            entry = {
-                "name": name,
-                "count": int(note["count"]),
-                "records": int(note["records"]),
-                "bytes": int(note["bytes"]),
-                "sha256": str(note["sha256"]),
-                "set_id": str(note["set_id"]),
-            }
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(
-                f"{where}: not the note of a shard written by write_shard ({exc!r}); write shard {i} again"
-            ) from None
-        info = meta.get("shard") if isinstance(meta, dict) else None
-        if not isinstance(info, dict) or info.get("index") != i or info.get("of") != n:
-            raise FormatError(f"{where}: not the note of shard {i} of {n} written by write_shard (it says {info!r})")
-        size = self.size(name)
-        if size != entry["bytes"]:
-            raise FormatError(
-                f"{self.where(name)}: {size} bytes, its note says {entry['bytes']}: the shard was replaced "
-                f"after its note was written; write shard {i} again"
-            )
-        return entry, meta
+            data = self.objects.read_bytes(_manifest.MANIFEST_NAME, _manifest.MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            return None
+        where = self.objects.where(_manifest.MANIFEST_NAME)
+        return _manifest.check_manifest(_manifest.parse_json(_manifest.decode_text(data, where), where), where)
+
+    def shard_meta(self, i: int, n: int) -> dict[str, Any] | None:
+        try:
+            meta = _read_note(self.objects, _manifest.shard_name(i, n) + ".json").get("meta")
+        except (TorchRecordError, FileNotFoundError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
+
+def write_remote_shard(
+    body: ShardBody,
+    objects: ObjectFolder,
+    finalize: bool,
+    chosen: str | None,
+    finalizer: Callable[[str, dict[str, Any] | None, Any, str | None], ShardedSet],
+) -> RecordFile:
+    """Write ``body``'s shard into ``objects`` (see the module's docstring); returns the shard as written."""
+    shard, n = int(body.info["index"]), int(body.info["of"])
+    name = _manifest.shard_name(shard, n)
+    view = RemoteFolder(objects)
+    start = check_folder(view, shard, body.info, body.settings.overwrite, chosen)
+    if start.done and (existing := _finalized_shard(objects, start, shard)) is not None:
+        return existing
+    body.join(start.attempt)
+    with Staging() as staging:
+        path = os.path.join(staging.path, name)
+        rf = body.write(path, lambda temp: check_fits(start.manifest, objects.url, shard, temp))
+        digest = body.digest(path)
+        note = {**body.note(rf), "meta": rf.metadata, "records": rf.num_records}
+        if (now := recheck(view, start, shard)) is not None:  # finalized by this attempt meanwhile: done
+            return _finalized_shard(objects, Start(now, start.attempt, True), shard) or rf
+        stop_for_test("before-upload")
+        objects.abort_uploads(name, time.time())  # what a killed writer of this shard left on the server
+        metadata = {SHA256_KEY: digest["sha256"], SET_ID_KEY: str(note["set_id"])}
+        if "attempt" in note:
+            metadata[ATTEMPT_KEY] = str(note["attempt"])
+        objects.upload(path, name, metadata)  # one put: the shard appears whole, or not at all
+    stop_for_test("before-note")
+    again = _after_upload(view, start, shard)
+    objects.put_json(name + ".json", note)  # the shard counts as written from now on
+    if finalize or again:
+        try:  # the last writer finalizes; one whose upload replaced a shard of its own attempt's set must
+            finalizer(objects.url, objects.storage_options, objects.given, start.attempt.id)
+        except IncompleteRecordSetError:
+            if again:
+                raise
+    return rf
+
+
+def _after_upload(view: RemoteFolder, start: Start, shard: int) -> bool:
+    """After the upload: True when the set was finalized meanwhile by this attempt (it must be finalized again).
+
+    A set finalized meanwhile by another attempt had this shard replaced under it: a WriteError
+    says so (readers refuse that shard by its checksum at once, and name it).
+    """
+    try:
+        return recheck(view, start, shard) is not None
+    except TorchRecordError as exc:
+        raise WriteError(
+            f"{view.where}: shard {shard} was uploaded while another write attempt finalized the set there, so it "
+            f"replaced that set's shard {shard}; readers now refuse it by its checksum. Write shard {shard} again "
+            f"with that set's attempt (attempt=...), or rewrite the set (overwrite=True). ({exc})"
+        ) from None
+
+
+def _finalized_shard(objects: ObjectFolder, start: Start, shard: int) -> RecordFile | None:
+    """The finalized set's shard (fetched), if the object there is the one its manifest lists (else None)."""
+    manifest = start.manifest
+    if manifest is None:
+        return None
+    entry = manifest["shards"][shard]
+    info = objects.stat(entry["name"])
+    recorded = info.metadata.get(SHA256_KEY) if info is not None else None
+    if info is None or info.size != entry["bytes"] or (recorded is not None and recorded != entry["sha256"]):
+        return None  # gone, or replaced since: write it (again)
+    return ShardedSet(objects.url, storage_options=objects.storage_options, storage=objects.given).shard(shard)
+
+
+def uploaded(names: list[str]) -> list[str]:
+    """The names in a remote folder, shards without their note left out (not completely uploaded)."""
+    present = set(names)
+    return [n for n in names if _manifest.parse_shard_name(n) is None or n + ".json" in present]
+
+
+def _read_note(objects: ObjectFolder, name: str) -> dict[str, Any]:
+    data = objects.read_bytes(name, _manifest.MAX_MANIFEST_BYTES)
+    note = _manifest.parse_json(_manifest.decode_text(data, objects.where(name)), objects.where(name))
+    if not isinstance(note, dict):
+        raise FormatError(f"{objects.where(name)}: not the note of a shard written by write_shard")
+    return note
+
+
+def remote_shard_entry(objects: ObjectFolder, i: int, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest entry of shard ``i`` of ``n`` and its metadata, from its note, checked against the object.
+
+    The note must name the checksum the object was uploaded with (where the back end keeps
+    metadata; else its size): a note left by an earlier upload is not taken for a new body.
+    """
+    name = _manifest.shard_name(i, n)
+    where = objects.where(name + ".json")
+    note = _read_note(objects, name + ".json")
+    try:
+        meta = note["meta"]
+        entry: dict[str, Any] = {
+            "name": name,
+            "count": int(note["count"]),
+            "records": int(note["records"]),
+            "bytes": int(note["bytes"]),
+            "sha256": str(note["sha256"]),
+            "set_id": str(note["set_id"]),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(
+            f"{where}: not the note of a shard written by write_shard ({exc!r}); write shard {i} again"
+        ) from None
+    info = meta.get("shard") if isinstance(meta, dict) else None
+    if not isinstance(info, dict) or info.get("index") != i or info.get("of") != n:
+        raise FormatError(f"{where}: not the note of shard {i} of {n} written by write_shard (it says {info!r})")
+    found = objects.stat(name)
+    if found is None:
+        raise IncompleteRecordSetError(f"{objects.where(name)}: shard {i} is not there (its note is); write it again")
+    recorded = found.metadata.get(SHA256_KEY)
+    if found.size != entry["bytes"] or (recorded is not None and recorded != entry["sha256"]):
+        said = f"SHA-256 {recorded[:16]}..." if recorded else f"{found.size} bytes"
+        raise IncompleteRecordSetError(
+            f"{objects.where(name)}: shard {i} is not the file its note describes (the object was uploaded with "
+            f"{said}, the note says SHA-256 {str(entry['sha256'])[:16]}..., {entry['bytes']} bytes): its writer "
+            f"stopped after uploading it and before writing its note, or another writer replaced it. Write shard {i} "
+            "again, then finalize_shards"
+        )
+    return entry, meta

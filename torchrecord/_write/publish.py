@@ -33,19 +33,20 @@ import ctypes.util
 import errno
 import fcntl
 import os
-import re
 import socket
 import sys
 import time
 
 import lmdb
 
+from torchrecord._storage.locks import holds, keep, let_go
+from torchrecord._storage.locks import remove as _remove
+from torchrecord._storage.temps import parse_temp, temp_path
 from torchrecord._write.lmdb_writer import space_hint
 from torchrecord.errors import RecordExistsError, TorchRecordError, WriteError
 
 __all__ = ["LOCK_SUFFIX", "Publisher", "as_write_error", "remove_stale_temporaries"]
 
-_TEMP_PATTERN = ".{name}.tmp-{pid}-{token}"
 #: Suffix of the lock file a live write holds locked.
 LOCK_SUFFIX = ".lock"
 #: A lock file found empty and unlocked may belong to a writer that has created it but not locked it
@@ -77,7 +78,7 @@ class Publisher:
         if not os.path.isdir(self.parent):
             raise WriteError(f"{target}: parent directory {self.parent} does not exist")
         remove_stale_temporaries(target)
-        self.temp = _temporary_path(target)
+        self.temp = temp_path(target)
         self.lock_path = self.temp + LOCK_SUFFIX
         self._lock_fd: int | None = _hold_lock(self.lock_path, target)
         self._scratch = [self.temp]
@@ -117,9 +118,9 @@ class Publisher:
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
-        if fd is not None and fd in _HELD:  # not in a forked child, which closed its copy
+        if fd is not None and holds(fd):  # not in a forked child, which closed its copy
             _remove(self.lock_path)  # removed while still locked: nobody can take it for a stale one
-            _release_lock(fd)
+            let_go(fd)
 
 
 def as_write_error(exc: BaseException, target: str) -> BaseException:
@@ -209,16 +210,6 @@ def _renameat2_noreplace(temp: str, target: str) -> bool:
 # -- temporaries and their locks -------------------------------------------------------------
 
 
-def _temporary_path(target: str) -> str:
-    directory, name = os.path.split(os.path.abspath(target))
-    token = os.urandom(4).hex()
-    return os.path.join(directory, _TEMP_PATTERN.format(name=name, pid=os.getpid(), token=token))
-
-
-#: the lock descriptors this process holds: a forked child closes its copies (see _close_in_child)
-_HELD: set[int] = set()
-
-
 def _hold_lock(lock_path: str, target: str) -> int:
     """Create ``lock_path``, lock it (exclusive flock) and write who holds it; returns its descriptor.
 
@@ -235,28 +226,8 @@ def _hold_lock(lock_path: str, target: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while another writer probes it (microseconds)
     with contextlib.suppress(OSError):  # who holds it, for people; a full disk fails the write just after
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-    _HELD.add(fd)
+    keep(fd)  # a forked child (a DataLoader worker of the writer) closes its copy: the lock lives as the writer
     return fd
-
-
-def _release_lock(fd: int) -> None:
-    _HELD.discard(fd)
-    os.close(fd)
-
-
-def _close_in_child() -> None:
-    """In a forked child (a DataLoader worker of the writer), close the copies of the writer's locks.
-
-    The lock then lives exactly as long as the writer: a killed writer's files
-    are stale at once, even while its workers are still shutting down.
-    """
-    for fd in _HELD:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_close_in_child)
 
 
 def remove_stale_temporaries(target: str) -> list[str]:
@@ -268,7 +239,6 @@ def remove_stale_temporaries(target: str) -> list[str]:
     judged by their PID.
     """
     directory, name = os.path.split(os.path.abspath(target))
-    pattern = re.compile(r"^(\." + re.escape(name) + r"\.tmp-(\d+)-[0-9a-f]+)")
     try:
         entries = os.listdir(directory)
     except OSError:
@@ -276,10 +246,10 @@ def remove_stale_temporaries(target: str) -> list[str]:
     writes: dict[str, list[str]] = {}
     pids: dict[str, int] = {}
     for entry in entries:
-        match = pattern.match(entry)
-        if match:
-            writes.setdefault(match.group(1), []).append(entry)
-            pids[match.group(1)] = int(match.group(2))
+        temp = parse_temp(entry)
+        if temp is not None and temp.name == name:
+            writes.setdefault(temp.base, []).append(entry)
+            pids[temp.base] = temp.pid
     removed: list[str] = []
     for base, files in writes.items():
         lock = base + LOCK_SUFFIX
@@ -322,15 +292,6 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
-
-
-def _remove(path: str) -> bool:
-    """Best-effort removal (on a read-only file system even a missing file gives EROFS); True if removed."""
-    try:
-        os.remove(path)
-    except OSError:
-        return False
     return True
 
 
