@@ -91,6 +91,10 @@ def run_in_child(fn: Callable[[], T]) -> T:
     except EOFError:
         child.join()
         raise RuntimeError(f"the measuring child process failed (exit code {child.exitcode})") from None
+    except BaseException:  # Ctrl-C or SIGTERM here: the child must not outlive the caller's cleanup
+        child.terminate()
+        child.join()
+        raise
     child.join()
     return result  # type: ignore[no-any-return]
 

@@ -18,6 +18,8 @@ _PACKAGES = {
     "torchrecord": "torchrecord-lmdb",
     "msgpack": "msgpack",
     "webdataset": "webdataset",
+    "lance": "pylance",
+    "pyarrow": "pyarrow",
     "matplotlib": "matplotlib",
 }
 

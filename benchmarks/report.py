@@ -15,6 +15,7 @@ from benchmarks.writespeed import WriteResult
 __all__ = [
     "COLD_HEADERS",
     "MEASUREMENT_HEADERS",
+    "PEER_HEADERS",
     "TARGET_HEADERS",
     "WORKER_HEADERS",
     "WRITE_HEADERS",
@@ -24,8 +25,11 @@ __all__ = [
     "format_table",
     "handover_targets",
     "measurement_rows",
+    "peer_rows",
+    "peer_targets",
     "ratio_to_raw",
     "targets",
+    "torchrecord_against",
     "write_chart",
     "write_json",
     "worker_rows",
@@ -347,4 +351,62 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
         if batch0 and _at(measurements, workload, "torchrecord-sample-loader", 0):
             what = f"{workload}: per-sample RecordLoader / batch mode, 0 workers"
             rows.append(_target_row(what, sampled0 / batch0, 0.5))
+    return [r for r in rows if r is not None]
+
+
+PEER_HEADERS = ["workload", "peer", "workers", "samples/s", "torchrecord", "samples/s", "torchrecord / peer"]
+#: the torchrecord loaders a peer is compared with: batch mode, one file or packed, DataLoader or RecordLoader
+_BATCH_MODE = ("torchrecord-batch", "torchrecord-loader", "torchrecord-packed")
+
+
+def _is_peer(m: Measurement) -> bool:
+    return not m.is_limit and m.loader not in _TORCHRECORD and bool(m.seconds)
+
+
+def torchrecord_against(peer: Measurement, measurements: Sequence[Measurement]) -> tuple[Measurement, float] | None:
+    """torchrecord's fastest batch-mode loader at the peer's workload and workers, and how many times faster it is."""
+    if not _is_peer(peer):
+        return None
+    same = [
+        m
+        for m in measurements
+        if m.loader in _BATCH_MODE and m.workload == peer.workload and (m.workers or 0) == (peer.workers or 0)
+    ]
+    timed = [m for m in same if m.seconds]
+    if not timed:
+        return None
+    best = max(timed, key=lambda m: m.samples_per_second)
+    return best, best.samples_per_second / peer.samples_per_second
+
+
+def peer_rows(measurements: Sequence[Measurement]) -> list[list[str]]:
+    """Rows for :data:`PEER_HEADERS`: every peer configuration against torchrecord at the same workers."""
+    rows = []
+    for m in measurements:
+        against = torchrecord_against(m, measurements)
+        if against is None:
+            continue
+        best, ratio = against
+        rows.append(
+            [
+                m.workload,
+                m.loader,
+                str(m.workers or 0),
+                f"{m.samples_per_second:,.0f}",
+                best.loader,
+                f"{best.samples_per_second:,.0f}",
+                f"{ratio:.2f}x",
+            ]
+        )
+    return rows
+
+
+def peer_targets(measurements: Sequence[Measurement], peer: str = "lance") -> list[list[str]]:
+    """Issue 40's figure: torchrecord ahead of ``peer`` on every workload and workers setting (ratio >= 1)."""
+    rows: list[list[str] | None] = []
+    for m in measurements:
+        against = torchrecord_against(m, measurements) if m.loader == peer else None
+        if against is not None:
+            what = f"{m.workload}: torchrecord ({against[0].loader}) / {peer}, {m.workers or 0} workers"
+            rows.append(_target_row(what, against[1], 1.0))
     return [r for r in rows if r is not None]

@@ -5,10 +5,11 @@ loader's format from them (cached), time cold epochs of ``--cold-loaders`` for
 the ``--cold-workloads`` (files evicted before each epoch, checked with
 mincore, each epoch in a fresh process), time ``--epochs`` interleaved warm
 epochs of every configuration (each loader at each ``--workers`` setting; the
-limits once, in-process), print a table, then time writes (per-sample source,
-TensorDataset, K > 1, against a raw LMDB append). At the end, print the
-summary and issue 17's figures against their targets, and write
-``<out>.json`` and ``<out>.png``.
+limits once, in-process), print a table and each peer against torchrecord at
+the same workers, then time writes (per-sample source, TensorDataset, K > 1,
+against a raw LMDB append). At the end, print the summary, the peers against
+torchrecord, and issue 17's, 28's and 40's figures against their targets, and
+write ``<out>.json`` and ``<out>.png``.
 
 Quick run: ``python -m benchmarks.run --scale 0.1``. Full run: no arguments.
 """
@@ -39,6 +40,12 @@ RATIO_NOTE = (
     "x raw limit = samples/s / raw-limit's samples/s (raw-limit: one process copying one LMDB value per "
     "sample, no decoding).\nPacked sets hold K samples per value, so torchrecord-packed can pass it; "
     "raw-limit-packed is its own ceiling."
+)
+
+
+PEER_NOTE = (
+    "torchrecord / peer = torchrecord's samples/s over the peer's, torchrecord being its fastest batch-mode "
+    "loader\n(torchrecord-batch, torchrecord-loader, torchrecord-packed) at the peer's workload and num_workers."
 )
 
 
@@ -200,6 +207,11 @@ def _run_workload(
     _log("")
     _log(report.format_table(report.MEASUREMENT_HEADERS, report.measurement_rows(measurements, measurements)))
     _log(RATIO_NOTE)
+    peers = report.peer_rows(measurements)
+    if peers:
+        _log("")
+        _log(report.format_table(report.PEER_HEADERS, peers))
+        _log(PEER_NOTE)
     write = None
     if not args.no_write:
         _log("  timing writes: write_record, then a raw LMDB append of the same encoded values ...")
@@ -216,6 +228,12 @@ def _run_workload(
     return info, measurements, write, colds
 
 
+def _torchrecord_over(m: Measurement, everything: list[Measurement]) -> dict[str, Any] | None:
+    """For a peer: torchrecord's loader at the same workers and how many times faster it read."""
+    against = report.torchrecord_against(m, everything)
+    return None if against is None else {"loader": against[0].loader, "ratio": against[1]}
+
+
 def _measurement_json(m: Measurement, everything: list[Measurement]) -> dict[str, Any]:
     return {
         "loader": m.loader,
@@ -225,6 +243,7 @@ def _measurement_json(m: Measurement, everything: list[Measurement]) -> dict[str
         "samples_per_second": m.samples_per_second,
         "median_epoch_seconds": m.median_seconds,
         "ratio_to_raw_limit": report.ratio_to_raw(m, everything),
+        "torchrecord_over_this": _torchrecord_over(m, everything),
         "epoch_seconds": m.seconds,
         "epoch_samples": m.samples,
         "all_samples_every_epoch": m.complete,
@@ -260,6 +279,15 @@ def _summary(results: list[Result], transform_us: float = 0.0) -> None:
     if workers:
         _log("\n== Workers: each torchrecord loader by num_workers (x 0 workers; x in-memory = / in-memory-limit)")
         _log(report.format_table(report.WORKER_HEADERS, workers))
+    peers = report.peer_rows(everything)
+    if peers:
+        _log("\n== Peers against torchrecord (each peer configuration; torchrecord at the same workers)")
+        _log(report.format_table(report.PEER_HEADERS, peers))
+        _log(PEER_NOTE)
+    lance = report.peer_targets(everything, "lance")
+    if lance:
+        _log("\n== Issue 40: torchrecord ahead of Lance")
+        _log(report.format_table(report.TARGET_HEADERS, lance))
     handover = report.handover_targets(everything, transform_us)
     if handover:
         what = f"a {transform_us:g} us transform per sample" if transform_us else "no transform"
@@ -317,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             "clock": "from creating the epoch's iterator (DataLoader workers start) to its last batch",
             "samples_per_second": "median over epochs of samples delivered / epoch seconds",
             "ratio_to_raw_limit": "samples/s divided by raw-limit's on the same workload",
+            "torchrecord_over_this": "peers only: samples/s of torchrecord's fastest batch-mode loader at the same "
+            "workload and num_workers divided by the peer's",
             "write": "write_record from an in-memory map-style dataset vs a plain LMDB append loop of "
             "the values write_record stored (one big map, a commit per ~64 MB, a final sync)",
         },

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchmarks.loaders.base import Epochs, Loader, disk_bytes, ensure_built, read_through
+from benchmarks.loaders.lance_take import LanceLoader
 from benchmarks.loaders.limits import InMemoryLimit, RawLmdbLimit
 from benchmarks.loaders.lmdb_pickle import LmdbPickleLoader
 from benchmarks.loaders.npy_folder import NpyFolderLoader
@@ -55,6 +56,7 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
         NpyFolderLoader(),
         LmdbPickleLoader(),
         WebDatasetLoader(opts.shuffle_buffer),
+        LanceLoader(),
         *(
             TorchRecordLoader(
                 name,
