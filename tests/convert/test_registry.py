@@ -66,7 +66,7 @@ def problems(converter: Converter, parser: argparse.ArgumentParser, docs: str, t
     if function not in torchrecord.convert.__all__:
         out.append(f"{name}: torchrecord.convert does not export {function}")
     if function not in tests:
-        out.append(f"{name}: no test in tests/convert calls {function}")
+        out.append(f"{name}: no test in tests/convert (or tests/<format>) calls {function}")
     return out
 
 
@@ -75,7 +75,9 @@ def _docs() -> str:
 
 
 def _tests() -> str:
-    return "".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests" / "convert").glob("test_*.py"))
+    """The converters' tests: tests/convert, and a format's own folder (tests/lerobot, its oracle beside it)."""
+    folders = [ROOT / "tests" / "convert", *(ROOT / "tests" / name for name in REGISTRY)]
+    return "".join(p.read_text(encoding="utf-8") for f in folders if f.is_dir() for p in f.glob("test_*.py"))
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -124,7 +126,7 @@ def test_a_planted_incomplete_converter_is_found() -> None:
         "its summary is not in torchrecord convert --help",
         "do not name the format `nothing`",
         "does not export from_nothing",
-        "no test in tests/convert calls from_nothing",
+        "no test in tests/convert (or tests/<format>) calls from_nothing",
     ):
         assert any(expected in line for line in found), (expected, found)
 

@@ -81,7 +81,7 @@ def test_the_command_line_converts_and_refuses(
     assert len(RecordFile(out)) == len(frames)
     assert RecordFile(out).metadata["compression"]["observation.images.top"]["codec"] == "zstd"
     assert main(["convert", str(root), str(tmp_path / "w.tr"), "--workers", "2", "-q"]) != 0
-    assert "num_workers=2 does not apply to a lerobot source" in capsys.readouterr().err
+    assert "--workers does not apply to a lerobot source" in capsys.readouterr().err
     assert not (tmp_path / "w.tr").exists()
 
 
