@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import mmap
 import os
-import resource
 import threading
 import weakref
 from typing import Any
@@ -50,14 +50,19 @@ __all__ = [
 #: (1, 2, ...) of the handover whose batch is out
 FREE = 0
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_mmap = _libc.mmap
-_mmap.restype = ctypes.c_void_p
-_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_munmap = _libc.munmap
-_munmap.restype = ctypes.c_int
-_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+@functools.cache
+def _libc() -> tuple[Any, Any]:
+    """libc's ``mmap`` and ``munmap`` (loaded on first use: slots exist where ``memfd_create`` does)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    mmap_, munmap = libc.mmap, libc.munmap
+    mmap_.restype = ctypes.c_void_p
+    mmap_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    munmap.restype = ctypes.c_int
+    munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return mmap_, munmap
 
 
 def map_shared(fd: int, size: int) -> Any:
@@ -68,13 +73,14 @@ def map_shared(fd: int, size: int) -> Any:
     ``np.frombuffer``, a tensor of one) keeps the array, so none outlives the
     memory. A fork child keeps its own copy of the mapping.
     """
-    address = _mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    mmap_, munmap = _libc()
+    address = mmap_(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if address is None or address == _MAP_FAILED:
         code = ctypes.get_errno()
         raise OSError(code, f"mmap of a {size}-byte shared-memory slot failed: {os.strerror(code)}")
     block = (ctypes.c_uint8 * size).from_address(address)
     # not at exit: module teardown may still touch a tensor of it, and the process's exit unmaps it anyway
-    weakref.finalize(block, _munmap, address, size).atexit = False
+    weakref.finalize(block, munmap, address, size).atexit = False
     return block
 
 
@@ -85,7 +91,11 @@ def out_of_descriptors(exc: BaseException) -> bool:
 
 def descriptor_error(what: str, exc: BaseException | None = None) -> TooManyOpenFilesError:
     """The error for a handover that ran out of descriptors while ``what`` (a sentence's start)."""
-    soft, hard = (_limit(n) for n in resource.getrlimit(resource.RLIMIT_NOFILE))
+    import resource  # POSIX only, as slots are
+
+    soft, hard = (
+        "unlimited" if n == resource.RLIM_INFINITY else str(n) for n in resource.getrlimit(resource.RLIMIT_NOFILE)
+    )
     try:
         opened = f"{len(os.listdir('/proc/self/fd')) - 1} are open; "
     except OSError:
@@ -99,10 +109,6 @@ def descriptor_error(what: str, exc: BaseException | None = None) -> TooManyOpen
         "and files open, or set TORCHRECORD_HANDOVER=value: batches then cross through the worker's pipe and "
         "use no descriptor",
     )
-
-
-def _limit(value: int) -> str:
-    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
 # -- the receiving side -------------------------------------------------------------------------
@@ -135,7 +141,8 @@ def _after_fork_in_child() -> None:
     _received.clear()  # the parent's workers never hand this process a batch
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def mapped_segments() -> int:
