@@ -305,11 +305,11 @@ def test_kept_batches_hold_no_descriptor(path: str) -> None:
     assert _changed(kept) == 0
 
 
-def _run(script: str, path: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     code = textwrap.dedent(script)
     environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     return subprocess.run(
-        [sys.executable, "-c", code, path], capture_output=True, text=True, timeout=180, env=environ, cwd=ROOT
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180, env=environ, cwd=ROOT
     )
 
 
@@ -340,7 +340,7 @@ def test_128_kept_batches_under_ulimit_100(path: str) -> None:
 
 
 _OUT_OF_DESCRIPTORS = """
-    import os, resource, sys
+    import os, sys
     import torch
     from torch.utils.data import DataLoader
     from torchrecord import RecordDataset, TooManyOpenFilesError
@@ -348,8 +348,11 @@ _OUT_OF_DESCRIPTORS = """
     held = []
 
     def no_descriptor_left(worker):
-        # the worker opens the set first, then has no descriptor left for a batch slot
+        # the worker reads a batch first (its file is then open; by value: no slot, or in a slot whose descriptor
+        # then waits for the main process), and then has no descriptor left
+        os.environ["TORCHRECORD_HANDOVER"] = sys.argv[2]
         next(iter(torch.utils.data.get_worker_info().dataset))
+        del os.environ["TORCHRECORD_HANDOVER"]
         while True:
             try:
                 held.append(os.open(os.devnull, os.O_RDONLY))
@@ -369,11 +372,19 @@ _OUT_OF_DESCRIPTORS = """
 """
 
 
-def test_running_out_of_descriptors_is_a_clear_error(path: str) -> None:
-    done = _run(_OUT_OF_DESCRIPTORS, path)
+@pytest.mark.parametrize(
+    ("first", "where"),
+    [
+        ("value", "a DataLoader worker making a batch slot"),  # memfd_create fails in the worker
+        ("slot", "sent no descriptor for a new batch slot"),  # the worker cannot send the descriptor it registered
+    ],
+)
+def test_running_out_of_descriptors_is_a_clear_error(path: str, first: str, where: str) -> None:
+    done = _run(_OUT_OF_DESCRIPTORS, path, first)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("ERROR"), done.stdout[-3000:] + done.stderr[-3000:]
-    for words in ("RLIMIT_NOFILE", "ulimit -n", "TORCHRECORD_HANDOVER=value", "keep fewer batches"):
+    for words in (where, "RLIMIT_NOFILE", "ulimit -n", "TORCHRECORD_HANDOVER=value", "keep fewer batches"):
         assert words in done.stdout
-    value = _run(_OUT_OF_DESCRIPTORS, path, TORCHRECORD_HANDOVER="value")  # the fix the message names
-    assert value.stdout.split() == ["READ", str(COUNT // BATCH)], value.stdout[-3000:] + value.stderr[-3000:]
+    if first == "value":  # the fix the message names
+        value = _run(_OUT_OF_DESCRIPTORS, path, first, TORCHRECORD_HANDOVER="value")
+        assert value.stdout.split() == ["READ", str(COUNT // BATCH)], value.stdout[-3000:] + value.stderr[-3000:]

@@ -32,6 +32,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # imported now: with no descriptor left, importing a module fails too
+    import resource
+except ImportError:  # not POSIX: no slots either
+    resource = None  # type: ignore[assignment]
+
 from torchrecord.errors import InternalError, TooManyOpenFilesError
 
 __all__ = [
@@ -91,8 +96,8 @@ def out_of_descriptors(exc: BaseException) -> bool:
 
 def descriptor_error(what: str, exc: BaseException | None = None) -> TooManyOpenFilesError:
     """The error for a handover that ran out of descriptors while ``what`` (a sentence's start)."""
-    import resource  # POSIX only, as slots are
-
+    if resource is None:
+        raise InternalError("batch slots need a POSIX system")
     soft, hard = (
         "unlimited" if n == resource.RLIM_INFINITY else str(n) for n in resource.getrlimit(resource.RLIMIT_NOFILE)
     )
@@ -100,7 +105,7 @@ def descriptor_error(what: str, exc: BaseException | None = None) -> TooManyOpen
         opened = f"{len(os.listdir('/proc/self/fd')) - 1} are open; "
     except OSError:
         opened = ""
-    cause = f" ({exc})" if exc is not None else ""
+    cause = f" ({exc})" if exc is not None and str(exc) else ""
     return TooManyOpenFilesError(
         errno.EMFILE,
         f"{what}: no file descriptor left{cause}. Process {os.getpid()} may open {soft} (RLIMIT_NOFILE; hard "
@@ -163,11 +168,13 @@ def receive(key: tuple[int, int, int], fd: Any, size: int, retired: list[Any]) -
             raise InternalError(f"a batch arrived from segment {key} of a worker, which this process never mapped")
         try:
             handle = fd.detach()
-        except (OSError, EOFError) as exc:  # EOFError: the worker sent no descriptor (it had none left)
-            if isinstance(exc, OSError) and not out_of_descriptors(exc):
+        except EOFError:  # the worker could not send it: its end of the connection failed
+            what = f"DataLoader worker process {key[0]} sent no descriptor for a new batch slot (it most likely has "
+            raise descriptor_error(what + "none left; it has this process's limit unless it changed it)") from None
+        except OSError as exc:
+            if not out_of_descriptors(exc):
                 raise
-            what = f"taking a batch slot from DataLoader worker process {key[0]} (which has the same limit)"
-            raise descriptor_error(what, exc) from None
+            raise descriptor_error(f"taking a batch slot from DataLoader worker process {key[0]}", exc) from None
         try:
             mapping = Received(handle, size)
         finally:

@@ -47,7 +47,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing import reduction
+from multiprocessing import reduction, resource_sharer  # noqa: F401  (DupFd's own lazy import needs a descriptor)
 from typing import Any
 
 import numpy as np
