@@ -350,9 +350,10 @@ _OUT_OF_DESCRIPTORS = """
     def no_descriptor_left(worker):
         # the worker reads a batch first (its file is then open; by value: no slot, or in a slot whose descriptor
         # then waits for the main process), and then has no descriptor left
+        setting = os.environ.get("TORCHRECORD_HANDOVER", "auto")
         os.environ["TORCHRECORD_HANDOVER"] = sys.argv[2]
         next(iter(torch.utils.data.get_worker_info().dataset))
-        del os.environ["TORCHRECORD_HANDOVER"]
+        os.environ["TORCHRECORD_HANDOVER"] = setting
         while True:
             try:
                 held.append(os.open(os.devnull, os.O_RDONLY))
