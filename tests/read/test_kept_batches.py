@@ -205,6 +205,9 @@ def test_pinned_batches_kept_across_fork_children(path: str) -> None:
 
 def _consume(queue: Any, answers: Any) -> None:
     """A consumer process: sums what the queue brings, after letting go of what it inherited and collecting."""
+    # One thread, as DataLoader workers do: a fork child's first OpenMP region hangs for good once the parent has
+    # used OpenMP's threads (GNU OpenMP is not fork-safe); this, not the batches, hung issue 38's forwarding run.
+    torch.set_num_threads(1)
     _drop_and_collect()
     while (batch := queue.get()) is not None:
         answers.put([float(v) for v in batch["x"].sum(dim=1)])
