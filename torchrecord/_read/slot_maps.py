@@ -44,6 +44,7 @@ __all__ = [
     "Received",
     "descriptor_error",
     "map_shared",
+    "mapped_keys",
     "mapped_segments",
     "out_of_descriptors",
     "pid",
@@ -153,6 +154,11 @@ if hasattr(os, "register_at_fork"):
 def mapped_segments() -> int:
     """How many worker segments this process has mapped (for tests and diagnostics)."""
     return len(_received)
+
+
+def mapped_keys() -> set[tuple[int, int, int]]:
+    """The keys (worker pid, worker nonce, segment number) of the segments this process has mapped (for tests)."""
+    return set(_received)
 
 
 def receive(key: tuple[int, int, int], fd: Any, size: int, retired: list[Any]) -> Received:

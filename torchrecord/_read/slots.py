@@ -55,7 +55,7 @@ import torch
 
 from torchrecord._core.structure import flatten, unflatten
 from torchrecord._read import slot_maps
-from torchrecord._read.slot_maps import mapped_segments
+from torchrecord._read.slot_maps import mapped_keys, mapped_segments
 
 __all__ = [
     "SlotBatch",
@@ -65,6 +65,7 @@ __all__ = [
     "dtype_of",
     "into_slot",
     "keep_spare",
+    "mapped_keys",
     "mapped_segments",
     "room",
     "worker_segments",
