@@ -64,6 +64,10 @@ ALLOWED_RAISES: dict[tuple[str, str], str] = {
     ("_write/publish.py", "raise OSError(err, os.strerror(err), temp)"): (
         "renameat2's other errors, as os.rename would raise them; as_write_error makes them a WriteError"
     ),
+    (
+        "_read/slot_maps.py",
+        'raise OSError(code, f"mmap of a {size}-byte shared-memory slot failed: {os.strerror(code)}")',
+    ): ("mmap(2) called through ctypes reports its error as the mmap module did before (an OSError with its errno)"),
     ("_core/varint.py", 'raise ValueError("varint too long")'): (
         "an internal signal: WireDecoder and the Expander catch it and hand the record to the checked protobuf "
         "path, which names it"

@@ -217,10 +217,12 @@ class WriteError(TorchRecordError, OSError):
 
 
 class TooManyOpenFilesError(TorchRecordError, OSError):
-    """The process has no file descriptor left (EMFILE) or the system none (ENFILE) to open a set.
+    """The process has no file descriptor left (EMFILE) or the system none (ENFILE) to open a set, or to hand
+    a batch over from a DataLoader worker in a shared-memory slot.
 
     Raised instead of blaming the file: close RecordFiles no longer needed
-    (``close()`` or a ``with`` block), or raise the limit (``ulimit -n``).
+    (``close()`` or a ``with`` block), or raise the limit (``ulimit -n``); for
+    the handover, ``TORCHRECORD_HANDOVER=value`` uses no descriptor.
     """
 
 

@@ -112,10 +112,10 @@ def test_workers_reuse_their_segments_across_epochs_of_bundles(tmp_path: Path) -
     ds = RecordDataset(path, batch_size=8, shuffle_buffer=16)
     loader = RecordLoader(ds, num_workers=2, bundle=8, persistent_workers=True)
 
-    earlier = set(slots._mappings)  # segments of workers of earlier tests (a pid may be reused)
+    earlier = slots.mapped_keys()  # segments of workers of earlier tests (a pid may be reused)
 
     def made() -> dict[tuple[int, int], int]:  # per worker, the highest segment number mapped (key: pid, nonce, n)
-        ours = [key for key in slots._mappings if key not in earlier]
+        ours = [key for key in slots.mapped_keys() if key not in earlier]
         return {(p, nonce): max(n for q, m, n in ours if (q, m) == (p, nonce)) for p, nonce, _ in ours}
 
     _epochs(loader, ds, range(1))  # every batch of the epoch kept, then let go

@@ -20,6 +20,21 @@ its shared header. A batch the user keeps stays valid for as long as it is
 kept: the worker takes another segment meanwhile (so keeping every batch costs
 the memory of every batch, as with torch's own handover). A batch that is never
 sent (used inside the worker) frees its segment when the worker lets go of it.
+
+Only the owner frees, once: the header is shared by every process forked from
+the main process (a fork child, a fork DataLoader worker of another loader), and
+each of them holds a copy of the batch's views. Each handover of a segment has a
+number (its generation), written in the header while the batch is out; the
+free is written only by the process that received the batch (its pid, kept by
+an ``os.register_at_fork`` hook) and only while the header still holds that
+handover's number. A copy dropped in another process, or a stale free of an
+earlier handover, changes nothing. Each handover is one pickle: a batch
+pickled a second time crosses as a plain batch.
+
+Descriptors: a segment is mapped without holding one
+(``torchrecord._read.slot_maps``); the worker keeps its segment's descriptor
+only until the main process took it with the first batch, so kept batches
+hold none, in either process.
 """
 
 from __future__ import annotations
@@ -27,19 +42,20 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
-import mmap
 import os
 import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing import reduction
+from multiprocessing import reduction, resource_sharer  # noqa: F401  (DupFd's own lazy import needs a descriptor)
 from typing import Any
 
 import numpy as np
 import torch
 
 from torchrecord._core.structure import flatten, unflatten
+from torchrecord._read import slot_maps
+from torchrecord._read.slot_maps import mapped_keys, mapped_segments
 
 __all__ = [
     "SlotBatch",
@@ -49,6 +65,7 @@ __all__ = [
     "dtype_of",
     "into_slot",
     "keep_spare",
+    "mapped_keys",
     "mapped_segments",
     "room",
     "worker_segments",
@@ -57,8 +74,6 @@ __all__ = [
 #: the segment's header: its state (one int64), padded so the data starts 64-byte aligned
 _HEADER = 64
 _ALIGN = 64
-#: a segment's state in its header
-_FREE, _SENT = 0, 1
 #: segments are sized in steps of this many bytes (a batch a little larger than the last fits)
 _GRANULE = 64 << 10
 #: free segments a worker keeps beyond the ones in use; more are closed (smallest first)
@@ -78,25 +93,50 @@ class _Segment:
 
     def __init__(self, capacity: int, nonce: int) -> None:
         self.capacity = capacity
-        self.key = (os.getpid(), nonce, next(self._ids))
-        self.fd = os.memfd_create("torchrecord-batch", getattr(os, "MFD_CLOEXEC", 0))
-        os.ftruncate(self.fd, _HEADER + capacity)
-        self.map = mmap.mmap(self.fd, _HEADER + capacity)
-        self.state = np.frombuffer(self.map, dtype=np.int64, count=1)
-        self.address = int(np.frombuffer(self.map, dtype=np.uint8, count=1).ctypes.data) + _HEADER
+        self.key = (slot_maps.pid(), nonce, next(self._ids))
+        try:
+            self.fd = os.memfd_create("torchrecord-batch", getattr(os, "MFD_CLOEXEC", 0))
+        except OSError as exc:
+            if slot_maps.out_of_descriptors(exc):
+                raise slot_maps.descriptor_error("a DataLoader worker making a batch slot", exc) from None
+            raise
+        try:
+            os.ftruncate(self.fd, _HEADER + capacity)
+            self.block = slot_maps.map_shared(self.fd, _HEADER + capacity)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.state = np.frombuffer(self.block, dtype=np.int64, count=1)
+        self.address = ctypes.addressof(self.block) + _HEADER
         self.local_views = False  # a batch built in this segment is still held in the worker
-        self.fd_sent = False
+        self.generation = 0  # handovers so far (the header holds the last one's while its batch is out)
+        self.handoff: Any = None  # the descriptor waiting for the main process (sent with the first batch)
 
     def is_free(self) -> bool:
-        return not self.local_views and int(self.state[0]) == _FREE
+        return not self.local_views and int(self.state[0]) == slot_maps.FREE
+
+    def ready_to_send(self) -> None:
+        """Register the descriptor for the main process to take with this segment's first batch, and close it
+        here. Done in the worker's own thread (not while the batch is pickled, in a queue's feeder thread), so
+        that running out of descriptors is an error the DataLoader reports."""
+        if self.fd < 0:
+            return
+        try:
+            self.handoff = reduction.DupFd(self.fd)
+        except OSError as exc:
+            if slot_maps.out_of_descriptors(exc):
+                raise slot_maps.descriptor_error("a DataLoader worker handing a batch slot over", exc) from None
+            raise
+        os.close(self.fd)
+        self.fd = -1
 
     def close(self) -> None:
-        try:
-            self.state = np.empty(1, np.int64)
-            self.map.close()
-        except BufferError:  # a view is still alive somewhere in this process: the map goes with it
-            pass
-        os.close(self.fd)
+        """Let the segment go: it is unmapped once no view of it is left in this process."""
+        self.state = np.empty(1, np.int64)
+        self.block = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class _Pool:
@@ -122,7 +162,8 @@ class _Pool:
                 segment = _Segment(-(-max(size, 1) // _GRANULE) * _GRANULE, self.nonce)
                 self.segments.append(segment)
             segment.local_views = True
-            spare = sorted((s for s in free if s is not segment), key=lambda s: s.capacity)
+            # a segment whose descriptor waits for the main process stays (closing it would leak that one)
+            spare = sorted((s for s in free if s is not segment and s.handoff is None), key=lambda s: s.capacity)
             for old in spare[: max(0, len(spare) - self.spare)]:
                 self.segments.remove(old)
                 self.retired.append(old.key)
@@ -135,7 +176,7 @@ _pool: _Pool | None = None
 
 def _worker_pool() -> _Pool:
     global _pool
-    if _pool is None or _pool.pid != os.getpid():  # a forked child never uses its parent's segments
+    if _pool is None or _pool.pid != slot_maps.pid():  # a forked child never uses its parent's segments
         _pool = _Pool()
     return _pool
 
@@ -149,7 +190,7 @@ def keep_spare(count: int) -> None:
 
 def worker_segments() -> int:
     """How many segments this process owns (for tests and diagnostics)."""
-    return len(_pool.segments) if _pool is not None and _pool.pid == os.getpid() else 0
+    return len(_pool.segments) if _pool is not None and _pool.pid == slot_maps.pid() else 0
 
 
 def _is_slot_leaf(leaf: Any) -> bool:
@@ -197,7 +238,7 @@ def allocate(rows: int, row_bytes: list[int]) -> list[np.ndarray]:
         end += -(-size // _ALIGN) * _ALIGN
     pool = _worker_pool()
     segment = pool.take(end)
-    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.block, _HEADER)
     weakref.finalize(owner, _let_go_locally, segment)
     base = np.frombuffer(owner, dtype=np.uint8)  # type: ignore[call-overload]
     pool.allocated = segment
@@ -215,7 +256,7 @@ def room(sizes: list[int]) -> Callable[[tuple[int, ...], torch.dtype], torch.Ten
     end = sum(-(-size // _ALIGN) * _ALIGN for size in sizes)
     pool = _worker_pool()
     segment = pool.take(end)
-    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.block, _HEADER)
     weakref.finalize(owner, _let_go_locally, segment)
     base = torch.from_numpy(np.frombuffer(owner, dtype=np.uint8))  # type: ignore[call-overload]
     pool.allocated = segment
@@ -267,7 +308,7 @@ def into_slot(batch: Any) -> Any:
     placed = _in_place(pool, leaves)
     if placed is not None:
         segment, specs = placed
-        ref = _SlotRef(segment, pool)
+        ref = _SlotRef.ready(segment, pool)
         if type(batch) is dict:
             return _SlotDict(batch, ref, tree, specs, leaves)
         return SlotBatch(batch, ref, tree, specs)
@@ -281,14 +322,14 @@ def into_slot(batch: Any) -> Any:
         else:
             specs.append((leaf,))
     segment = pool.take(end)
-    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.map, _HEADER)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.block, _HEADER)
     weakref.finalize(owner, _let_go_locally, segment)
     local = _views(owner, specs)
     for leaf, spec, view in zip(leaves, specs, local):
         if len(spec) > 1 and spec[1]:
             view.copy_(leaf)
     out = unflatten(tree, local)
-    ref = _SlotRef(segment, pool)
+    ref = _SlotRef.ready(segment, pool)
     if type(out) is dict:
         return _SlotDict(out, ref, tree, specs, local)
     return SlotBatch(out, ref, tree, specs)
@@ -306,16 +347,30 @@ class _SlotRef:
     pool: _Pool
     sent: bool = field(default=False)
 
-    def for_pickle(self) -> tuple[Any, ...]:
-        segment = self.segment
-        segment.state[0] = _SENT  # the main process frees it when its last view of the batch goes
-        fd = None
-        if not segment.fd_sent:
-            fd = reduction.DupFd(segment.fd)
-            segment.fd_sent = True
-        with self.pool.lock:
-            retired, self.pool.retired = self.pool.retired, []
-        return (segment.key, fd, segment.capacity, retired)
+    @classmethod
+    def ready(cls, segment: _Segment, pool: _Pool) -> _SlotRef:
+        """The reference of the batch just placed in ``segment``, its descriptor ready to go with it."""
+        segment.ready_to_send()
+        return cls(segment, pool)
+
+    def for_pickle(self) -> tuple[Any, ...] | None:
+        """What the main process rebuilds the batch from; None when this batch was handed over already (each
+        handover has one receiver, who alone frees it: a second pickle crosses as a plain batch)."""
+        segment, pool = self.segment, self.pool
+        with pool.lock:
+            if self.sent:
+                return None
+            self.sent = True
+            fd, segment.handoff = segment.handoff, None
+            segment.generation += 1
+            generation = segment.generation
+            segment.state[0] = generation  # out: only this handover's receiver frees it, when its last view goes
+            retired, pool.retired = pool.retired, []
+        return (segment.key, fd, segment.capacity, retired, generation)
+
+
+def _plain(batch: Any) -> Any:
+    return batch
 
 
 class SlotBatch:
@@ -325,7 +380,10 @@ class SlotBatch:
         self.batch, self._ref, self._tree, self._specs = batch, ref, tree, specs
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._ref.for_pickle(), self._tree, self._specs))
+        sent = self._ref.for_pickle()
+        if sent is None:
+            return (_plain, (self.batch,))
+        return (_rebuild, (sent, self._tree, self._specs))
 
 
 class _SlotDict(dict[str, Any]):
@@ -339,9 +397,10 @@ class _SlotDict(dict[str, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         ref, tree, specs, leaves = self._slot
-        if not _unchanged(self, tree, leaves):  # code in the worker changed the dict: pickle it as a plain one
+        sent = ref.for_pickle() if _unchanged(self, tree, leaves) else None
+        if sent is None:  # code in the worker changed the dict, or it crossed already: pickle it as a plain one
             return (dict, (dict(self),))
-        return (_rebuild, (ref.for_pickle(), tree, specs))
+        return (_rebuild, (sent, tree, specs))
 
     def __copy__(self) -> _SlotDict:  # DataLoader's default_convert copies the dict: keep the mark
         return _SlotDict(dict(self), *self._slot)
@@ -362,62 +421,14 @@ def _unchanged(batch: dict[str, Any], tree: Any, leaves: list[Any]) -> bool:
 
 
 # -- the main process's side --------------------------------------------------------------------
-class _Mapping:
-    """A worker's segment mapped in this process."""
-
-    def __init__(self, fd: int, capacity: int) -> None:
-        self.map = mmap.mmap(fd, _HEADER + capacity)
-        self.capacity = capacity
-        self.state = np.frombuffer(self.map, dtype=np.int64, count=1)
-
-
-_mappings: dict[tuple[int, int, int], _Mapping] = {}
-_mappings_lock = threading.Lock()
-
-
-def mapped_segments() -> int:
-    """How many worker segments this process has mapped (for tests and diagnostics)."""
-    return len(_mappings)
-
-
 def _rebuild(ref: tuple[Any, ...], tree: Any, specs: list[tuple[Any, ...]]) -> Any:
     """The plain batch of a slot reference: tensors that are views of the mapped segment."""
-    key, fd, capacity, retired = ref
-    with _mappings_lock:
-        for old in retired:
-            _mappings.pop(tuple(old), None)
-        mapping = _mappings.get(tuple(key))
-        if mapping is None:
-            if fd is None:
-                from torchrecord.errors import InternalError
-
-                raise InternalError(f"a batch arrived from segment {key} of a worker, which this process never mapped")
-            handle = fd.detach()
-            try:
-                mapping = _Mapping(handle, capacity)
-            finally:
-                os.close(handle)
-            _forget_dead_workers(exclude=key[0])
-            _mappings[tuple(key)] = mapping
+    key, fd, capacity, retired, generation = ref
+    mapping = slot_maps.receive(tuple(key), fd, _HEADER + capacity, retired)
     end = max((spec[0] + spec[1] for spec in specs if len(spec) > 1), default=0)
-    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(mapping.map, _HEADER)
-    weakref.finalize(owner, _free, mapping.state)
+    owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(mapping.block, _HEADER)
+    slot_maps.watch(owner, mapping.state, generation)
     return unflatten(tree, _views(owner, specs))
-
-
-def _free(state: np.ndarray) -> None:
-    state[0] = _FREE
-
-
-def _forget_dead_workers(exclude: int) -> None:
-    """Drop the mappings of workers that have exited (batches still held keep their own reference)."""
-    for key in [k for k in _mappings if k[0] != exclude]:
-        try:
-            os.kill(key[0], 0)
-        except ProcessLookupError:
-            del _mappings[key]
-        except PermissionError:
-            pass
 
 
 def _views(owner: Any, specs: list[tuple[Any, ...]]) -> list[Any]:
