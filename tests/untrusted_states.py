@@ -118,6 +118,27 @@ def build_targets(directory: str, points: int = 4) -> list[Target]:
     def stream_loader() -> Any:
         return torchrecord.StreamLoader(torchrecord.StreamDataset(grouped, batch_size=2, steps=3, seed=1))
 
+    def record_loader() -> Any:
+        return torchrecord.RecordLoader(torchrecord.RecordDataset(plain, batch_size=16, shuffle_buffer=64))
+
+    demos = os.path.join(directory, "demos.hdf5")
+    robo = os.path.join(directory, "demos.tr")
+    if not os.path.exists(robo):
+        from pathlib import Path
+
+        from tests.robomimic_files import write_demo_file
+        from torchrecord.convert import from_robomimic
+
+        write_demo_file(Path(demos), [9, 5, 14, 7], seed=2)
+        from_robomimic(demos, robo, progress=False)
+
+    def window() -> Any:
+        return torchrecord.WindowDataset(robo, ["pos"], ["actions"], seq_length=3, shuffle_buffer=8, batch_size=4)
+
+    def window_ids(item: Any) -> list[Any]:
+        pos = item["obs"]["pos"]
+        return [canonical(w) for w in pos] if pos.dim() == 3 else [canonical(pos)]
+
     def samples(t: Target) -> Target:
         t.split = _samples
         return t
@@ -160,6 +181,9 @@ def build_targets(directory: str, points: int = 4) -> list[Target]:
         ),
         (Target("stream", grouped, lambda: torchrecord.StreamDataset(grouped, batch_size=2, steps=3, seed=1)), None),
         (Target("stream_loader", grouped, stream_loader), None),
+        (Target("record_loader", plain, record_loader), None),
+        (Target("window", robo, window, split=window_ids), None),
+        (Target("window_position", robo, window, split=window_ids), torchrecord.loader_position),
         (Target("batch_iter", "BatchIter", lambda: torchrecord.BatchIter((rows,), batch_size=8, seed=3)), None),
         (
             Target(
@@ -173,7 +197,9 @@ def build_targets(directory: str, points: int = 4) -> list[Target]:
     for t, _ in targets:
         if t.name.startswith(("record", "mix")):
             samples(t)
-        if t.name.endswith("iter"):
+        if t.name == "record_loader":
+            t.split = lambda item: _samples(item)
+        if t.name.endswith(("iter", "loader")):  # a loader's state sets the epoch
             own_epoch(t)
     return [_collect(t, points, position) for t, position in targets]
 
@@ -234,10 +260,11 @@ def _near(value: Any) -> list[Any]:
 
 
 def _paths(state: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every field of a state: top-level keys, placement keys, and each cell of position rows."""
+    """Every field of a state: top-level keys, the keys of its plan, progress, base and (a loader's) position,
+    and each cell of position rows."""
     for key, value in state.items():
         yield (*prefix, key)
-        if isinstance(value, dict) and key in ("placement", "base"):
+        if isinstance(value, dict) and key in ("placement", "progress", "base", "plan", "position"):
             yield from _paths(value, (*prefix, key))
         if key in ("yielded", "readers") and isinstance(value, list):
             for i, row in enumerate(value[:2]):
@@ -273,9 +300,10 @@ def mutations(state: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
                 continue
             yield f"{name}={'<missing>' if value is MISSING else repr(value)[:40]}", _set(state, path, value)
     yield "extra key", {**state, "surprise": 1}
+    plan = state.get("plan")
     for key in ("sizes", "counts"):  # the sources swapped
-        if key in state:
-            yield f"{key} swapped", {**state, key: state[key][::-1]}
+        if isinstance(plan, dict) and key in plan:
+            yield f"plan.{key} swapped", {**state, "plan": {**plan, key: plan[key][::-1]}}
     for key in ("yielded", "readers"):  # the readers swapped or one renamed
         rows = state.get(key)
         if isinstance(rows, list) and rows:

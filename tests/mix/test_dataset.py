@@ -18,8 +18,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import assert_exactly_once
 from torchrecord import MixedDataset, RecordFile, loader_position, write_record
-from torchrecord._mix.mixer import window_target
 from torchrecord._mix.source import Chunk, FileSource
+from torchrecord._order.mix_parts import window_target
 from torchrecord._order.mix_plan import order_block, reader_units, source_seed, stream_runs
 from torchrecord.errors import SchemaError, VariableShapeWarning
 
@@ -252,7 +252,7 @@ def test_all_once_with_weights_resumes_elastically(sets: list[str]) -> None:
             before += _labels(next(it))
         states.append(ds.state_dict())
     position = json.loads(json.dumps(loader_position(states)))
-    assert position["rates"] == ["1/2", "1/6", "1/6", "1/6"]
+    assert position["plan"]["rates"] == ["1/2", "1/6", "1/6", "1/6"]
     ds = MixedDataset(sets, **kw)
     ds.load_state_dict(position)
     assert_exactly_once(_as_index(before + _epoch(ds)), TOTAL)
@@ -629,7 +629,7 @@ def test_windows_follow_the_ramp_up(sets: list[str]) -> None:
     plan_units = reader_units(ds.plan())
     sizes: dict[int, int] = {}
     for _ in ds:
-        placement = ds.state_dict()["placement"]
+        placement = ds._live["mixer"].placement.to_state()  # type: ignore[index]
         members = [u for a, b in placement["members"] for u in range(a, b)]
         sizes[placement["window"]] = int(plan_units.length[members].sum())
     assert len(sizes) > 6
@@ -691,7 +691,7 @@ def test_resume_in_the_middle_of_the_ramp_up(sets: list[str], policy: str, stop:
     it = iter(ds)
     before = [_labels(next(it)) for _ in range(stop)]
     state = json.loads(json.dumps(ds.state_dict()))
-    assert window_target(state["placement"]["window"] + 1, 128, 8) < 128  # still ramping up
+    assert window_target(ds._live["mixer"].placement.window + 1, 128, 8) < 128  # type: ignore[index]
     del it
     resumed = MixedDataset(sets, **kw)
     resumed.load_state_dict(state)
@@ -808,42 +808,47 @@ def test_mixed_shuffle_false_keeps_each_window_in_draw_order(sets: list[str]) ->
     ds = MixedDataset(sets, shuffle=False, **kw)
     plain = _epoch(ds)
     shuffled = _epoch(MixedDataset(sets, **kw))
-    assert sorted(plain) == sorted(shuffled) and plain != shuffled  # the same samples, another order
+    assert len(plain) == len(shuffled) and plain != shuffled  # as many samples, another order
+    ds.set_epoch(1)
+    assert _epoch(ds) == plain  # one fixed order: every epoch the same
     files = [RecordFile(p) for p in sets]
     units = reader_units(ds.plan(), batch_size=8)
     planned = []
     for s, lo, n in zip(units.source.tolist(), units.stream.tolist(), units.length.tolist()):
         info = ds.infos[s]
         block = order_block(info.count, 4, info.samples_per_record)
-        for a, b in stream_runs(info.count, block, source_seed(3, s), lo, lo + n):
+        for a, b in stream_runs(info.count, block, source_seed(3, s), lo, lo + n, shuffle=False):
             planned += [int(files[s][i][1]) for i in range(a, b)]
     assert plain == planned
 
 
-def test_a_fresh_epoch_does_not_go_through_resume_code(sets: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import torchrecord._mix.dataset as mix_dataset
+def test_only_an_elastic_resume_rebuilds_what_a_position_left(sets: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchrecord._order.plan import EpochPlan
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("a fresh epoch went through the resume module")
+        raise AssertionError("the rest of a position was rebuilt")
 
-    monkeypatch.setattr(mix_dataset, "reader_units_of", refuse)
+    monkeypatch.setattr(EpochPlan, "rest", refuse)
     ds = MixedDataset(sets, batch_size=8, draw_size=4)
-    assert sorted(_epoch(ds)) == sorted(LABELS)
+    assert sorted(_epoch(ds)) == sorted(LABELS)  # a fresh epoch
     it = iter(ds)
     next(it)
     state = ds.state_dict()
     resumed = MixedDataset(sets, batch_size=8, draw_size=4)
     resumed.load_state_dict(state)
-    with pytest.raises(AssertionError, match="resume module"):
-        next(iter(resumed))  # a loaded state does take the resume path
+    assert len(_epoch(resumed)) == TOTAL - 8  # the same reader: its own part, from where it stopped
+    elastic = MixedDataset(sets, batch_size=8, draw_size=4)
+    elastic.load_state_dict(elastic.position_after(1, num_workers=2))
+    with pytest.raises(AssertionError, match="rebuilt"):
+        next(iter(elastic))  # another number of workers: what the position left
 
 
-def test_old_state_with_block_is_refused_clearly(sets: list[str]) -> None:
+def test_old_state_layout_is_refused_clearly(sets: list[str]) -> None:
     ds = MixedDataset(sets, batch_size=8, draw_size=4)
     state = ds.state_dict()
-    old = {k: v for k, v in state.items() if k != "draw_size"}
-    old["block"] = 4
-    with pytest.raises(ValueError, match=r"older torchrecord.*'block', now 'draw_size'"):
+    old = {k: v for k, v in state.items() if k != "plan"}
+    old.update(block=4, version=1)
+    with pytest.raises(ValueError, match=r"version 1, saved by an older torchrecord"):
         ds.load_state_dict(old)
 
 
@@ -856,12 +861,12 @@ def _crafted_mix(paths: list[str], placement: dict[str, Any]) -> list[Any]:
     from torchrecord.errors import ResumeStateError
 
     def run() -> list[Any]:
-        ds = MixedDataset(paths, draw_size=4, shuffle_buffer=32)
+        ds = MixedDataset(paths, draw_size=4, shuffle_buffer=32, policy="ready")
         it = iter(ds)
         first = [int(next(it)[1]) for _ in range(105)]
         state = json.loads(json.dumps(ds.state_dict()))
-        state["placement"].update(placement)
-        resumed = MixedDataset(paths, draw_size=4, shuffle_buffer=32)
+        state["progress"].update(placement)
+        resumed = MixedDataset(paths, draw_size=4, shuffle_buffer=32, policy="ready")
         try:
             resumed.load_state_dict(state)
             rest = [int(s[1]) for s in resumed]
@@ -876,11 +881,11 @@ def _crafted_mix(paths: list[str], placement: dict[str, Any]) -> list[Any]:
 def test_a_crafted_placement_of_a_billion_units_is_refused_before_allocating(sets: list[str]) -> None:
     status, error, *value = _crafted_mix(sets, {"members": [[0, 10**9]]})
     assert status == "returned", (status, error)  # it allocated until the memory limit
-    assert value[0] == "refused" and "placement.members=[[0, 1000000000]]" in value[1], value
+    assert value[0] == "refused" and "placement.members [[0, 1000000000]]" in value[1], value
     assert "not within the" in value[1] and "units of the reader" in value[1]
 
 
 def test_a_crafted_placement_of_another_window_is_refused(sets: list[str]) -> None:
     assert _crafted_mix(sets, {})[2:] == ["resumed", len(LABELS) - 105, True]
     status, _, *value = _crafted_mix(sets, {"members": [[7, 16]]})  # resumed wrong, without an error
-    assert status == "returned" and value[0] == "refused" and "placement.members=[[7, 16]]" in value[1], value
+    assert status == "returned" and value[0] == "refused" and "placement.members [[7, 16]]" in value[1], value

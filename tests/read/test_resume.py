@@ -234,7 +234,8 @@ def test_state_is_small_and_does_not_grow_with_the_set(tmp_path: Any) -> None:
         next(it)
         state = ds.state_dict()
         text = json.dumps(state)
-        assert all(isinstance(v, (int, str, bool)) or v is None for v in state.values())
+        assert all(isinstance(v, (int, str, bool)) or v is None for k, v in state.items() if k != "plan")
+        assert all(isinstance(v, (int, str, bool)) or v is None for v in state["plan"].values())
         sizes.append(len(text))
     assert max(sizes) < 1024
     assert abs(sizes[0] - sizes[1]) <= 8, sizes  # only the digits of the counts differ
@@ -246,11 +247,12 @@ def test_resume_near_the_end_reads_at_most_one_window(sets: dict[int, str]) -> N
     state["yielded"] = 18  # one batch before the end
     ds2 = RecordDataset(sets[1], batch_size=16, shuffle_buffer=64)
     ds2.load_state_dict(state)
-    share, start = ds2._resume_share(ds2.share(), 0, 1)
+    share = ds2.share()
     reader = ShareReader(ds2.file, share, layout=ds2._fixed_layout())
-    rest = list(reader.chunks(16, start * 16))
+    rest = list(reader.chunks(16, 18 * 16))
     assert sum(len(c[1]) for c in rest) == COUNT - 18 * 16
     assert reader.records_read <= share.window
+    assert sum(len(labels) for _, labels in ds2) == COUNT - 18 * 16
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -277,7 +279,7 @@ def test_state_of_another_set_or_newer_version_is_refused(sets: dict[int, str], 
         RecordDataset(other).load_state_dict(state)
     with pytest.raises(ValueError, match="upgrade torchrecord"):
         RecordDataset(sets[1]).load_state_dict({**state, "version": 99})
-    with pytest.raises(ValueError, match="not a torchrecord"):
+    with pytest.raises(ValueError, match=r"no torchrecord\.RecordDataset state found"):
         RecordDataset(sets[1]).load_state_dict({"epoch": 0})
 
 
@@ -291,7 +293,7 @@ def test_a_single_worker_state_on_another_reader_is_refused(sets: dict[int, str]
 
 
 def test_loader_position_errors() -> None:
-    with pytest.raises(ValueError, match="no RecordDataset state"):
+    with pytest.raises(ValueError, match="no torchrecord reader state found"):
         loader_position({"something": 1})
 
 
@@ -334,67 +336,73 @@ def test_a_real_state_and_its_position_resume_exactly(plain: str) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "reason"),
     [
-        ("yielded", 500, "share of the epoch holds 200 samples"),  # yielded nothing
-        ("count", 10, "this one has 200"),  # yielded nothing
+        ("yielded", 500, "has 200 items"),  # yielded nothing
+        ("plan.count", 10, "this dataset has 200"),  # yielded nothing
         ("yielded", 37.9, "must be an integer, not float"),  # was rounded
         ("yielded", True, "not a bool"),
-        ("epoch", 0.9, "integer >= 0"),
-        ("epoch", "0", "integer >= 0"),
-        ("version", 0, "from 1 to 1"),
-        ("version", -3, "from 1 to 1"),
-        ("version", True, "from 1 to 1"),
+        ("epoch", 0.9, "must be an integer"),
+        ("epoch", "0", "must be an integer"),
+        ("epoch", 2**63, "must be <= 9223372036854775807"),
+        ("version", 0, "from 1 to 2"),
+        ("version", -3, "from 1 to 2"),
+        ("version", True, "from 1 to 2"),
         ("num_workers", 0, "must be >= 1"),
-        ("block_size", 0, "this one has"),
+        ("plan.block_size", 0, "this dataset has"),
         ("rank", 3, "the last rank of its world_size"),
-        ("seed", -1, "this one has 0"),
-        ("shuffle", 1, "this one has True"),
+        ("plan.seed", -1, "this dataset has 0"),
+        ("plan.shuffle", 1, "this dataset has True"),
+        ("rotate", 1, "below its num_workers"),
     ],
 )
 def test_a_crafted_state_is_refused_naming_the_path_and_field(plain: str, field: str, value: Any, reason: str) -> None:
     state, _ = _after_37(plain)
+    crafted = json.loads(json.dumps(state))
+    key = field.split(".")[-1]
+    (crafted["plan"] if field.startswith("plan.") else crafted)[key] = value
     with pytest.raises(ResumeStateError) as info:
-        _resume(plain, {**state, field: value})
+        _resume(plain, crafted)
     message = str(info.value)
-    assert plain in message and f"{field}=" in message and reason in message, message
+    assert plain in message and f"{key}=" in message and reason in message, message
 
 
 @pytest.mark.parametrize(
-    ("yielded", "reason"),
+    ("readers", "reason"),
     [
-        ([[3, 0, 37]], "not one of the run's 1 ranks x 1 workers"),  # replayed the 37
-        ([[0, 0, 37], [0, 0, 1]], "listed twice"),
-        ([[0, 0, 201]], "holds 200 samples"),
-        (5, "must be a list of [rank, worker, items] rows"),  # 'int' object is not iterable
-        ([[0, 0]], "is not a list [rank, worker, items]"),
-        ([[0, 0, "37"]], "items '37' must be an integer"),
+        ([[3, 0, 37]], "rank 3 must be <= 0"),  # replayed the 37
+        ([[0, 0, 37], [0, 0, 1]], "the run has 1 readers"),
+        ([[0, 0, 201]], "has 200 items"),
+        (5, "must be a non-empty list of [rank, worker, yielded] rows"),  # 'int' object is not iterable
+        ([[0, 0]], "a row is [rank, worker, yielded]"),
+        ([[0, 0, "37"]], "yielded '37' must be an integer"),
     ],
 )
-def test_a_crafted_position_is_refused_naming_the_path_and_field(plain: str, yielded: Any, reason: str) -> None:
+def test_a_crafted_position_is_refused_naming_the_path_and_field(plain: str, readers: Any, reason: str) -> None:
     state, _ = _after_37(plain)
-    position = {**loader_position([state]), "yielded": yielded}
+    position = {**loader_position([state]), "readers": readers}
     with pytest.raises(ResumeStateError) as info:
         _resume(plain, position)
     message = str(info.value)
-    assert plain in message and "yielded" in message and reason in message, message
+    assert plain in message and "readers" in message and reason in message, message
 
 
 def test_an_elastic_position_must_name_every_reader(plain: str) -> None:
     states = []
     for worker in range(2):  # the two workers of one rank, as a StatefulDataLoader saves them
-        ds = RecordDataset(plain, shuffle_buffer=64)
-        ds._iter_epoch = 0
-        state = ds.state_dict()
-        states.append({**state, "worker": worker, "num_workers": 2, "worker_unit": ds._unit(2)})
+        state = RecordDataset(plain, shuffle_buffer=64).state_dict()
+        states.append({**state, "worker": worker, "num_workers": 2})
     position = loader_position(states)
     assert len(_resume(plain, position)) == 200  # nothing yielded yet: the whole epoch on one reader
     with pytest.raises(ResumeStateError, match=r"reader \(rank 0, worker 1\) .* is missing"):
-        _resume(plain, {**position, "yielded": position["yielded"][:1]})
+        _resume(plain, {**position, "readers": position["readers"][:1]})
 
 
 def test_unknown_and_missing_keys_are_refused(plain: str) -> None:
     state, _ = _after_37(plain)
     with pytest.raises(ResumeStateError, match=r"surprise=1: .* no such key"):
         _resume(plain, {**state, "surprise": 1})
-    del state["window"]
-    with pytest.raises(ResumeStateError, match=r"window=None: the key is missing"):
+    del state["plan"]["window"]
+    with pytest.raises(ResumeStateError, match=r"plan.window=None: the key is missing"):
+        _resume(plain, state)
+    del state["yielded"]
+    with pytest.raises(ResumeStateError, match=r"yielded=None: the key is missing"):
         _resume(plain, state)

@@ -299,15 +299,10 @@ def test_frames_of_different_structures_are_named(stream_set: str) -> None:
 def test_resume_with_another_number_of_workers_continues_identically(stream_set: str) -> None:
     ds = StreamDataset(stream_set, batch_size=B, steps=2, seed=4)
     reference = [b["sequence"].tolist() for b in ds]
-    states = []
-    for worker in range(2):  # two workers, 7 batches delivered: worker 0 made 4, worker 1 made 3
-        part = StreamDataset(stream_set, batch_size=B, steps=2, seed=4)
-        it = part.batches(worker, 2)
-        for _ in range(4 if worker == 0 else 3):
-            next(it)
-        states.append(json.loads(json.dumps(part.state_dict())))
     resumed = StreamDataset(stream_set, batch_size=B, steps=2, seed=4)
-    resumed.load_state_dict({"workers": states})
+    position = resumed.position_after(7, num_workers=2)  # two workers handed out 7 batches: 4 and 3
+    assert [row[2] for row in position["readers"]] == [4, 3]
+    resumed.load_state_dict(json.loads(json.dumps(position)))
     loader = DataLoader(resumed, batch_size=None, num_workers=3, multiprocessing_context="fork")
     assert [b["sequence"].tolist() for b in loader] == reference[7:]
 
@@ -455,9 +450,9 @@ def test_streams_refuse_positional_batch_size_and_old_tail_states(stream_set: st
     with pytest.raises(TypeError):
         StreamDataset(stream_set, batch_size=B, tail="drop")  # type: ignore[call-arg]
     ds = StreamDataset(stream_set, batch_size=B, drop_last=True)
-    old = {k: v for k, v in ds.state_dict().items() if k != "drop_last"}
-    old["tail"] = "drop"
-    with pytest.raises(ValueError, match=r"older torchrecord.*'tail', now 'drop_last'"):
+    old = {k: v for k, v in ds.state_dict().items() if k != "plan"}
+    old.update(tail="drop", version=1)
+    with pytest.raises(ValueError, match=r"version 1, saved by an older torchrecord"):
         ds.load_state_dict(old)
 
 
@@ -467,14 +462,14 @@ def test_streams_refuse_positional_batch_size_and_old_tail_states(stream_set: st
 @pytest.mark.parametrize(
     ("field", "value", "reason"),
     [
-        ("next_step", -1, "must be >= 0"),  # yielded 11 batches of a 10-batch epoch
-        ("next_step", 10**12, "the epoch has"),  # yielded none (an IndexError in another run)
-        ("next_step", 2.0, "not float"),
-        ("next_step", True, "not a bool"),
-        ("worker", 5, "must be a worker of num_workers=1"),
+        ("yielded", -1, "must be >= 0"),
+        ("yielded", 10**12, "has"),  # yielded none (an IndexError in another run)
+        ("yielded", 2.0, "not float"),
+        ("yielded", True, "not a bool"),
+        ("worker", 5, "the last worker of its num_workers"),
         ("num_workers", 0, "must be >= 1"),
-        ("steps", True, "steps=True, this dataset has 4"),
-        ("epoch", 0.5, "integer >= 0"),
+        ("plan.steps", True, "steps=True, this dataset has 4"),
+        ("epoch", 0.5, "must be an integer"),
     ],
 )
 def test_a_crafted_stream_state_is_refused_naming_the_path_and_field(
@@ -488,10 +483,10 @@ def test_a_crafted_stream_state_is_refused_naming_the_path_and_field(
     fresh = StreamDataset(stream_set, batch_size=3, steps=4)
     fresh.load_state_dict(state)
     assert len(list(fresh)) == whole - 1
+    crafted = json.loads(json.dumps(state))
+    key = field.split(".")[-1]
+    (crafted["plan"] if field.startswith("plan.") else crafted)[key] = value
     with pytest.raises(ResumeStateError) as info:
-        fresh.load_state_dict({**state, field: value})
+        fresh.load_state_dict(crafted)
     message = str(info.value)
-    assert stream_set in message and f"{field}=" in message and reason in message, message
-    loader = StreamLoader(StreamDataset(stream_set, batch_size=3, steps=4))
-    with pytest.raises(ResumeStateError, match=f"{field}="):
-        loader.load_state_dict({**loader.state_dict(), field: value})
+    assert stream_set in message and f"{key}=" in message and reason in message, message

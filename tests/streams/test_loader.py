@@ -1,4 +1,4 @@
-"""StreamLoader: bundles of consecutive batches from real DataLoader workers, the dataset's batches in order."""
+"""StreamLoader (the name RecordLoader has for streams): bundles of batches from real workers, in order."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from tests.streams.test_dataset import LENGTHS, _sequences
-from torchrecord import StreamDataset, StreamLoader, write_record
+from torchrecord import RecordLoader, StreamDataset, StreamLoader, write_record
 
 B = 4
 
@@ -78,7 +78,8 @@ def test_resume_continues_with_another_number_of_workers(packed_set: str) -> Non
         if len(taken) == 11:
             state = loader.state_dict()
             break
-    assert state["next_step"] == 11
+    assert state["batches"] == 11
+    assert sum(row[2] for row in state["position"]["readers"]) == 11
     for workers, bundle in ((0, None), (3, 2)):
         resumed = StreamLoader(
             StreamDataset(packed_set, batch_size=B, steps=1, seed=4), num_workers=workers, bundle=bundle
@@ -97,13 +98,16 @@ def test_a_state_for_other_streams_is_refused(packed_set: str) -> None:
 
 def test_arguments_are_checked(packed_set: str, tmp_path: Path) -> None:
     ds = StreamDataset(packed_set, batch_size=B)
-    with pytest.raises(ValueError, match="does not take batch_size, shuffle"):
-        StreamLoader(ds, num_workers=2, batch_size=4, shuffle=True)
-    with pytest.raises(ValueError, match="bundle must be >= 1"):
+    assert StreamLoader is RecordLoader
+    with pytest.raises(ValueError, match="does not take shuffle"):
+        StreamLoader(ds, num_workers=2, shuffle=True)
+    with pytest.raises(ValueError, match=r"RecordLoader\(batch_size=4\) is for per-sample mode"):
+        StreamLoader(ds, num_workers=2, batch_size=4)
+    with pytest.raises(ValueError, match="bundle must be an integer >= 1"):
         StreamLoader(ds, bundle=0)
-    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 0"):
         StreamLoader(ds, num_workers=-1)
-    with pytest.raises(TypeError, match="reads a StreamDataset"):
+    with pytest.raises(TypeError, match="reads torchrecord's reader datasets"):
         StreamLoader([1, 2, 3])  # type: ignore[arg-type]
 
 

@@ -4,31 +4,29 @@ from __future__ import annotations
 
 import hashlib
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
-import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from torchrecord._mix.mixer import Mixer, Picked
 from torchrecord._mix.placement import Placement, placement_problem
 from torchrecord._mix.source import FileSource, Source, SourceInfo, shared_schema
+from torchrecord._mix.stats import StatsBoard, figures_of
 from torchrecord._order import mix_plan as _mix_plan
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _order
 from torchrecord._order.mix_parts import MixEpochPlan, MixPart
 from torchrecord._order.plan import Part
 from torchrecord._read import rules as r
-from torchrecord._read.base import ReaderDataset, check_choice, in_worker
-from torchrecord._read.items import Items
+from torchrecord._read.base import ReaderDataset, in_worker
+from torchrecord._read.options import check_choice, integer
 from torchrecord._read.state import Start
 from torchrecord._shards.open import SetLike
 from torchrecord._store.checked import Check
-from torchrecord.errors import ArgumentError, ResumeStateError, TorchRecordWarning
+from torchrecord.errors import ArgumentError
 
 __all__ = ["MixedDataset"]
 
@@ -186,27 +184,22 @@ class MixedDataset(ReaderDataset):
         check_choice("stop", stop, _mix_plan.STOPS)
         if isinstance(weights, str):
             check_choice("weights", weights, ("size", "uniform"))
-        for name, value in (
-            ("draw_size", draw_size),
-            ("max_defer", max_defer),
-            ("threads", threads),
-            ("read_ahead_bytes", read_ahead_bytes),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ArgumentError(f"{name} must be an integer >= 1, got {value!r}")
-        if isinstance(sources, Mapping):
-            names = [str(k) for k in sources]
-            given = list(sources.values())
-        else:
-            given = list(sources)
-            names = []
-        if not given:
-            raise ArgumentError("sources is empty: give at least one record set")
-        self.sources: list[Source] = [s if isinstance(s, Source) else FileSource(s, check=self.check) for s in given]
-        with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
-            self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
-        self.names = names or [info.name for info in self.infos]
-        self.schema, self.fixed = shared_schema(self.infos, self.names)
+        counts = {"draw_size": draw_size, "max_defer": max_defer, "threads": threads}
+        for name, value in {**counts, "read_ahead_bytes": read_ahead_bytes}.items():
+            integer(name, value, 1, none=False)
+        self._open_sources(sources)
+        self._weigh(weights, stop, epoch_size)
+        self.stop, self.epoch_size, self.policy, self.draw_size = stop, epoch_size, policy, int(draw_size)
+        self.tag_source = tag_source
+        self.max_defer, self.read_ahead_bytes, self.threads = max_defer, read_ahead_bytes, threads
+        self.set_id = "mix-" + hashlib.sha256("\n".join(i.set_id for i in self.infos).encode()).hexdigest()[:32]
+        self._plan_cache: MixEpochPlan | None = None
+        self._live: dict[str, Any] | None = None  # the current iteration (this process)
+        self._unyielded = 0  # samples of the current chunk not yet yielded (sample mode)
+        self._board = StatsBoard(len(self.sources))  # the workers' figures, for stats() in the main process
+
+    def _weigh(self, weights: Any, stop: str, epoch_size: int | None) -> None:
+        """The epoch's exact count per source (and the draw rates, where the weights are not the sizes' shares)."""
         sizes = [info.count for info in self.infos]
         fractions = _mix_plan.normalize_weights(weights, sizes, self.names)
         self.counts = _mix_plan.epoch_counts(sizes, fractions, stop, epoch_size)
@@ -214,15 +207,18 @@ class MixedDataset(ReaderDataset):
         all_once = stop == "all_once" and epoch_size is None
         self._rates = _mix_plan.draw_rates(self.counts, fractions) if all_once else None
         self.weights = [float(w) for w in fractions]
-        self.stop, self.epoch_size, self.policy, self.draw_size = stop, epoch_size, policy, int(draw_size)
-        self.tag_source = tag_source
-        self.max_defer, self.read_ahead_bytes, self.threads = max_defer, read_ahead_bytes, threads
-        digest = hashlib.sha256("\n".join(info.set_id for info in self.infos).encode()).hexdigest()
-        self.set_id = "mix-" + digest[:32]
-        self._plan_cache: MixEpochPlan | None = None
-        self._live: dict[str, Any] | None = None  # the current iteration (this process)
-        self._unyielded = 0  # samples of the current chunk not yet yielded (sample mode)
-        self._board = _StatsBoard(len(self.sources))  # the workers' figures, for stats() in the main process
+
+    def _open_sources(self, sources: Sequence[SetLike | Source] | Mapping[str, SetLike | Source]) -> None:
+        """The sources (record sets opened as :class:`FileSource`), described at once, their names and schema."""
+        names = [str(k) for k in sources] if isinstance(sources, Mapping) else []
+        given = list(sources.values()) if isinstance(sources, Mapping) else list(sources)
+        if not given:
+            raise ArgumentError("sources is empty: give at least one record set")
+        self.sources: list[Source] = [s if isinstance(s, Source) else FileSource(s, check=self.check) for s in given]
+        with ThreadPoolExecutor(max_workers=min(16, len(self.sources))) as pool:  # cold sources open at once
+            self.infos: list[SourceInfo] = list(pool.map(lambda s: s.describe(), self.sources))
+        self.names = names or [info.name for info in self.infos]
+        self.schema, self.fixed = shared_schema(self.infos, self.names)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -241,6 +237,7 @@ class MixedDataset(ReaderDataset):
         return sum(self.counts)
 
     STATE_KIND = "torchrecord.MixedDataset"
+    RESUME_ADVICE = "resume with the same sources, weights, stop rule, draw_size, seed and shuffle"
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
         "sizes": "its sources' sizes",
         "counts": "its samples per source and epoch (weights, stop, epoch_size)",
@@ -363,7 +360,7 @@ class MixedDataset(ReaderDataset):
 
             def post() -> None:
                 if row is not None:
-                    self._board.post(row, self._figures(live))
+                    self._board.post(row, figures_of(live["mixer"], live["first"]))
 
         for count, item in enumerate(items, start=1):
             if live["first"] is None:
@@ -374,21 +371,8 @@ class MixedDataset(ReaderDataset):
         if post is not None:
             post()
 
-    def _items(self) -> Items:
-        """How this dataset turns mixed chunks into samples or batches: the one path of every reader."""
-        return Items(
-            self._where(),
-            self.schema,
-            transform=self.transform,
-            collate_fn=self.collate_fn,
-            batch_transform=self.batch_transform,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            room=self._stack_room(),
-        )
-
     def _samples(self, mixer: Mixer) -> Iterator[Any]:
-        items, tag = self._items(), self.tag_source
+        items, tag = self._items(self._where(), self.schema), self.tag_source
         for picked in mixer.chunks(_SAMPLE_MODE_BATCH, cross=False):
             chunk, fixed = _chunk_of(picked)
             sources = picked.source.tolist()
@@ -400,7 +384,7 @@ class MixedDataset(ReaderDataset):
     def _batches(self, mixer: Mixer) -> Iterator[Any]:
         size = self.batch_size
         assert size is not None
-        items = self._items()
+        items = self._items(self._where(), self.schema)
         for picked in mixer.chunks(size):
             if len(picked) < size and self.drop_last:
                 return
@@ -424,21 +408,14 @@ class MixedDataset(ReaderDataset):
         problem = placement_problem(progress, part.units.length, window=part.window, step=part.step, exact=False)
         return None if problem is None else f"{problem[0]} {r.show(problem[1])}: {problem[2]}"
 
-    def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
-        """As :meth:`RecordDataset.position_after`; ``policy="exact"`` only (see the raise).
-
-        Raises:
-            ResumeStateError: ``policy="ready"`` places draws as they are read, so a count of
-                batches does not say which were handed out: save the dataset's own
-                ``state_dict`` (0 workers) or a torchdata ``StatefulDataLoader``'s state.
-        """
-        if self.policy == "ready":
-            raise ResumeStateError(
-                f"{self._where()}: with policy='ready' draws are placed as they are read, so the batches a loader "
-                "handed out do not give the position: save the dataset's state_dict() (0 workers), a torchdata "
-                "StatefulDataLoader's state, or use policy='exact'"
-            )
-        return super().position_after(batches, num_workers=num_workers, loader_batch_size=loader_batch_size)
+    def _count_problem(self) -> str | None:
+        if self.policy != "ready":
+            return None
+        return (
+            "with policy='ready' draws are placed as they are read, so the batches a loader handed out do not give "
+            "the position: save the dataset's state_dict() (0 workers), a torchdata StatefulDataLoader's state, "
+            "or use policy='exact'"
+        )
 
     # -- statistics ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -466,7 +443,7 @@ class MixedDataset(ReaderDataset):
         if board is not None:
             figures = board
         elif live is not None:
-            figures = self._figures(live)
+            figures = figures_of(live["mixer"], live["first"])
         else:
             return {
                 "first_batch_seconds": None,
@@ -495,20 +472,6 @@ class MixedDataset(ReaderDataset):
             "workers": figures.workers,
         }
 
-    def _figures(self, live: dict[str, Any]) -> _Figures:
-        """This process's figures of its current iteration."""
-        mixer: Mixer = live["mixer"]
-        return _Figures(
-            first=live["first"],
-            draws=[int(x) for x in mixer.reader.units_read],
-            reads=[int(x) for x in mixer.reader.reads],
-            waits=int(mixer.reader.waits),
-            wait_seconds=float(mixer.reader.wait_seconds),
-            deferrals=int(mixer.deferrals),
-            handed=[int(x) for x in mixer.handed.tolist()],
-            workers=0,
-        )
-
 
 def _chunk_of(picked: Picked) -> tuple[Any, bool]:
     """(chunk, fixed) of a mixed chunk: its typed columns, or its decoded samples."""
@@ -516,96 +479,3 @@ def _chunk_of(picked: Picked) -> tuple[Any, bool]:
         return picked.columns, True
     assert picked.samples is not None
     return picked.samples, False
-
-
-@dataclass
-class _Figures:
-    """One reader's (or several workers' added) statistics."""
-
-    first: float | None
-    draws: list[int]
-    reads: list[int]
-    waits: int
-    wait_seconds: float
-    deferrals: int
-    handed: list[int]
-    workers: int
-
-
-#: DataLoader workers per process whose figures the board holds (a row each).
-_BOARD_ROWS = 64
-_HEAD = 6  # int columns before the per-source ones: key, epoch + 1, workers, waits, deferrals, posted
-
-
-class _StatsBoard:
-    """Shared memory where each DataLoader worker posts its figures, for ``stats()`` in the main process.
-
-    Made in the main process with the dataset, so forked workers share it and
-    spawned ones receive it (torch's multiprocessing pickler passes shared
-    tensors by handle). Row w belongs to worker w and is written only by it:
-    ints ``[key, epoch + 1, num_workers, waits, deferrals, posted, draws_read[S],
-    reads[S], handed[S]]`` and floats ``[wall-clock start, first batch seconds
-    (NaN before it), wait seconds]``. ``key`` is the DataLoader's base seed of
-    the iteration (the same in every worker of one ``iter(loader)``), so the main
-    process adds up the rows of the latest iteration only.
-    """
-
-    def __init__(self, sources: int) -> None:
-        self.sources = sources
-        self.ints = torch.zeros((_BOARD_ROWS, _HEAD + 3 * sources), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self.floats = torch.zeros((_BOARD_ROWS, 3), dtype=torch.float64).share_memory_()  # type: ignore[no-untyped-call]
-        self.warned = False
-
-    def row(self, worker: int, key: int, epoch: int, num_workers: int, wall: float) -> int | None:
-        """Claim worker ``worker``'s row for an iteration (None past the board's rows)."""
-        if worker >= _BOARD_ROWS:
-            return None
-        ints, floats = self.ints.numpy(), self.floats.numpy()
-        ints[worker, :] = 0
-        floats[worker] = (wall, np.nan, 0.0)
-        ints[worker, :3] = (key & 0x3FFFFFFFFFFFFFFF, epoch + 1, num_workers)
-        return worker
-
-    def post(self, row: int, figures: _Figures) -> None:
-        """Write one worker's figures to its row (only that worker writes there)."""
-        ints, floats = self.ints.numpy(), self.floats.numpy()
-        s = self.sources
-        ints[row, 3:6] = (figures.waits, figures.deferrals, 1)
-        ints[row, _HEAD : _HEAD + s] = figures.draws
-        ints[row, _HEAD + s : _HEAD + 2 * s] = figures.reads
-        ints[row, _HEAD + 2 * s :] = figures.handed
-        floats[row, 1:] = (np.nan if figures.first is None else figures.first, figures.wait_seconds)
-
-    def gather(self, after: float | None) -> _Figures | None:
-        """The added figures of the workers of the latest iteration started after ``after``, or None."""
-        ints, floats = self.ints.numpy(), self.floats.numpy()
-        used = np.flatnonzero(ints[:, 1] > 0)
-        if not len(used):
-            return None
-        latest = used[np.argmax(floats[used, 0])]
-        if after is not None and floats[latest, 0] < after:
-            return None  # this process iterated the dataset itself since
-        rows = used[(ints[used, 0] == ints[latest, 0]) & (ints[used, 1] == ints[latest, 1])]
-        rows = rows[ints[rows, 5] > 0]  # the workers that posted
-        if int(ints[latest, 2]) > _BOARD_ROWS and not self.warned:
-            self.warned = True
-            warnings.warn(
-                f"MixedDataset.stats(): {int(ints[latest, 2])} DataLoader workers ran, the figures count the "
-                f"first {_BOARD_ROWS}",
-                TorchRecordWarning,
-                stacklevel=3,
-            )
-        s = self.sources
-        added = ints[rows].sum(axis=0)
-        firsts = floats[rows, 1]
-        firsts = firsts[~np.isnan(firsts)]
-        return _Figures(
-            first=float(firsts.min()) if len(firsts) else None,
-            draws=[int(x) for x in added[_HEAD : _HEAD + s]],
-            reads=[int(x) for x in added[_HEAD + s : _HEAD + 2 * s]],
-            waits=int(added[3]),
-            wait_seconds=float(floats[rows, 2].sum()),
-            deferrals=int(added[4]),
-            handed=[int(x) for x in added[_HEAD + 2 * s :]],
-            workers=len(rows),
-        )

@@ -125,20 +125,7 @@ def placement_problem(
         return "placement.offset", p.offset, f"the current window holds {held} samples"
     before = [i for i in range(p.prefix) if i not in set(p.members)] + [i for i in p.extra if i not in p.members]
     if exact:  # the windows of a reader placing its units in plan order, rebuilt
-        start = 0
-        for j in range(p.window + 1):
-            end, acc = start, 0
-            target = window_target(j, window, step)
-            while acc < target and end < n:
-                acc += int(lengths[end])
-                end += 1
-            if j < p.window:
-                if end >= n:
-                    return "placement.window", p.window, f"the reader's units fill only {j + 1} windows"
-                start = end
-        if p.members != list(range(start, end)) or p.prefix != end or p.extra:
-            return "placement.members", placement["members"], f"window {p.window} holds units [{start}, {end})"
-        return None
+        return _exact_problem(placement, p, lengths, window, step)
     # "ready": units are taken out of plan order, so only what the counts allow
     target = window_target(p.window, window, step)
     longest = int(lengths.max())
@@ -156,4 +143,25 @@ def placement_problem(
     slack = min(p.window, short + misaligned) * (longest - 1)
     if not lo <= prior <= lo + slack or len(before) < p.window:
         return "placement.window", p.window, f"the {prior} samples placed before it do not make {p.window} windows"
+    return None
+
+
+def _exact_problem(
+    placement: Mapping[str, Any], p: Placement, lengths: np.ndarray, window: int, step: int
+) -> tuple[str, Any, str] | None:
+    """Why ``p`` is not where a reader placing its units in plan order stands (its windows rebuilt), or None."""
+    n = len(lengths)
+    start = 0
+    for j in range(p.window + 1):
+        end, acc = start, 0
+        target = window_target(j, window, step)
+        while acc < target and end < n:
+            acc += int(lengths[end])
+            end += 1
+        if j < p.window:
+            if end >= n:
+                return "placement.window", p.window, f"the reader's units fill only {j + 1} windows"
+            start = end
+    if p.members != list(range(start, end)) or p.prefix != end or p.extra:
+        return "placement.members", placement["members"], f"window {p.window} holds units [{start}, {end})"
     return None

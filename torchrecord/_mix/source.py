@@ -286,5 +286,5 @@ def _warn_mixed_shapes(field: Field, names: Sequence[str], shapes: Sequence[tupl
         "two shapes. Make the shapes agree (rewrite a source, or pad or crop the field in transform=), or give "
         "a collate_fn that accepts them",
         VariableShapeWarning,
-        stacklevel=4,
+        stacklevel=5,
     )

@@ -186,29 +186,6 @@ class MixEpochPlan(EpochPlan):
     batch_size: int | None = None
     loader_batch_size: int | None = None
 
-    @property
-    def per_item(self) -> int:  # type: ignore[override]
-        return self.batch_size or 1
-
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return (
-            "mix",
-            self.sizes,
-            self.blocks,
-            self.counts,
-            self.rates,
-            self.draw_size,
-            self.seed,
-            self.epoch,
-            self.shuffle,
-            self.window,
-            self.step,
-            self.drop_last,
-            self.batch_size,
-            self.loader_batch_size,
-        )
-
     @cached_property
     def draws(self) -> MixPlan:
         """The epoch's draws over all ranks (without ``shuffle``: epoch 0's, the same every epoch)."""
@@ -220,9 +197,9 @@ class MixEpochPlan(EpochPlan):
         seed = source_seed(self.seed, source)
         return stream_runs(self.sizes[source], self.blocks[source], seed, stream, stream + length, self.shuffle)
 
-    def unit(self, world_size: int, num_workers: int) -> int:
-        per_rank = _partition.samples_per_rank(self.draws.total, world_size, self.drop_last)
-        return _partition.worker_unit(per_rank, num_workers, self.batch_size, self.loader_batch_size)
+    @property
+    def total(self) -> int:
+        return self.draws.total
 
     def part(self, reader: Reader, rest: np.ndarray | None = None) -> MixPart:
         unit = self.unit(reader.world_size, reader.num_workers)

@@ -19,6 +19,7 @@ one, so a run can change its world again within the same epoch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from torchrecord._order import partition as _partition
 
 __all__ = ["EpochPlan", "Part", "Reader", "items_of", "runs_of"]
 
@@ -78,20 +81,38 @@ def items_of(samples: int, per_item: int, drop_last: bool) -> int:
 
 
 class EpochPlan(ABC):
-    """One epoch's order over every reader (a subclass per kind of dataset).
+    """One epoch's order over every reader (a subclass per kind of dataset, a frozen dataclass).
 
     Attributes:
-        per_item: samples per item the readers yield (the batch size, or 1).
-        drop_last: a reader drops its last short batch.
+        batch_size: samples per item in batch mode (None: items are single samples).
+        loader_batch_size: per-sample mode, the DataLoader's batch size (worker shares are cut on it).
+        drop_last: ranks cut the remainder (else pad by wrapping); a reader drops its short batch.
     """
 
-    per_item: int = 1
+    batch_size: int | None = None
+    loader_batch_size: int | None = None
     drop_last: bool = False
 
     @property
     @abstractmethod
+    def total(self) -> int:
+        """Positions in the epoch over all ranks (before padding or cutting for them)."""
+
+    @property
+    def per_item(self) -> int:
+        """Samples per item the readers yield (the batch size, or 1)."""
+        return self.batch_size or 1
+
+    @property
     def key(self) -> tuple[Any, ...]:
         """The plan's settings, hashable: two plans with one key give the same parts."""
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        return (type(self).__name__, *(getattr(self, f.name) for f in fields))
+
+    def unit(self, world_size: int, num_workers: int) -> int:
+        """What a rank's span is cut on among ``num_workers`` workers (``torchrecord._order.partition``)."""
+        per_rank = _partition.samples_per_rank(self.total, world_size, self.drop_last)
+        return _partition.worker_unit(per_rank, num_workers, self.batch_size, self.loader_batch_size)
 
     @abstractmethod
     def part(self, reader: Reader, rest: np.ndarray | None = None) -> Part:

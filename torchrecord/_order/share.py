@@ -115,29 +115,8 @@ class SharePlan(EpochPlan):
     bounds: tuple[int, ...] | None = None
 
     @property
-    def per_item(self) -> int:  # type: ignore[override]
-        return self.batch_size or 1
-
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return (
-            "share",
-            self.count,
-            self.block_size,
-            self.window,
-            self.seed,
-            self.epoch,
-            self.shuffle,
-            self.drop_last,
-            self.batch_size,
-            self.loader_batch_size,
-            self.bounds,
-        )
-
-    def unit(self, world_size: int, num_workers: int) -> int:
-        """What a rank's span is cut on among ``num_workers`` workers."""
-        per_rank = _partition.samples_per_rank(self.count, world_size, self.drop_last)
-        return _partition.worker_unit(per_rank, num_workers, self.batch_size, self.loader_batch_size)
+    def total(self) -> int:
+        return self.count
 
     def part(self, reader: Reader, rest: np.ndarray | None = None) -> Share:
         unit = self.unit(reader.world_size, reader.num_workers)

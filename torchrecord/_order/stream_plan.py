@@ -21,7 +21,7 @@ import numpy as np
 from torchrecord._order.plan import EpochPlan, Reader
 from torchrecord.errors import ArgumentError
 
-__all__ = ["Cells", "StreamEpochPlan", "StreamPlan", "Steps", "plan_streams"]
+__all__ = ["Cells", "Steps", "StreamEpochPlan", "StreamPlan", "plan_streams"]
 
 _TAG = 0x73747265  # "stre"
 
@@ -231,8 +231,8 @@ class StreamEpochPlan(EpochPlan):
     steps: int
 
     @property
-    def key(self) -> tuple[Any, ...]:
-        return ("stream", self.steps)
+    def total(self) -> int:
+        return self.steps
 
     def part(self, reader: Reader, rest: np.ndarray | None = None) -> Steps:
         offset = reader.rank * self.steps

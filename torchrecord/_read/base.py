@@ -11,7 +11,7 @@ stand on :class:`ReaderDataset`. A reader supplies only what it alone knows:
 
 The base implements everything else once, for every reader:
 
-* the checks of the shared options (:data:`CHECKERS`);
+* the checks of the shared options (``torchrecord._read.options``);
 * the epoch and the world: ``set_epoch`` writes the epoch to a shared-memory
   tensor, so persistent DataLoader workers see it; rank and world size are given,
   or read from ``torch.distributed`` in the main process;
@@ -28,31 +28,32 @@ The base implements everything else once, for every reader:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, NamedTuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrecord._core.kinds import Room
-from torchrecord._order import partition as _partition
+from torchrecord._core.schema import Schema
 from torchrecord._order.plan import EpochPlan, Part, Reader
+from torchrecord._order.share import SharePlan
 from torchrecord._read import glue as _glue
 from torchrecord._read import state as _state
+from torchrecord._read.glue import LoaderGlue
 from torchrecord._read.ipc import bundled, for_parent, slot_room
+from torchrecord._read.items import Items
+from torchrecord._read.options import check_options, check_world, integer, integer_below
 from torchrecord._read.state import POSITION_KIND, STATE_VERSION, Start, StateCheck
-from torchrecord._store.checked import Check, parse_check
+from torchrecord._store.checked import Check
 from torchrecord.errors import (
-    ArgumentError,
-    ArgumentTypeError,
     IgnoredOptionWarning,
     LoaderMismatchError,
     ResumeStateError,
 )
 
-__all__ = ["CHECKERS", "Reader", "ReaderDataset", "check_choice", "check_options", "current_worker", "in_worker"]
+__all__ = ["Reader", "ReaderDataset", "current_worker", "in_worker"]
 
 #: the shared resume token: a loaded resume point not yet used by any pass, or used by none any more
 _FRESH, _SPENT = -1, -2
@@ -69,102 +70,6 @@ def current_worker() -> tuple[int, int]:
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
-# -- option checks ------------------------------------------------------------------------------
-def _integer(name: str, value: Any, minimum: int, *, none: bool) -> Any:
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        allowed = " or None" if none else ""
-        raise ArgumentError(f"{name} must be an integer >= {minimum}{allowed}, got {value!r}")
-    return int(value)
-
-
-def _positive_or_none(name: str) -> Callable[[Any], Any]:
-    return lambda value: _integer(name, value, 1, none=True)
-
-
-def _callable_or_none(name: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is not None and not callable(value):
-            raise ArgumentTypeError(f"{name} must be a callable or None, got {type(value).__name__} {value!r}")
-        return value
-
-    return check
-
-
-def _flag(name: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if not isinstance(value, (bool, np.bool_)):
-            raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
-        return bool(value)
-
-    return check
-
-
-def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
-    """``value`` if it is one of ``choices`` (a ``Literal`` option's values), else ValueError naming them."""
-    if isinstance(value, (str, type(None))) and value in choices:
-        return value
-    raise ArgumentError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
-
-
-#: The shared options and their checker: each returns the value to keep, or raises with one message.
-CHECKERS: dict[str, Callable[[Any], Any]] = {
-    "batch_size": _positive_or_none("batch_size"),
-    "loader_batch_size": _positive_or_none("loader_batch_size"),
-    "block_size": _positive_or_none("block_size"),
-    "shuffle_buffer": lambda value: _integer("shuffle_buffer", value, 0, none=False),
-    "seed": lambda value: _integer("seed", value, 0, none=False),
-    "shuffle": _flag("shuffle"),
-    "drop_last": _flag("drop_last"),
-    "transform": _callable_or_none("transform"),
-    "batch_transform": _callable_or_none("batch_transform"),
-    "collate_fn": _callable_or_none("collate_fn"),
-    "check": parse_check,
-}
-
-
-def check_options(options: Mapping[str, Any], *, batch_required: bool = False) -> dict[str, Any]:
-    """The shared options checked, each by its checker of :data:`CHECKERS`, and against each other.
-
-    ``batch_required``: the dataset always builds batches (StreamDataset), so
-    ``batch_size`` may not be None.
-    """
-    out = {name: CHECKERS[name](value) for name, value in options.items()}
-    batch_size = out.get("batch_size")
-    if batch_required and batch_size is None and "batch_size" in out:
-        raise ArgumentError("batch_size must be an integer >= 1 (this dataset always builds batches), got None")
-    if out.get("loader_batch_size") is not None and batch_size is not None:
-        raise ArgumentError(
-            "loader_batch_size is for per-sample mode (the DataLoader batches); with batch_size= the "
-            "dataset yields whole batches: use DataLoader(ds, batch_size=None) and leave loader_batch_size out"
-        )
-    if out.get("collate_fn") is not None and batch_size is None:
-        raise ArgumentError(
-            "collate_fn is for batch mode (batch_size=...); in per-sample mode the DataLoader collates: "
-            "pass it to DataLoader(ds, batch_size=..., collate_fn=...)"
-        )
-    if out.get("batch_transform") is not None and batch_size is None:
-        raise ArgumentError(
-            "batch_transform is for batch mode (batch_size=...): in per-sample mode the dataset builds no "
-            "batches, so it would never be called; give batch_size=..., or do the work in the DataLoader's "
-            "collate_fn"
-        )
-    return out
-
-
-def _check_world(rank: int | None, world_size: int | None) -> tuple[int, int] | None:
-    if (rank is None) != (world_size is None):
-        raise ArgumentError("give both rank and world_size, or neither")
-    if rank is None or world_size is None:
-        return None
-    world_size = _integer("world_size", world_size, 1, none=False)
-    rank = _integer("rank", rank, 0, none=False)
-    if not rank < world_size:
-        raise ArgumentError(f"rank {rank} is not in [0, {world_size})")
-    return rank, world_size
-
-
 class _Pass(NamedTuple):
     """The pass this process is playing: its epoch, the part it plays, where it started from and its rotation."""
 
@@ -174,7 +79,7 @@ class _Pass(NamedTuple):
     rotate: int
 
 
-class ReaderDataset(IterableDataset[Any]):
+class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     """The base of the streaming datasets: one reader contract (see the module docstring).
 
     A subclass calls :meth:`_init_reader` from ``__init__`` with its shared
@@ -187,6 +92,8 @@ class ReaderDataset(IterableDataset[Any]):
     STATE_KIND: ClassVar[str] = ""
     #: What each key of :meth:`_plan_keys` is, for the message that refuses a state saved with another value.
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {}
+    #: What to do when a state's plan differs from this dataset's.
+    RESUME_ADVICE: ClassVar[str] = "resume with the same settings"
 
     # the shared options (each dataset sets those it takes, through _init_reader)
     batch_size: int | None = None
@@ -220,7 +127,7 @@ class ReaderDataset(IterableDataset[Any]):
         """Check the shared ``options`` and keep them as attributes; set up the epoch, the world and the state."""
         for name, value in check_options(options, batch_required=batch_required).items():
             setattr(self, name, value)
-        self._explicit = _check_world(rank, world_size)
+        self._explicit = check_world(rank, world_size)
         self._distributed = self._detect_distributed()
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         # a loaded resume point, and which pass used it (shared: the workers of one pass use it, no later pass)
@@ -229,7 +136,8 @@ class ReaderDataset(IterableDataset[Any]):
         self._loaded: dict[str, Any] | None = None  # the last resume point loaded here (position_after's base)
         self._pass: _Pass | None = None
         self._yielded = 0  # items this process's pass yielded
-        if options.get("drop_last") and options.get("batch_size") is None and self._distributed[1] == 1:
+        alone = self._explicit is None and not (dist.is_available() and dist.is_initialized())
+        if options.get("drop_last") and options.get("batch_size") is None and alone:
             warnings.warn(
                 "drop_last=True in per-sample mode only cuts the samples that do not divide over the ranks; on one "
                 "rank it changes nothing. To drop a short last batch, give drop_last=True to the DataLoader",
@@ -240,7 +148,7 @@ class ReaderDataset(IterableDataset[Any]):
     # -- epoch and world ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration plays (persistent workers see it too)."""
-        self._epoch.fill_(_integer_below("epoch", epoch, _state.MAX_EPOCH))
+        self._epoch.fill_(integer_below("epoch", epoch, _state.MAX_EPOCH))
         self._refresh_distributed()
 
     @property
@@ -299,12 +207,46 @@ class ReaderDataset(IterableDataset[Any]):
         """Why a saved ``progress`` cannot belong to a reader of ``part``, or None."""
         return "this dataset keeps no progress beside the items yielded"
 
+    def _count_problem(self) -> str | None:
+        """Why a count of handed-out items does not give this reader's position (``position_after``), or None."""
+        return None
+
     def _pass_over(self) -> None:
         """Called when a pass ends or its iterator is dropped (a reader lets its files go here)."""
 
     def _batch_bytes(self) -> int | None:
         """The bytes of one item in batch mode (or of one sample), when the reader knows them (bundles)."""
         return None
+
+    # -- what the readers build from their options ------------------------------------------------
+    def _share_plan(self, count: int, block_size: int, window: int, bounds: Any = None) -> SharePlan:
+        """This epoch's plan of a reader of ``count`` positions in shuffled windows, with this dataset's options."""
+        return SharePlan(
+            count=count,
+            block_size=block_size,
+            window=window,
+            seed=int(self.seed),
+            epoch=self.epoch,
+            shuffle=bool(self.shuffle),
+            drop_last=bool(self.drop_last),
+            batch_size=self.batch_size,
+            loader_batch_size=self.loader_batch_size,
+            bounds=None if bounds is None else tuple(int(b) for b in bounds),
+        )
+
+    def _items(self, where: str, schema: Schema | None, sample_chunk: int | None = None) -> Items:
+        """How this dataset turns what it read into its items, with its transform, collation and batch options."""
+        return Items(
+            where,
+            schema,
+            transform=self.transform,
+            collate_fn=self.collate_fn,
+            batch_transform=self.batch_transform,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            room=self._stack_room(),
+            sample_chunk=sample_chunk,
+        )
 
     # -- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -473,6 +415,7 @@ class ReaderDataset(IterableDataset[Any]):
             epoch_plan=self._epoch_plan(),
             describe=self.PLAN_KEYS,
             progress=self._progress_problem,
+            advice=self.RESUME_ADVICE,
         )
 
     def position_after(self, batches: int, *, num_workers: int, loader_batch_size: int | None = None) -> dict[str, Any]:
@@ -493,11 +436,16 @@ class ReaderDataset(IterableDataset[Any]):
             ArgumentError: per-sample mode with no ``loader_batch_size`` here nor
                 on the dataset (``batches`` could not be turned into samples), one
                 that differs from the dataset's, or one given in batch mode.
+            ResumeStateError: a reader whose position is more than a count
+                (``MixedDataset(policy="ready")``).
         """
         self._refresh_distributed()
+        problem = self._count_problem()
+        if problem:
+            raise ResumeStateError(f"{self._where()}: {problem}")
         size = self._loader_batch(batches, loader_batch_size)
-        _integer("batches", batches, 0, none=False)
-        _integer("num_workers", num_workers, 0, none=False)
+        integer("batches", batches, 0, none=False)
+        integer("num_workers", num_workers, 0, none=False)
         rank, world = self._distributed
         readers = max(1, num_workers)
         base = self._base_for(world, readers)
@@ -526,34 +474,6 @@ class ReaderDataset(IterableDataset[Any]):
             "readers": [[rank, w, t] for w, t in enumerate(taken)],
         }
 
-    def _loader_batch(self, batches: int, loader_batch_size: int | None) -> int | None:
-        """The DataLoader batch size ``position_after`` counts samples in (None: batch mode), checked."""
-        where = self._where()
-        if self.batch_size is not None:
-            if loader_batch_size is not None:
-                raise ArgumentError(
-                    f"{where}: position_after(loader_batch_size={loader_batch_size}) is for per-sample mode; this "
-                    f"dataset yields whole batches (batch_size={self.batch_size}), so `batches` counts them: leave "
-                    "loader_batch_size out"
-                )
-            return None
-        if loader_batch_size is None:
-            if self.loader_batch_size is None:
-                raise ArgumentError(
-                    f"{where}: position_after({batches}, ...) in per-sample mode needs the DataLoader's batch size "
-                    "to turn batches into samples: pass position_after(step, num_workers=..., loader_batch_size=B) "
-                    "with B the DataLoader's batch_size (1 if it yields single samples), or make the dataset with "
-                    "loader_batch_size=B"
-                )
-            return self.loader_batch_size
-        if self.loader_batch_size is not None and loader_batch_size != self.loader_batch_size:
-            raise ArgumentError(
-                f"{where}: position_after(loader_batch_size={loader_batch_size}) differs from the dataset's "
-                f"loader_batch_size={self.loader_batch_size}, which cuts its worker shares: pass the DataLoader's "
-                "batch_size, the same as the dataset's"
-            )
-        return int(_integer("loader_batch_size", loader_batch_size, 1, none=False))
-
     def _base_for(self, world: int, num_workers: int) -> Mapping[str, Any] | None:
         """The base position a pass of this epoch on ``world`` x ``num_workers`` readers plays under."""
         loaded = self._loaded
@@ -565,76 +485,8 @@ class ReaderDataset(IterableDataset[Any]):
         base: Mapping[str, Any] | None = loaded["base"]
         return base
 
-    # -- len() and len(loader) ------------------------------------------------------------
-    def __len__(self) -> int:
-        """Items this rank yields per epoch: samples, or batches when ``batch_size`` is set."""
-        self._refresh_distributed()
-        per_rank = self._per_rank()
-        if self.batch_size is None:
-            loader = _glue.calling_loader(self)
-            if loader is not None:  # len(loader): say so now if the loader will yield another count
-                problem = self._loader_problem(loader)
-                if problem:
-                    warnings.warn(problem, UserWarning, stacklevel=3)
-            return per_rank
-        if self.drop_last:
-            return per_rank // self.batch_size
-        return -(-per_rank // self.batch_size)
-
-    def _unit(self, num_workers: int) -> int:
-        """What this rank's span is cut on among ``num_workers`` readers."""
-        return _partition.worker_unit(self._per_rank(), num_workers, self.batch_size, self.loader_batch_size)
-
-    def _loader_problem(self, loader: Any) -> str | None:
-        """Why ``loader`` yields another number of batches than ``len(loader)``, or None."""
-        return _glue.loader_problem(
-            loader,
-            path=self._where(),
-            batch_size=self.batch_size,
-            per_rank=self._per_rank(),
-            unit_of=self._unit,
-            dataset=type(self).__name__,
-        )
-
-    def check_loader(self, loader: Any) -> int:
-        """The number of batches ``loader`` yields from this rank per epoch; raises when it is not ``len(loader)``.
-
-        Use it to size schedules (``OneCycleLR(total_steps=epochs * ds.check_loader(loader))``)
-        or as an assertion before training. In per-sample mode the count
-        differs when the DataLoader's batch size does not divide the unit
-        worker shares are cut on; the error says which ``loader_batch_size``
-        fixes it. In batch mode the DataLoader must not batch again.
-
-        Raises:
-            ValueError: ``loader`` does not read this dataset, or it yields
-                another number of batches than ``len(loader)``, or it would break
-                this dataset's order.
-        """
-        if getattr(loader, "dataset", None) is not self:
-            raise LoaderMismatchError(
-                "check_loader: the loader does not read this dataset (loader.dataset is another object)"
-            )
-        if getattr(loader, "in_order", True) is False and getattr(loader, "num_workers", 0) > 0:
-            raise LoaderMismatchError(
-                f"{self._where()}: DataLoader(in_order=False) hands items out as workers finish them, not in "
-                f"{type(self).__name__}'s order: the epoch's order and a resume would not be reproducible; "
-                "use in_order=True (the default)"
-            )
-        self._refresh_distributed()
-        problem = self._loader_problem(loader)
-        if problem:
-            raise LoaderMismatchError(problem)
-        return len(loader)
-
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_pass"] = None  # a pass stays in the process that plays it
         state["_yielded"] = 0
         return state
-
-
-def _integer_below(name: str, value: Any, most: int) -> int:
-    out = int(_integer(name, value, 0, none=False))
-    if out > most:
-        raise ArgumentError(f"{name} must be an integer from 0 to {most}, got {value!r}")
-    return out

@@ -16,7 +16,7 @@ from torchrecord._order.plan import Part, Reader
 from torchrecord._order.share import Share, SharePlan
 from torchrecord._read.base import ReaderDataset, in_worker
 from torchrecord._read.ipc import slot_allocator
-from torchrecord._read.items import SAMPLE_CHUNK, Items
+from torchrecord._read.items import SAMPLE_CHUNK
 from torchrecord._read.reader import ShareReader
 from torchrecord._read.state import Start
 from torchrecord._shards.open import SetLike, open_set
@@ -216,6 +216,7 @@ class RecordDataset(ReaderDataset):
     # -- configuration ------------------------------------------------------
     STATE_KIND = "torchrecord.RecordDataset"
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
+        "subset": "the samples its subset= selects; None: the whole set",
         "count": "the samples it reads",
         "seed": "its seed",
         "shuffle": "its shuffle",
@@ -224,7 +225,6 @@ class RecordDataset(ReaderDataset):
         "drop_last": "its drop_last",
         "batch_size": "its batch_size",
         "loader_batch_size": "its loader_batch_size",
-        "subset": "the samples its subset= selects",
     }
 
     def _set_id(self) -> str:
@@ -248,6 +248,7 @@ class RecordDataset(ReaderDataset):
     def _plan_keys(self) -> dict[str, Any]:
         plan = self._epoch_plan()
         return {
+            "subset": self._subset.digest if self._subset is not None else None,
             "count": plan.count,
             "seed": plan.seed,
             "shuffle": plan.shuffle,
@@ -256,7 +257,6 @@ class RecordDataset(ReaderDataset):
             "drop_last": plan.drop_last,
             "batch_size": plan.batch_size,
             "loader_batch_size": plan.loader_batch_size,
-            "subset": self._subset.digest if self._subset is not None else None,
         }
 
     def _epoch_plan(self) -> SharePlan:
@@ -264,20 +264,7 @@ class RecordDataset(ReaderDataset):
         count = self._count()
         k = self.file.samples_per_record
         block = self.block_size or _partition.auto_block_size(count)
-        bounds = self._bounds()
-        plan = SharePlan(
-            count=count,
-            block_size=-(-block // k) * k,  # whole records per block
-            window=self._window_size(),
-            seed=int(self.seed),
-            epoch=self.epoch,
-            shuffle=bool(self.shuffle),
-            drop_last=bool(self.drop_last),
-            batch_size=self.batch_size,
-            loader_batch_size=self.loader_batch_size,
-            bounds=None if bounds is None else tuple(int(b) for b in bounds),
-        )
-        return plan
+        return self._share_plan(count, -(-block // k) * k, self._window_size(), self._bounds())  # whole records
 
     def _bounds(self) -> Any:
         """The shard offsets of a sharded set (its blocks restart at each shard), None for one file.
@@ -333,17 +320,7 @@ class RecordDataset(ReaderDataset):
             allocate = slot_allocator(self.batch_size * sum(layout.sample_bytes))
         share = self._of_set(part)
         reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check), allocate=allocate)
-        items = Items(
-            self.file.path,
-            self.file.schema,
-            transform=self.transform,
-            collate_fn=self.collate_fn,
-            batch_transform=self.batch_transform,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            room=self._stack_room(),
-            sample_chunk=self._sample_chunk or self.loader_batch_size,
-        )
+        items = self._items(self.file.path, self.file.schema, self._sample_chunk or self.loader_batch_size)
         return items.of(reader, start.yielded)
 
     def _pass_over(self) -> None:

@@ -225,6 +225,7 @@ class RecordLoader(DataLoader[Any]):
         self._handed_out = 0  # batches handed out in `_epoch`
         self._exhausted = False  # the iteration of `_epoch` ran to its end
         self._resume_at = 0  # batches of the epoch the loaded position had handed out
+        self._elastic: dict[str, Any] | None = None  # a state of another world loaded, while nothing was handed out
 
     @staticmethod
     def _per_batch_of(dataset: ReaderDataset, batch_size: Any) -> int | None:
@@ -257,14 +258,21 @@ class RecordLoader(DataLoader[Any]):
 
     record_dataset = reader_dataset
 
+    @property
+    def epoch(self) -> int:
+        """The dataset's epoch (the one the next iteration plays)."""
+        return self.reader_dataset.epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration plays (the dataset's ``set_epoch``; persistent workers see it)."""
         self.reader_dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self.reader_dataset._refresh_distributed()  # the rank and world size the workers take with them
         self._epoch, self._handed_out, self._exhausted = self.reader_dataset.epoch, self._resume_at, False
         self._resume_at = 0
         round_: list[Bundle] = []  # the bundles of one round, one per worker with batches left
+        self._elastic = None
         for item in super().__iter__():
             if type(item) is not Bundle:
                 self._handed_out += 1
@@ -292,13 +300,15 @@ class RecordLoader(DataLoader[Any]):
     def _mine(self) -> tuple[int, dict[str, Any]]:
         """This rank's batches handed out and position in the dataset's current epoch."""
         dataset = self.reader_dataset
+        if self._elastic is not None and self._epoch == dataset.epoch:  # nothing handed out since: as it was
+            return int(self._elastic["batches"]), self._elastic["position"]
         if self._epoch != dataset.epoch:  # a new epoch, not iterated yet
             batches = 0
         elif self._exhausted:
             batches = len(self)
         else:
             batches = self._handed_out
-        if self.num_workers == 0 and dataset._progress() is not None and batches == self._handed_out:
+        if self.num_workers == 0 and dataset._count_problem() is not None:
             # a reader whose progress is more than a count (MixedDataset, policy="ready"): its own state
             return batches, loader_position([dataset.state_dict()])
         return batches, dataset.position_after(batches, **self._position_kwargs())
@@ -354,6 +364,7 @@ class RecordLoader(DataLoader[Any]):
         )
         self._epoch, self._exhausted = epoch, False
         self._handed_out = self._resume_at = batches if same else 0
+        self._elastic = None if same else {"batches": batches, "position": position}
 
     def _position_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"num_workers": self.num_workers}

@@ -277,6 +277,7 @@ class WindowDataset(ReaderDataset):
 
     # -- configuration ------------------------------------------------------
     STATE_KIND = STATE_KIND
+    RESUME_ADVICE = "resume with the same windows, settings and world size"
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
         "windows": "its windows",
         "window_spec": "its frame_stack, seq_length and padding",
@@ -326,17 +327,7 @@ class WindowDataset(ReaderDataset):
 
     def _epoch_plan(self) -> SharePlan:
         count = len(self.core)
-        return SharePlan(
-            count=count,
-            block_size=self.block_size or _partition.auto_block_size(count),
-            window=self.buffer_windows(),
-            seed=int(self.seed),
-            epoch=self.epoch,
-            shuffle=bool(self.shuffle),
-            drop_last=bool(self.drop_last),
-            batch_size=self.batch_size,
-            loader_batch_size=self.loader_batch_size,
-        )
+        return self._share_plan(count, self.block_size or _partition.auto_block_size(count), self.buffer_windows())
 
     def _plan_keys(self) -> dict[str, Any]:
         plan, spec = self._epoch_plan(), self.core.spec
@@ -377,16 +368,7 @@ class WindowDataset(ReaderDataset):
         assert isinstance(part, Share)
         first, skip = divmod(start.yielded * (self.batch_size or 1), part.window)  # windows handed out already
         step = self.batch_size or 256
-        items = Items(
-            self.core.path,
-            None,
-            transform=self.transform,
-            collate_fn=self.collate_fn,
-            batch_transform=self.batch_transform,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            room=self._stack_room(),
-        )
+        items = self._items(self.core.path, None)
         pending: list[dict[str, Any]] = []
         held = 0
         for index in part.windows(first):

@@ -194,6 +194,10 @@ class StreamDataset(ReaderDataset):
         return None
 
     # -- the contract -----------------------------------------------------------
+    RESUME_ADVICE = (
+        "the streams would differ and hidden state could not follow: resume with the same batch size, world size, "
+        "steps, seed, shuffle and drop_last"
+    )
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
         "seed": "its seed",
         "shuffle": "its shuffle",

@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader
 import torchrecord
 from tests.conftest import IndexedImages
 from torchrecord import RecordDataset, RecordLoader
-from torchrecord._mix.loader import auto_bundle
 from torchrecord._read import ipc, slots
+from torchrecord._read.loader import auto_bundle
 from torchrecord.errors import ArgumentError
 
 SMALL, LARGE = 4, 64  # image side: 48-byte samples (a batch crosses by value), 12 KB ones (a batch in a slot)
@@ -133,7 +133,11 @@ def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
             RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, bundle=bad)
     with pytest.raises(ArgumentError, match="in_order=False"):
         RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, in_order=False)
-    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 8  # 48-byte samples: the cap
+    # batches of 4 x 48 bytes cross by value: about 256 KiB of them per bundle, at most 64
+    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 64
+    big = _write(tmp_path, 40, LARGE)  # 12 KB samples
+    assert RecordLoader(RecordDataset(big), num_workers=2, batch_size=4).bundle == 6  # by value, 256 KiB
+    assert RecordLoader(RecordDataset(big, batch_size=16), num_workers=2).bundle == 8  # slots, 16 MiB: the cap
     assert RecordLoader(RecordDataset(path, batch_size=4), num_workers=0).bundle == 1
     # a set without a fixed layout: the batch size is unknown, no bundles by default
     var = tmp_path / "var.tr"

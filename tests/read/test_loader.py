@@ -79,8 +79,8 @@ def test_two_gloo_ranks_resume_from_rank_zeros_state_alone(tmp_path: Path) -> No
     assert state["batches"] == STOP
     position = state["position"]
     assert position["epoch"] == 1
-    assert sorted((r, w) for r, w, _ in position["yielded"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert sum(n for _, _, n in position["yielded"]) == WORLD * STOP
+    assert sorted((r, w) for r, w, _ in position["readers"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sum(n for _, _, n in position["readers"]) == WORLD * STOP
     for rank, report in enumerate(reports):
         plain = RecordDataset(path, **SETTINGS, rank=rank, world_size=WORLD)
         plain.set_epoch(1)
@@ -94,7 +94,7 @@ def test_two_gloo_ranks_resume_from_rank_zeros_state_alone(tmp_path: Path) -> No
         assert report["end"]["batches"] == len(expected)
     # the same position as the states of both ranks give, merged by hand; the epoch's end holds every sample
     assert reports[0]["after_one"] == reports[1]["after_one"]
-    assert sum(n for _, _, n in reports[0]["end"]["position"]["yielded"]) == WORLD * len(expected)
+    assert sum(n for _, _, n in reports[0]["end"]["position"]["readers"]) == WORLD * len(expected)
     seen = [x for r in reports for batch in r["seen"] + r["rest"] for x in batch]
     assert_exactly_once(seen, COUNT, pad=len(seen) - COUNT)
 
@@ -105,14 +105,19 @@ def test_two_gloo_ranks_resume_from_rank_zeros_state_alone(tmp_path: Path) -> No
     assert loader.state_dict() == state  # nothing handed out since: the loaded state, as it was
     it = iter(loader)
     first = [int(x) for x in next(it)[1]]
-    with pytest.raises(ResumeStateError, match="another number of ranks or workers"):
-        loader.state_dict()  # mid-epoch after an elastic resume: the count no longer gives the position
+    middle = loader.state_dict()  # mid-epoch after an elastic resume: a position resting on the loaded one
+    assert middle["batches"] == 1 and middle["position"]["base"] == state["position"]
     after = first + [x for batch in _labels(it) for x in batch]
     before = [x for r in reports for batch in r["seen"] for x in batch]
     assert not set(before) & set(after)
     assert_exactly_once(before + after, COUNT, pad=len(before + after) - COUNT)
-    end = loader.state_dict()  # at the epoch's end it works again
+    end = loader.state_dict()
     assert end["batches"] == len(loader) and end["position"]["world_size"] == 1
+    # and that middle state resumed once more, on 2 workers: the rest after the first batch, once
+    again = RecordLoader(RecordDataset(path, **SETTINGS, rank=0, world_size=1), num_workers=2)
+    again.load_state_dict(json.loads(json.dumps(middle)))
+    rest = [x for batch in _labels(again) for x in batch]
+    assert sorted(before + first + rest) == sorted(before + after)
 
 
 def test_one_process_resumes_the_rest_of_the_epoch_in_batch_and_per_sample_mode(tmp_path: Path) -> None:
@@ -143,8 +148,8 @@ def test_bad_arguments_and_states_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "bad.tr"
     torchrecord.write_record(IndexedImages(20), path, progress=False)
     ds = RecordDataset(path, batch_size=4)
-    with pytest.raises(ArgumentTypeError, match="RecordLoader reads a RecordDataset"):
-        RecordLoader(torchrecord.MixedDataset({"a": str(path)}, batch_size=4))  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match="RecordLoader reads torchrecord's reader datasets"):
+        RecordLoader(torchrecord.RecordFile(path))  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="shuffle"):
         RecordLoader(ds, shuffle=True)
     with pytest.raises(ArgumentError, match="leave batch_size out"):
