@@ -294,23 +294,23 @@ def test_a_state_of_another_set_is_a_resume_state_error(plain: str, grouped: str
     with pytest.raises(errors.ResumeStateError, match="another record set") as info:
         RecordDataset(grouped).load_state_dict(state)
     assert isinstance(info.value, ValueError)
-    with pytest.raises(errors.ResumeStateError, match="not a torchrecord state"):
+    with pytest.raises(errors.ResumeStateError, match=r"no torchrecord\.RecordDataset state found"):
         RecordDataset(plain).load_state_dict({"epoch": 0})
     with pytest.raises(errors.ResumeStateError, match="upgrade torchrecord"):
         RecordDataset(plain).load_state_dict({**state, "version": 10**6})
     with pytest.raises(errors.ResumeStateError, match="set_epoch"):
         RecordDataset(plain).load_state_dict({**state, "epoch": 5})
-    with pytest.raises(errors.ResumeStateError, match="no RecordDataset state"):
+    with pytest.raises(errors.ResumeStateError, match="no torchrecord reader state found"):
         torchrecord.loader_position({"something": 1})
 
 
 def test_a_state_of_another_stream_plan_is_a_resume_state_error(grouped: str) -> None:
     state = StreamDataset(grouped, batch_size=4, steps=2, seed=0).state_dict()
     StreamDataset(grouped, batch_size=4, steps=2, seed=0).load_state_dict(state)  # the same plan: accepted
-    with pytest.raises(errors.ResumeStateError, match="the state was saved with streams=4") as info:
+    with pytest.raises(errors.ResumeStateError, match="StreamDataset state was saved with streams=4") as info:
         StreamDataset(grouped, batch_size=2, steps=2, seed=0).load_state_dict(state)
     assert isinstance(info.value, ValueError)
-    with pytest.raises(errors.ResumeStateError, match="no StreamDataset state"):
+    with pytest.raises(errors.ResumeStateError, match="StreamDataset state found"):
         StreamDataset(grouped, batch_size=4, steps=2, seed=0).load_state_dict({"x": 1})
 
 

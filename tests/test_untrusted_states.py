@@ -15,7 +15,7 @@ from tests.untrusted_states import BAD, run_state_campaign
 def test_resume_state_campaign_subset(tmp_path: Path) -> None:
     campaign = run_state_campaign(str(tmp_path), every=8)
     table = campaign.table()
-    assert len(table) == 10 and len(campaign.results) > 3000
+    assert len(table) == 13 and len(campaign.results) > 3000
     assert all(row["error"] > 100 and row["correct"] >= 4 for row in table.values()), campaign.render()
     failures = campaign.failures()
     assert all(failures[o] == 0 for o in BAD), campaign.render()

@@ -199,7 +199,7 @@ def build_targets(directory: str, points: int = 4) -> list[Target]:
             samples(t)
         if t.name == "record_loader":
             t.split = lambda item: _samples(item)
-        if t.name.endswith("iter"):
+        if t.name.endswith(("iter", "loader")):  # a loader's state sets the epoch
             own_epoch(t)
     return [_collect(t, points, position) for t, position in targets]
 

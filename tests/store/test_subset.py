@@ -216,12 +216,12 @@ def test_resume_within_a_subset(sets: dict[int, str]) -> None:
 
 
 def test_equal_selections_have_equal_digests(sets: dict[int, str]) -> None:
-    a = RecordDataset(sets[1], subset=range(0, 10, 3)).state_dict()["subset"]
-    b = RecordDataset(sets[1], subset=[0, 3, 6, 9]).state_dict()["subset"]
-    c = RecordDataset(sets[1], subset=slice(0, 10, 3)).state_dict()["subset"]
-    d = RecordDataset(sets[1], subset=[0, 3, 9, 6]).state_dict()["subset"]
+    a = RecordDataset(sets[1], subset=range(0, 10, 3)).state_dict()["plan"]["subset"]
+    b = RecordDataset(sets[1], subset=[0, 3, 6, 9]).state_dict()["plan"]["subset"]
+    c = RecordDataset(sets[1], subset=slice(0, 10, 3)).state_dict()["plan"]["subset"]
+    d = RecordDataset(sets[1], subset=[0, 3, 9, 6]).state_dict()["plan"]["subset"]
     assert a == b == c != d
-    assert RecordDataset(sets[1]).state_dict()["subset"] is None
+    assert RecordDataset(sets[1]).state_dict()["plan"]["subset"] is None
 
 
 def _stateful(ds: RecordDataset, workers: int) -> StatefulDataLoader:

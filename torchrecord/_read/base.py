@@ -136,7 +136,8 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
         self._loaded: dict[str, Any] | None = None  # the last resume point loaded here (position_after's base)
         self._pass: _Pass | None = None
         self._yielded = 0  # items this process's pass yielded
-        if options.get("drop_last") and options.get("batch_size") is None and self._distributed[1] == 1:
+        alone = self._explicit is None and not (dist.is_available() and dist.is_initialized())
+        if options.get("drop_last") and options.get("batch_size") is None and alone:
             warnings.warn(
                 "drop_last=True in per-sample mode only cuts the samples that do not divide over the ranks; on one "
                 "rank it changes nothing. To drop a short last batch, give drop_last=True to the DataLoader",

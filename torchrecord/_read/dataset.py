@@ -216,6 +216,7 @@ class RecordDataset(ReaderDataset):
     # -- configuration ------------------------------------------------------
     STATE_KIND = "torchrecord.RecordDataset"
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
+        "subset": "the samples its subset= selects; None: the whole set",
         "count": "the samples it reads",
         "seed": "its seed",
         "shuffle": "its shuffle",
@@ -224,7 +225,6 @@ class RecordDataset(ReaderDataset):
         "drop_last": "its drop_last",
         "batch_size": "its batch_size",
         "loader_batch_size": "its loader_batch_size",
-        "subset": "the samples its subset= selects",
     }
 
     def _set_id(self) -> str:
@@ -248,6 +248,7 @@ class RecordDataset(ReaderDataset):
     def _plan_keys(self) -> dict[str, Any]:
         plan = self._epoch_plan()
         return {
+            "subset": self._subset.digest if self._subset is not None else None,
             "count": plan.count,
             "seed": plan.seed,
             "shuffle": plan.shuffle,
@@ -256,7 +257,6 @@ class RecordDataset(ReaderDataset):
             "drop_last": plan.drop_last,
             "batch_size": plan.batch_size,
             "loader_batch_size": plan.loader_batch_size,
-            "subset": self._subset.digest if self._subset is not None else None,
         }
 
     def _epoch_plan(self) -> SharePlan:

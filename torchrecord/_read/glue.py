@@ -112,15 +112,9 @@ class LoaderGlue:
     batch_size: int | None
     loader_batch_size: int | None
     drop_last: bool
-
-    def _per_rank(self) -> int:
-        raise NotImplementedError
-
-    def _where(self) -> str:
-        raise NotImplementedError
-
-    def _refresh_distributed(self) -> None:
-        raise NotImplementedError
+    _per_rank: Callable[[], int]
+    _where: Callable[[], str]
+    _refresh_distributed: Callable[[], None]
 
     @staticmethod
     def _positive(name: str, value: Any) -> int:

@@ -258,6 +258,11 @@ class RecordLoader(DataLoader[Any]):
 
     record_dataset = reader_dataset
 
+    @property
+    def epoch(self) -> int:
+        """The dataset's epoch (the one the next iteration plays)."""
+        return self.reader_dataset.epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration plays (the dataset's ``set_epoch``; persistent workers see it)."""
         self.reader_dataset.set_epoch(epoch)

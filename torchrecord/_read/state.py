@@ -79,7 +79,8 @@ def find_states(obj: Any, kinds: Iterable[str] | None = None, depth: int = 0) ->
     if depth > 32:
         return
     if isinstance(obj, Mapping):
-        if obj.get("kind") in wanted:
+        kind = obj.get("kind")
+        if isinstance(kind, str) and kind in wanted:
             yield obj
             return
         for value in obj.values():
@@ -273,13 +274,15 @@ class StateCheck:
     def check(self, state: Mapping[str, Any], depth: int) -> None:
         """Every field of a state or position (``depth`` > 0: a base, which must be a position of this set)."""
         where = self.where
+        prefix = "base." * depth
+        if not isinstance(state, Mapping):
+            r.refuse(where, POSITION_KIND, prefix.rstrip("."), state, f"must be None or a {POSITION_KIND} position")
         position = state.get("kind") == POSITION_KIND
         what = str(state.get("kind"))
-        prefix = "base." * depth
         if depth > r.MAX_DEPTH:
             r.refuse(where, what, prefix.rstrip("."), "...", f"positions nest more than {r.MAX_DEPTH} deep")
         if depth and not position:
-            r.refuse(where, what, prefix.rstrip("."), r.show(state), f"must be None or a {POSITION_KIND} position")
+            r.refuse(where, what, prefix.rstrip("."), state, f"must be None or a {POSITION_KIND} position")
         table: dict[str, r.Rule] = {
             "kind": r.anything,
             "version": r.integer(STATE_VERSION, STATE_VERSION),
