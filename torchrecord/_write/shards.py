@@ -137,10 +137,10 @@ def write_shard(
             of such a set.
         group_by: not supported (None only; ValueError): a sharded set has no groups.
         shuffle, seed, num_workers, progress, metadata, on_error, max_skipped,
-        checksums, schema, initial_map_size, commit_bytes,
-        multiprocessing_context, compression, compression_level: as for
-        :func:`torchrecord.write_record`, for this shard (``max_skipped`` bounds
-        what this shard leaves out).
+            checksums, schema, initial_map_size, commit_bytes,
+            multiprocessing_context, compression, compression_level: as for
+            :func:`torchrecord.write_record`, for this shard (``max_skipped``
+            bounds what this shard leaves out).
 
     Returns:
         The shard, a :class:`RecordFile` (a record set on its own). For an

@@ -186,6 +186,9 @@ class _Batch:
 
         self.where = where
         self.first = first  # the dataset row of this batch's row 0 (for errors)
+        #: (column, validity per row) of the columns with nulls: a null is refused when its row is read,
+        #: so the error names the sample being written (a batch holds many samples)
+        self.nulls: list[tuple[str, np.ndarray]] = []
         self.getters: list[tuple[str, Callable[[int], Any]]] = []
         #: per column, every row of the batch as a column for the writer (an array or a BytesColumn over
         #: the Arrow buffers); None where only rows work (images read from files, lists, bad UTF-8)
@@ -209,7 +212,7 @@ class _Batch:
                 getter = self._binary(column, spec.name)
                 whole = _whole(column)
             elif spec.kind in ("number", "classlabel"):
-                self._no_nulls(column, spec.name)
+                column = self._nulls_by_row(column, spec.name, fill=True)
                 values = column.to_numpy(zero_copy_only=False)
                 getter = values.item if spec.kind == "classlabel" else _zero_d(values)
                 # a ClassLabel is a Python int, stored as int64
@@ -223,12 +226,23 @@ class _Batch:
                 values = flat.to_numpy(zero_copy_only=False).reshape(len(column), *spec.shape)
                 getter, whole = values.__getitem__, values
             else:  # a variable-length list of numbers
-                self._no_nulls(column, spec.name)
+                self._nulls_by_row(column, spec.name)  # a null row has an empty range of offsets
                 offsets = column.offsets.to_numpy()
                 values = column.values.to_numpy(zero_copy_only=False)
                 getter = _list_rows(offsets, values)
             self.getters.append((spec.name, getter))
-            self.columns.append(whole)
+            self.columns.append(None if batch.column(spec.name).null_count else whole)
+
+    def _nulls_by_row(self, column: Any, name: str, fill: bool = False) -> Any:
+        """``column``, its nulls noted to be refused when their row is read (``fill``: numbers keep their dtype)."""
+        if not column.null_count:
+            return column
+        self.nulls.append((name, np.asarray(column.is_valid())))
+        if not fill:
+            return column
+        import pyarrow as pa
+
+        return column.fill_null(pa.scalar(False if pa.types.is_boolean(column.type) else 0, column.type))
 
     def _no_nulls(self, column: Any, name: str) -> None:
         if column.null_count:
@@ -238,7 +252,7 @@ class _Batch:
     def _binary(self, column: Any, name: str, nullable: bool = False) -> Callable[[int], bytes | None]:
         """Row -> the bytes of a binary/string column (zero-copy until the row is asked for)."""
         if not nullable:
-            self._no_nulls(column, name)
+            self._nulls_by_row(column, name)
         offsets, data = _buffers(column)
         valid = np.asarray(column.is_valid()) if column.null_count else None
 
@@ -270,7 +284,12 @@ class _Batch:
 
         return get
 
-    def row(self, i: int) -> dict[str, Any]:
+    def row(self, i: int, index: int | None = None) -> dict[str, Any]:
+        """Row ``i`` of the batch; ``index``: the sample's index in the dataset, named in errors."""
+        for name, valid in self.nulls:
+            if not valid[i]:
+                at = self.first + i if index is None else index
+                raise SourceError(f"{self.where}: row {at}, column {name!r} is null; nulls cannot be stored")
         return {name: get(i) for name, get in self.getters}
 
 
@@ -346,7 +365,7 @@ class HFRows:
         _, starts, rows = self._open()
         row = int(rows[index]) if rows is not None else int(index)
         b = int(np.searchsorted(starts, row, side="right")) - 1
-        return self._batch(b).row(row - int(starts[b]))
+        return self._batch(b).row(row - int(starts[b]), index)
 
     def _batch(self, b: int) -> _Batch:
         batch = self._batches.get(b)
