@@ -9,6 +9,8 @@ both a :class:`RecordSet`); mix many sets by weight with
 and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
 
+from typing import Any
+
 from torchrecord._check.verify import VerifyReport, verify
 from torchrecord._core.schema import Field, Schema
 from torchrecord._memory.batches import BatchIter, GroupBatchIter, SampleList, load
@@ -137,4 +139,50 @@ def _present_as_public() -> None:
             obj.__module__ = __name__
 
 
+_CHECKS = (
+    "integrity checks on read are check='checksums' (each record's CRC-32, as it is read) or "
+    "check='structure' (LMDB's page structure, checked before the file is mapped: files of unknown provenance); "
+    "torchrecord.verify(path) checks a whole set once"
+)
+#: public names without check= that read a set: what ``verify=`` should have been there
+_READS_WITHOUT_CHECK = {
+    "load": "give it a set opened with a check, load(torchrecord.open_set(path, check='checksums'))"
+}
+
+
+def _refuse_misnamed_arguments() -> None:
+    """``verify=True`` given to a reader raises ArgumentTypeError naming ``check=``, not Python's bare TypeError."""
+    import functools
+    import inspect
+
+    for name in __all__:
+        obj = globals()[name]
+        is_class = isinstance(obj, type)
+        if (is_class and issubclass(obj, BaseException)) or not callable(obj):
+            continue
+        target = obj.__init__ if is_class else obj
+        try:
+            params = inspect.signature(target).parameters
+        except (TypeError, ValueError):
+            continue
+        hint = _CHECKS if "check" in params else _READS_WITHOUT_CHECK.get(name)
+        if hint is None or "verify" in params:
+            continue
+        wrapper = functools.wraps(target)(_refusing(target, f"{name}() has no argument verify=: {hint}"))
+        if is_class:
+            setattr(obj, "__init__", wrapper)  # noqa: B010 (mypy refuses assigning to a method)
+        else:
+            globals()[name] = wrapper
+
+
+def _refusing(target: Any, message: str) -> Any:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if "verify" in kwargs:
+            raise ArgumentTypeError(message)
+        return target(*args, **kwargs)
+
+    return guarded
+
+
 _present_as_public()
+_refuse_misnamed_arguments()
