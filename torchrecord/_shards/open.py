@@ -13,9 +13,10 @@ from typing import Any
 
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.checked import Check
+from torchrecord._store.paths import expand, folder_hint
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, is_sharded
-from torchrecord.errors import ArgumentError
+from torchrecord.errors import ArgumentError, NotARecordSetError
 
 __all__ = ["SetLike", "open_set"]
 
@@ -89,8 +90,11 @@ def open_set(
             )
         path._require_check(check)
         return path
-    where = os.fsdecode(path)
+    where = expand(path)  # ~ as the shell reads it
     if is_sharded(where):
+        hint = folder_hint(where)  # a folder of record sets, or a Hugging Face dataset on disk
+        if hint is not None:
+            raise NotARecordSetError(hint)
         return ShardedSet(
             where,
             subset=subset,

@@ -21,6 +21,7 @@ import numpy as np
 
 from torchrecord._core.progress import progress_bar
 from torchrecord._core.schema import Schema
+from torchrecord._store.paths import expand
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.publish import as_write_error
 from torchrecord._write.session import WriteSession
@@ -161,7 +162,7 @@ def write_record(
     """
     _check_arguments(dataset, path)
     settings = WriteSettings.of(locals())
-    return write_source(dataset, os.fsdecode(path), settings)
+    return write_source(dataset, expand(path), settings)  # ~ as the shell reads it
 
 
 def _check_arguments(dataset: Any, path: Any) -> None:
