@@ -60,15 +60,17 @@ def open_set(
             Readers other than ``RecordDataset`` take the set this returns.
 
     Returns:
-        The set, read lazily: a file opens on first use, a shard when it is
-        first read.
+        The set, read lazily: a file opens on first use (its path is checked
+        now), a shard when it is first read. A leading ``~`` is expanded.
 
     Raises:
         ValueError: ``subset`` for a sharded set, or ``subset``, ``cache_dir`` or
             ``cache_limit`` given with a set already open.
         torchrecord.errors.RecordNotFoundError: no set at ``path``.
         torchrecord.errors.NotARecordSetError: a folder that holds no finalized
-            sharded set (a folder of shards never finalized says so).
+            sharded set (a folder of shards never finalized says so; a folder of
+            record sets names one, a Hugging Face ``save_to_disk`` folder names
+            ``torchrecord convert``), or a path through a file (``"set.tr/"``).
 
     Example:
         >>> rs = open_set("train.tr")                   # doctest: +SKIP
