@@ -184,3 +184,13 @@ def test_ci_builds_the_site_from_a_fresh_install_of_the_docs_extra() -> None:
     leg = re.search(r"\(\s*bash scripts/test-docs\.sh.*?\)\s*&\s*\ndocs=\$!", ci, re.S)
     assert leg, ".ci/run does not run the docs leg in the background, beside the others"
     assert 'wait "$docs"' in ci
+
+
+def test_the_pages_say_what_a_new_user_trips_over() -> None:
+    """Issue 41, item 12: grayscale images decode to 3 channels; a StatefulDataLoader state across worker counts."""
+    hf = (ROOT / "docs" / "huggingface.md").read_text(encoding="utf-8")
+    assert "grayscale image" in hf and "3 channels" in hf and 'mode="L"' in hf
+    resuming = (ROOT / "docs" / "resuming.md").read_text(encoding="utf-8")
+    assert "AssertionError" in resuming and "torchrecord.RecordLoader" in resuming
+    writing = (ROOT / "docs" / "writing.md").read_text(encoding="utf-8")
+    assert "A list of lists is a structure" in writing

@@ -144,35 +144,29 @@ _CHECKS = (
     "check='structure' (LMDB's page structure, checked before the file is mapped: files of unknown provenance); "
     "torchrecord.verify(path) checks a whole set once"
 )
-#: public names without check= that read a set: what ``verify=`` should have been there
-_READS_WITHOUT_CHECK = {
-    "load": "give it a set opened with a check, load(torchrecord.open_set(path, check='checksums'))"
-}
 
 
 def _refuse_misnamed_arguments() -> None:
-    """``verify=True`` given to a reader raises ArgumentTypeError naming ``check=``, not Python's bare TypeError."""
+    """``verify=True`` given to a reader class raises ArgumentTypeError naming ``check=``, not a bare TypeError.
+
+    Only classes taking ``check=`` are guarded (their ``__init__``, in place): a public function
+    stays the very object its module defines.
+    """
     import functools
     import inspect
 
     for name in __all__:
-        obj = globals()[name]
-        is_class = isinstance(obj, type)
-        if (is_class and issubclass(obj, BaseException)) or not callable(obj):
+        cls = globals()[name]
+        if not isinstance(cls, type) or issubclass(cls, BaseException):
             continue
-        target = obj.__init__ if is_class else obj
+        init = cls.__init__
         try:
-            params = inspect.signature(target).parameters
+            params = inspect.signature(init).parameters
         except (TypeError, ValueError):
             continue
-        hint = _CHECKS if "check" in params else _READS_WITHOUT_CHECK.get(name)
-        if hint is None or "verify" in params:
-            continue
-        wrapper = functools.wraps(target)(_refusing(target, f"{name}() has no argument verify=: {hint}"))
-        if is_class:
-            setattr(obj, "__init__", wrapper)  # noqa: B010 (mypy refuses assigning to a method)
-        else:
-            globals()[name] = wrapper
+        if "check" in params and "verify" not in params:
+            message = f"{name}() has no argument verify=: {_CHECKS}"
+            setattr(cls, "__init__", functools.wraps(init)(_refusing(init, message)))  # noqa: B010
 
 
 def _refusing(target: Any, message: str) -> Any:
