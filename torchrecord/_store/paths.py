@@ -84,7 +84,8 @@ def _hugging_face(path: str) -> str:
             f"{path}: is a Hugging Face dataset saved with save_to_disk, not a record set; convert it: "
             f"torchrecord convert {path} OUT.tr (in Python: torchrecord.convert.from_hf)"
         )
-    splits = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    with os.scandir(path) as entries:
+        splits = sorted(e.name for e in entries if e.is_dir())
     return (
         f"{path}: is a Hugging Face DatasetDict saved with save_to_disk (splits: {', '.join(splits) or 'none'}), "
         f"not a record set; convert a split: torchrecord convert {path} OUT.tr --split {_first(splits)}, or every "
