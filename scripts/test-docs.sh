@@ -13,8 +13,12 @@ PY=${PYTHON:-python3}
 COPY=$(mktemp -d)
 VENV=$COPY/.venv-docs
 trap 'rm -rf "$COPY"' EXIT
-git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} find {} -maxdepth 0 -type f -print0 \
-  | tar --null -cf - -T - | tar -xf - -C "$COPY"
+if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} find {} -maxdepth 0 -type f -print0 \
+    | tar --null -cf - -T - | tar -xf - -C "$COPY"
+else  # not a git checkout: everything but virtual environments and build outputs
+  tar --exclude='./.venv*' --exclude=./build --exclude=./site --exclude='*.egg-info' -cf - . | tar -xf - -C "$COPY"
+fi
 
 "$PY" -m venv "$VENV"
 . "$VENV/bin/activate"
