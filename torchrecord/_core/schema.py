@@ -216,8 +216,9 @@ def _hint(expected: Tree, got: Tree, leaves: Sequence[LeafSignature], at: int) -
         elif lists and all(sig.from_list for sig in lists):
             fix = (
                 "its items are lists of numbers, each stored as a field of its own, so their count cannot vary; "
-                "store a varying number of lists as one padded tensor with their lengths "
-                "(torch.nn.utils.rnn.pad_sequence), or as one flat list of numbers with the offsets where each starts"
+                "lists of one length make one 2-d field with np.asarray(...); lists of varying lengths, one padded "
+                "tensor with their lengths (torch.nn.utils.rnn.pad_sequence) or one flat list of numbers with the "
+                "offsets where each starts"
             )
         else:
             kinds = sorted({leaves[at + i].kind for i in range(len(children)) if at + i < len(leaves)})
