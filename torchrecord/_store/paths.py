@@ -66,8 +66,8 @@ def folder_hint(path: str) -> str | None:
             files = sorted(e.name for _, e in zip(range(_LOOKED_AT), entries) if e.is_file())
     except OSError:
         return None
-    if any(n.startswith("shard-") and "-of-" in n for n in files):
-        return None  # the shards of a set never finalized: the sharded set's own message says so
+    if any(n.startswith("shard-") and "-of-" in n for n in files) or "data.mdb" in files:
+        return None  # the shards of a set never finalized, or an LMDB environment: their own messages say so
     sets = [n for n in files if _is_lmdb(os.path.join(path, n))]
     if not sets:
         return None
