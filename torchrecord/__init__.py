@@ -149,33 +149,34 @@ _CHECKS = (
 def _refuse_misnamed_arguments() -> None:
     """``verify=True`` given to a reader class raises ArgumentTypeError naming ``check=``, not a bare TypeError.
 
-    Only classes taking ``check=`` are guarded (their ``__init__``, in place): a public function
-    stays the very object its module defines.
+    The check is a ``__new__`` of each class taking ``check=``: its ``__init__`` runs as before, so
+    the warnings it gives still point at the caller's line, and public functions stay the very
+    objects their modules define.
     """
     import functools
     import inspect
 
     for name in __all__:
         cls = globals()[name]
-        if not isinstance(cls, type) or issubclass(cls, BaseException):
+        if not isinstance(cls, type) or issubclass(cls, BaseException) or "__new__" in vars(cls):
             continue
-        init = cls.__init__
         try:
-            params = inspect.signature(init).parameters
+            params = inspect.signature(cls.__init__).parameters
         except (TypeError, ValueError):
             continue
         if "check" in params and "verify" not in params:
-            message = f"{name}() has no argument verify=: {_CHECKS}"
-            setattr(cls, "__init__", functools.wraps(init)(_refusing(init, message)))  # noqa: B010
+            refuse = _refusing(cls.__new__, f"{name}() has no argument verify=: {_CHECKS}")
+            # wraps: inspect.signature(cls) still shows __init__'s arguments
+            cls.__new__ = staticmethod(functools.wraps(cls.__init__)(refuse))  # type: ignore[method-assign]
 
 
-def _refusing(target: Any, message: str) -> Any:
-    def guarded(*args: Any, **kwargs: Any) -> Any:
+def _refusing(new: Any, message: str) -> Any:
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         if "verify" in kwargs:
             raise ArgumentTypeError(message)
-        return target(*args, **kwargs)
+        return new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
 
-    return guarded
+    return __new__
 
 
 _present_as_public()
