@@ -39,8 +39,8 @@ from __future__ import annotations
 import argparse
 import functools
 import io
+import multiprocessing
 import os
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -100,12 +100,22 @@ parser.add_argument("--data-dir", type=Path, default=Path("bench-data/compare"))
 
 
 # -- 2. The work per sample, shared by both loaders -----------------------------------
+#: the CPU seconds spent decoding in the epoch being timed, summed over the processes that decode
+#: (the epoch's process and its DataLoader workers, which fork from it and share this counter)
+_decode_cpu: Any = None
+
+
 def decode(data: bytes, size: int) -> torch.Tensor:
     """Image file bytes -> uint8 tensor [3, size, size] (RGB, resized only if needed)."""
+    start = time.thread_time()
     image = Image.open(io.BytesIO(data)).convert("RGB")
     if image.size != (size, size):
         image = image.resize((size, size), Image.Resampling.BILINEAR)
-    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    out = torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    if _decode_cpu is not None:
+        with _decode_cpu.get_lock():
+            _decode_cpu.value += time.thread_time() - start
+    return out
 
 
 class DecodeSample:
@@ -208,13 +218,18 @@ def main() -> None:
     # that memory-mapped the record file (LMDB does) would keep its pages cached.
     def one_epoch(
         make: Callable[..., DataLoader[Any]], workers: int, desc: str, decoded: bool = True
-    ) -> tuple[float, int]:
+    ) -> tuple[float, int, float]:
+        """(seconds, samples, CPU seconds of decoding in this process and its workers) of one epoch."""
+        global _decode_cpu
+        _decode_cpu = multiprocessing.get_context("fork").Value("d", 0.0)  # the workers fork after this
         start = time.perf_counter()
         loader = make(workers, decoded)
         samples = 0
         for batch in tqdm(loader, desc=desc, total=len(loader), leave=False):
             samples += len(batch[1])
-        return time.perf_counter() - start, samples
+        seconds = time.perf_counter() - start
+        del loader  # its workers have exited: every decode is counted
+        return seconds, samples, float(_decode_cpu.value)
 
     def timed(
         cache: str,
@@ -223,7 +238,8 @@ def main() -> None:
         files: list[str],
         workers: int,
         decoded: bool = True,
-    ) -> float:
+    ) -> tuple[float, float]:
+        """The median seconds of an epoch, and that epoch's CPU seconds of decoding."""
         desc = f"{cache} {name} w={workers}" + ("" if decoded else " (reading only)")
         times = []
         for _ in range(args.epochs):
@@ -232,15 +248,15 @@ def main() -> None:
                 evictions[name] = evictions.get(name, True) and worked is not False
                 print(f"{desc}: {seen}")
             # every epoch runs in a fresh process, so this one never maps the record file
-            seconds, samples = run_in_child(functools.partial(one_epoch, make, workers, desc, decoded))
+            seconds, samples, decoding = run_in_child(functools.partial(one_epoch, make, workers, desc, decoded))
             if samples != len(paths):
                 print(f"warning: {desc} gave {samples} samples, expected {len(paths)}")
-            times.append(seconds)
-        return statistics.median(times)
+            times.append((seconds, decoding))
+        return sorted(times)[(len(times) - 1) // 2]
 
     caches = ["cold"] if args.cold else (["warm", "cold"] if args.cache == "both" else [args.cache])
     evictions: dict[str, bool] = {}
-    results = []  # (cache, name, workers, samples/s, seconds, size)
+    results = []  # (cache, name, workers, samples/s, seconds, size, CPU seconds of decoding)
     reading = {}  # (cache, name) -> seconds of one epoch without decoding, 0 workers
     for cache in caches:
         if cache == "warm":
@@ -248,23 +264,15 @@ def main() -> None:
                 read_through(files)
         for workers in args.workers:
             for name, make, files in loaders:
-                seconds = timed(cache, name, make, files, workers)
-                results.append((cache, name, workers, len(paths) / seconds, seconds, disk_bytes(files)))
+                seconds, decoding = timed(cache, name, make, files, workers)
+                results.append((cache, name, workers, len(paths) / seconds, seconds, disk_bytes(files), decoding))
         for name, make, files in loaders:
-            reading[cache, name] = timed(cache, name, make, files, 0, decoded=False)
-
-    # the decode every sample needs on both sides, timed once over all the images in this process
-    blobs = [ImageFiles(paths, labels, args.size, raw=True)[i][0] for i in range(min(len(paths), 1000))]
-    start = time.perf_counter()
-    for data in blobs:
-        decode(data, args.size)
-    decode_each = (time.perf_counter() - start) / len(blobs)
+            reading[cache, name] = timed(cache, name, make, files, 0, decoded=False)[0]
 
     # -- 8. The table and where the time goes -------------------------------------------
-    baseline = {(c, w): rate for c, name, w, rate, _, _ in results if name == "conventional"}
-    rate_of = {(c, name, w): rate for c, name, w, rate, _, _ in results}
+    baseline = {(c, w): rate for c, name, w, rate, *_ in results if name == "conventional"}
     rows = []
-    for cache, name, w, rate, secs, size in results:
+    for cache, name, w, rate, secs, size, _ in results:
         ratio = rate / baseline[cache, w]
         verdict = (
             "-"
@@ -284,28 +292,50 @@ def main() -> None:
         }
         print("cold page cache: " + "; ".join(f"{n}: {v}" for n, v in said.items()))
     print(format_table(["cache", "loader", "workers", "samples/s", "s/epoch", "size on disk", "vs conventional"], rows))
-    decodes = len(paths) * decode_each
+    print_where_the_time_goes(results, reading, len(paths))
+
+
+def print_where_the_time_goes(
+    results: list[tuple[str, str, int, float, float, int, float]],
+    reading: dict[tuple[str, str], float],
+    count: int,
+) -> None:
+    """One line per case: reading alone, decoding (CPU measured in the processes that decode), the rest.
+
+    Decoding is CPU time summed over the processes that decoded (the main process, or the
+    ``w`` workers); its share of the epoch is per process (the sum divided by ``w``), which a
+    process's CPU time within the epoch cannot exceed.
+    """
+    per_image = [d / count for _, name, w, _, _, _, d in results if w == 0 and d]
+    each = f"{min(per_image) * 1e3:.2f} ms per image at best; " if per_image else ""
     print(
-        f"\nwhere the time goes (decoding: {decode_each * 1e3:.2f} ms per image, timed here once;"
-        " reading: the same loader without decoding, 0 workers, timed):"
+        f"\nwhere the time goes (decoding: {each}its CPU time, measured in the processes that decode; "
+        "reading: the same loader without decoding, 0 workers, timed):"
     )
-    for cache, name, w, _, secs, _ in results:
-        decoding = decodes if name == "conventional" or args.stored == "encoded" else 0.0
+    for cache, name, w, _, secs, _, decoding in results:
         read = reading[cache, name]
         per_process = decoding / max(1, w)
-        spread = "" if w <= 1 else f", ~{per_process:.2f} s per worker"
+        spread = (
+            "in the loading process"
+            if w == 0
+            else "in its worker"
+            if w == 1
+            else f"over its {w} workers, ~{per_process:.2f} s each"
+        )
         rest = max(0.0, secs - read - per_process)
         print(
             f"  {cache} {name} w={w}: {secs:.2f} s/epoch: reading alone {read:.2f} s ({read / secs:.0%} of it), "
-            f"decoding {decoding:.2f} s of CPU{spread} ({per_process / secs:.0%} of it), "
-            f"the rest {rest:.2f} s (collation, worker start-up and transfer, waiting)"
+            f"decoding {decoding:.2f} s of CPU {spread} ({per_process / secs:.0%} of the epoch"
+            f"{'' if w <= 1 else ' per worker'}), the rest {rest:.2f} s (collation, worker start-up and transfer, "
+            "waiting)"
         )
-        if name != "conventional" and rate_of[cache, name, w] < 1.05 * baseline[cache, w]:
-            other = reading[cache, "conventional"]
+        other = next(r for r in results if r[:3] == (cache, "conventional", w))
+        if name != "conventional" and other[4] / secs < 1.05:  # under 1.05x the folder's samples/s
+            folder = reading[cache, "conventional"]
             print(
-                f"    not faster here: the same decode takes {per_process:.2f} s of this {secs:.2f} s epoch on "
-                f"both sides; what differs is reading, {other:.2f} s (folder) against {read:.2f} s (torchrecord), "
-                f"{abs(other - read) / secs:.0%} of the epoch"
+                f"    not faster here: decoding takes ~{per_process:.2f} s of this {secs:.2f} s epoch per process, "
+                f"~{other[6] / max(1, w):.2f} s with the folder; what differs is reading, {folder:.2f} s (folder) "
+                f"against {read:.2f} s (torchrecord), {abs(folder - read) / secs:.0%} of the epoch"
             )
 
 

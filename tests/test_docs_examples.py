@@ -23,6 +23,11 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^
 
 def python_blocks(markdown: str) -> list[tuple[int, str]]:
     """(first line number, source) of every fenced block whose info string starts with ``python``."""
+    return fenced_blocks(markdown, ("python", "py"))
+
+
+def fenced_blocks(markdown: str, languages: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(first line number, source) of every fenced block whose info string starts with one of ``languages``."""
     blocks: list[tuple[int, str]] = []
     lines = markdown.split("\n")
     i = 0
@@ -41,7 +46,7 @@ def python_blocks(markdown: str) -> list[tuple[int, str]]:
                 break
             body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i])
             i += 1
-        if language in ("python", "py"):
+        if language in languages:
             blocks.append((i - len(body) + 1, "\n".join(body) + "\n"))
         i += 1
     return blocks

@@ -377,7 +377,8 @@ def test_record_file_metadata(make_record: MakeRecord) -> None:
 
 
 def test_empty_source(make_record: MakeRecord) -> None:
-    rf = RecordFile(make_record([]))
+    with pytest.warns(torchrecord.TorchRecordWarning, match="no samples"):
+        rf = RecordFile(make_record([]))
     assert len(rf) == 0
     assert list(rf) == []
     with pytest.raises(IndexError):

@@ -9,6 +9,8 @@ both a :class:`RecordSet`); mix many sets by weight with
 and draw batches with :class:`BatchIter` or :class:`GroupBatchIter`.
 """
 
+from typing import Any
+
 from torchrecord._check.verify import VerifyReport, verify
 from torchrecord._core.schema import Field, Schema
 from torchrecord._lerobot.dataset import LeRobotDataset
@@ -145,4 +147,45 @@ def _present_as_public() -> None:
             obj.__module__ = __name__
 
 
+_CHECKS = (
+    "integrity checks on read are check='checksums' (each record's CRC-32, as it is read) or "
+    "check='structure' (LMDB's page structure, checked before the file is mapped: files of unknown provenance); "
+    "torchrecord.verify(path) checks a whole set once"
+)
+
+
+def _refuse_misnamed_arguments() -> None:
+    """``verify=True`` given to a reader class raises ArgumentTypeError naming ``check=``, not a bare TypeError.
+
+    The check is a ``__new__`` of each class taking ``check=``: its ``__init__`` runs as before, so
+    the warnings it gives still point at the caller's line, and public functions stay the very
+    objects their modules define.
+    """
+    import functools
+    import inspect
+
+    for name in __all__:
+        cls = globals()[name]
+        if not isinstance(cls, type) or issubclass(cls, BaseException) or "__new__" in vars(cls):
+            continue
+        try:
+            params = inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):
+            continue
+        if "check" in params and "verify" not in params:
+            refuse = _refusing(cls.__new__, f"{name}() has no argument verify=: {_CHECKS}")
+            # wraps: inspect.signature(cls) still shows __init__'s arguments
+            cls.__new__ = staticmethod(functools.wraps(cls.__init__)(refuse))  # type: ignore[method-assign]
+
+
+def _refusing(new: Any, message: str) -> Any:
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if "verify" in kwargs:
+            raise ArgumentTypeError(message)
+        return new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
+
+    return __new__
+
+
 _present_as_public()
+_refuse_misnamed_arguments()

@@ -4,7 +4,9 @@ Each subcommand is registered by its own ``_add_*`` function and runs a thin
 handler over the library. :func:`main` returns the exit code: 0 on success, 1
 with a one-line ``torchrecord <command>: error: ...`` on stderr when the input is
 at fault (a torchrecord error, OSError, ValueError, or a missing optional
-extra), 2 for usage errors. Progress bars go to stderr, only on a terminal.
+extra), 2 for usage errors, 141 without a word when the reader of its output
+went away (``torchrecord head X | head -3``). Progress bars go to stderr, only
+on a terminal.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import statistics
 import sys
 import textwrap
@@ -47,7 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version or a usage error, already printed by argparse
         return exc.code if isinstance(exc.code, int) else 1
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit: a reader gone by then is caught below
+        return code
+    except BrokenPipeError as exc:
+        if not _stdout_closed():
+            print(f"torchrecord {args.command}: error: {_first_line(exc)}", file=sys.stderr)
+            return 1
+        return _SIGPIPE_EXIT  # the reader of the output went away (torchrecord head X | head -3): stop quietly
     except _USER_ERRORS as exc:
         print(f"torchrecord {args.command}: error: {_first_line(exc)}", file=sys.stderr)
         return 1
@@ -72,6 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- helpers ---------------------------------------------------------------------
+
+#: the exit code of a command whose output's reader went away, as for a process ended by SIGPIPE
+_SIGPIPE_EXIT = 141
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader is gone; stdout then points at /dev/null, so exiting prints nothing."""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+    except (OSError, ValueError, AttributeError):  # stdout replaced in-process, or no poll (Windows)
+        return False
+    poll.register(fd, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in poll.poll(0)):
+        return False  # the broken pipe was another one
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return True
 
 
 def _first_line(exc: BaseException) -> str:

@@ -29,6 +29,9 @@ __all__ = ["decode_image"]
 def decode_image(sample: Any, *, key: str = "image", mode: str | None = "RGB") -> Any:
     """Decode encoded image bytes into a ``uint8`` tensor of shape ``[C, H, W]``.
 
+    Every image is converted to RGB by default, so a grayscale image comes out
+    with 3 channels; ``mode="L"`` gives one.
+
     Args:
         sample: the encoded bytes themselves, or a dict whose ``key`` holds them
             (the converters' ``{"image": ..., "label": ...}``), or a tuple/list whose

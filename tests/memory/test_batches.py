@@ -570,7 +570,8 @@ def test_load_puts_every_tensor_on_the_device(make_record: Callable[..., str]) -
 
 
 def test_load_an_empty_set(make_record: Callable[..., str]) -> None:
-    path = make_record([])
+    with pytest.warns(torchrecord.TorchRecordWarning, match="no samples"):
+        path = make_record([])
     with pytest.raises(ValueError, match="holds no samples"):
         load(path)
 

@@ -110,7 +110,8 @@ def test_an_ungrouped_set_has_no_groups(tmp_path: Path) -> None:
 
 
 def test_an_empty_grouped_set(tmp_path: Path) -> None:
-    rf = torchrecord.write_record([], tmp_path / "e.tr", group_by="episode", progress=False)
+    with pytest.warns(torchrecord.TorchRecordWarning, match="no samples"):
+        rf = torchrecord.write_record([], tmp_path / "e.tr", group_by="episode", progress=False)
     assert rf.groups is not None and rf.groups.tolist() == [0] and rf.num_groups == 0
 
 

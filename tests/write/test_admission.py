@@ -81,7 +81,8 @@ def test_a_pushed_write_that_keeps_nothing_is_an_error(tmp_path: Path) -> None:
 
 
 def test_an_empty_source_still_writes_an_empty_set(tmp_path: Path) -> None:
-    rf = write_record([], tmp_path / "empty.tr", on_error="skip", progress=False)
+    with pytest.warns(torchrecord.TorchRecordWarning, match="no samples"):
+        rf = write_record([], tmp_path / "empty.tr", on_error="skip", progress=False)
     assert len(rf) == 0 and rf.write_summary.skipped == 0
 
 

@@ -210,8 +210,16 @@ def _hint(expected: Tree, got: Tree, leaves: Sequence[LeafSignature], at: int) -
         )
     if got["t"] in ("list", "tuple"):
         children = got["c"]
+        lists = [leaves[at + i] for i in range(len(children)) if at + i < len(leaves)]
         if any(c["t"] != "leaf" for c in children):
             fix = "convert the nested list to a NumPy array or tensor (np.asarray(...)), or flatten it"
+        elif lists and all(sig.from_list for sig in lists):
+            fix = (
+                "its items are lists of numbers, each stored as a field of its own, so their count cannot vary; "
+                "lists of one length make one 2-d field with np.asarray(...); lists of varying lengths, one padded "
+                "tensor with their lengths (torch.nn.utils.rnn.pad_sequence) or one flat list of numbers with the "
+                "offsets where each starts"
+            )
         else:
             kinds = sorted({leaves[at + i].kind for i in range(len(children)) if at + i < len(leaves)})
             if kinds and set(kinds) <= {"str", "bytes"}:

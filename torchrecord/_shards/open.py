@@ -13,9 +13,10 @@ from typing import Any
 
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store.checked import Check
+from torchrecord._store.paths import expand, folder_hint
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet, is_sharded
-from torchrecord.errors import ArgumentError
+from torchrecord.errors import ArgumentError, NotARecordSetError
 
 __all__ = ["SetLike", "open_set"]
 
@@ -63,15 +64,17 @@ def open_set(
             ``open(url, deadline, size)`` (see :class:`~torchrecord.ShardedSet`).
 
     Returns:
-        The set, read lazily: a file opens on first use, a shard when it is
-        first read.
+        The set, read lazily: a file opens on first use (its path is checked
+        now), a shard when it is first read. A leading ``~`` is expanded.
 
     Raises:
         ValueError: ``subset`` for a sharded set, or ``subset``, ``cache_dir`` or
             ``cache_limit`` given with a set already open.
         torchrecord.errors.RecordNotFoundError: no set at ``path``.
         torchrecord.errors.NotARecordSetError: a folder that holds no finalized
-            sharded set (a folder of shards never finalized says so).
+            sharded set (a folder of shards never finalized says so; a folder of
+            record sets names one, a Hugging Face ``save_to_disk`` folder names
+            ``torchrecord convert``), or a path through a file (``"set.tr/"``).
 
     Example:
         >>> rs = open_set("train.tr")                   # doctest: +SKIP
@@ -94,8 +97,11 @@ def open_set(
             )
         path._require_check(check)
         return path
-    where = os.fsdecode(path)
+    where = expand(path)  # ~ as the shell reads it
     if is_sharded(where):
+        hint = folder_hint(where)  # a folder of record sets, or a Hugging Face dataset on disk
+        if hint is not None:
+            raise NotARecordSetError(hint)
         return ShardedSet(
             where,
             subset=subset,

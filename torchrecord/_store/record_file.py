@@ -16,6 +16,7 @@ from torchrecord._store import checked as _checked
 from torchrecord._store import claims as _claims
 from torchrecord._store import envcache as _envcache
 from torchrecord._store import format as _format
+from torchrecord._store import paths as _paths
 from torchrecord._store.groups import read_offsets
 from torchrecord._store.identity import set_id_of
 from torchrecord._store.record_decode import RecordDecoding
@@ -110,7 +111,7 @@ class RecordFile(RecordDecoding, RecordSet):
         subset: Any = None,
         check: _checked.Check | None = None,
     ) -> None:
-        self.path = os.fsdecode(path)  # bytes paths too, as str for messages
+        self.path = _paths.expand(path)  # bytes paths too, as str for messages; ~ expanded
         self._check = _checked.parse_check(check)
         self._checked: _checked.Identity | None = None  # the file that passed the structural check
         self._lenient_count = False  # verify: the count may claim missing records (each is reported)
@@ -125,6 +126,7 @@ class RecordFile(RecordDecoding, RecordSet):
         self._subset: Subset | None = None
         if is_sharded(self.path):  # a folder, manifest or URL: a sharded set (or nothing), never one file
             raise not_one_file(self.path)
+        _paths.require_file(self.path)  # a stat, no handle: a missing file fails here, not at first use
         if _checked.checks_structure(self._check):
             self._checked = _checked.ensure(self.path)
         if subset is not None:

@@ -160,7 +160,9 @@ class Admission:
 
     # -- the schema ------------------------------------------------------------------
     def _establish(self, index: int, sample: Normalized, where: str) -> None:
-        self._first = f"the first sample (sample {index})"
+        # samples are named by their index in the source; a shuffled read meets them out of order
+        out_of_order = ": a shuffled write reads the source out of order" if self.shuffled_read and index else ""
+        self._first = f"the first sample read (sample {index}{out_of_order})"
         declared = self.declared
         if declared is not None:
             names = [f.name for f in declared.full.fields] if declared.full is not None else field_names(sample.tree)

@@ -21,12 +21,13 @@ import numpy as np
 from typing_extensions import Unpack
 
 from torchrecord._core.progress import progress_bar
+from torchrecord._store.paths import expand
 from torchrecord._store.record_file import RecordFile
 from torchrecord._write.publish import as_write_error
 from torchrecord._write.session import WriteSession
 from torchrecord._write.settings import SchemaArg, WriteOptions, WriterOptions, WriteSettings, spell_out
 from torchrecord._write.sources import Preparer, is_map_style, iterate_source, read_in_order
-from torchrecord.errors import IgnoredOptionWarning, TorchRecordWarning, WriterClosedError
+from torchrecord.errors import ArgumentTypeError, IgnoredOptionWarning, TorchRecordWarning, WriterClosedError
 
 __all__ = ["RecordWriter", "SchemaArg", "put_entries", "write_record", "write_source"]
 
@@ -74,8 +75,32 @@ def write_record(dataset: Any, path: PathArg, **options: Unpack[WriteOptions]) -
             before reading).
         WriteError: the write failed (disk full, ...); nothing is left at ``path``.
     """
+    _check_arguments(dataset, path)
     settings = WriteSettings.of(options, "write_record")
-    return write_source(dataset, os.fsdecode(path), settings)
+    return write_source(dataset, expand(path), settings)  # ~ as the shell reads it
+
+
+def _check_arguments(dataset: Any, path: Any) -> None:
+    """Swapped arguments and a path that is none are named; a source of no samples (``len`` 0) is warned about."""
+    paths = (str, bytes, os.PathLike)
+    if isinstance(dataset, paths):
+        if not isinstance(path, paths):
+            raise ArgumentTypeError(
+                f"write_record(dataset, path): the arguments look swapped: dataset is the path {dataset!r} and "
+                f"path a {type(path).__name__}; call write_record(samples, {dataset!r})"
+            )
+        raise ArgumentTypeError(
+            f"write_record: the source is a {type(dataset).__name__} ({dataset!r}), not a dataset: give a sequence "
+            "or an iterable of samples (to convert a file or folder: torchrecord.convert, `torchrecord convert`)"
+        )
+    if not isinstance(path, paths):
+        raise ArgumentTypeError(f"write_record: path is a {type(path).__name__}, not a str or os.PathLike")
+    if is_map_style(dataset) and len(dataset) == 0:
+        warnings.warn(
+            f"{os.fsdecode(path)}: the source has no samples (len 0): writing an empty record set",
+            TorchRecordWarning,
+            stacklevel=3,
+        )
 
 
 def write_source(
