@@ -18,7 +18,8 @@ huggingface/lerobot#2488):
 
 * ``lerobot``: LeRobot's ``LeRobotDataset`` (the oracle);
 * ``drop-in``: ``torchrecord.LeRobotDataset`` on the converted set;
-* ``stream``: the streaming reader over the same windows (its column is left for it: see ``STREAM``).
+* ``stream``: ``torchrecord.LeRobotStreamDataset`` over the same windows, batches built in the reader,
+  read by ``torchrecord.RecordLoader`` (``STREAM``).
 
 Modes: ``plain`` (no ``delta_timestamps``) and ``windows`` (both cameras at
 [-1/fps, 0], the state at [-1/fps, 0], 16 actions from 0: a diffusion-policy-like
@@ -133,11 +134,14 @@ def _drop_in(root: Path, converted: Path, deltas: dict[str, list[float]] | None)
     return torchrecord.LeRobotDataset(converted, delta_timestamps=deltas)
 
 
-#: -------- The streaming reader's column (left for it) ------------------------------------------------
-#: ``STREAM(root, converted, deltas)`` gives the streaming reader's dataset over the same windows, to be
-#: read by ``DataLoader(ds, batch_size=None, num_workers=w)`` with ``batch_size`` set on the dataset
-#: (see ``_items_per_second``); None leaves the column empty ("-").
-STREAM: Callable[[Path, Path, dict[str, list[float]] | None], Any] | None = None
+def _stream(root: Path, converted: Path, deltas: dict[str, list[float]] | None, batch_size: int) -> Any:
+    import torchrecord
+
+    return torchrecord.LeRobotStreamDataset(converted, delta_timestamps=deltas, batch_size=batch_size)
+
+
+#: The streaming reader: ``STREAM(root, converted, deltas, batch_size)``, read by ``torchrecord.RecordLoader``.
+STREAM: Callable[[Path, Path, dict[str, list[float]] | None, int], Any] | None = _stream
 
 LOADERS: dict[str, Callable[[Path, Path, dict[str, list[float]] | None], Any]] = {
     "lerobot": _lerobot,
@@ -155,7 +159,9 @@ def _clear_decoder_cache() -> None:
 def _items_per_second(ds: Any, *, batch_size: int, workers: int, batches: int, streaming: bool) -> float:
     _clear_decoder_cache()
     if streaming:
-        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+        import torchrecord
+
+        loader: Any = torchrecord.RecordLoader(ds, num_workers=workers)
     else:
         generator = torch.Generator().manual_seed(0)
         loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=generator)
@@ -195,9 +201,8 @@ def run(root: Path, converted: Path, *, batch_size: int, batches: int, workers: 
                 )
             row["stream"] = None
             if STREAM is not None:
-                row["stream"] = _items_per_second(
-                    STREAM(root, converted, deltas), batch_size=batch_size, workers=w, batches=batches, streaming=True
-                )
+                ds = STREAM(root, converted, deltas, batch_size)
+                row["stream"] = _items_per_second(ds, batch_size=batch_size, workers=w, batches=batches, streaming=True)
             rows.append(row)
             print_row(row)
     return rows

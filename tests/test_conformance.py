@@ -1,6 +1,6 @@
 """The reader contract (tests/conformance.py), run the same way on every reader class.
 
-RecordDataset, MixedDataset, StreamDataset and WindowDataset (DataLoader readers,
+RecordDataset, MixedDataset, StreamDataset, WindowDataset and LeRobotStreamDataset (DataLoader readers,
 ranks and workers), and BatchIter and GroupBatchIter over ``torchrecord.load``
 (in-process iterators: the checks without workers or ranks). A check a reader
 does not meet today is a strict xfail naming the gap: when the gap closes, the
@@ -19,10 +19,12 @@ import torch
 
 from tests import conformance
 from tests.conformance import BATCH, Case, Epoch
+from tests.lerobot.handmade import write_dataset as write_lerobot
 from tests.robomimic_files import write_demo_file
 from torchrecord import (
     BatchIter,
     GroupBatchIter,
+    LeRobotStreamDataset,
     MixedDataset,
     RecordDataset,
     RecordFile,
@@ -32,7 +34,7 @@ from torchrecord import (
     load,
     write_record,
 )
-from torchrecord.convert import from_robomimic
+from torchrecord.convert import from_lerobot, from_robomimic
 
 #: Samples of the plain set: odd, so that two ranks pad by one.
 COUNT = 301
@@ -79,6 +81,11 @@ def make_window(path: str, **kw: Any) -> WindowDataset:
     )
 
 
+def make_lerobot(path: str, **kw: Any) -> LeRobotStreamDataset:
+    deltas = {"observation.images.top": [-0.1, 0.0], "next.reward": [0.0, 0.1]}
+    return LeRobotStreamDataset(path, **{"delta_timestamps": deltas, "shuffle_buffer": 16, "seed": 3, **kw})
+
+
 def make_batch_iter(path: str, *, batch_size: int, **kw: Any) -> BatchIter:
     return BatchIter(load(path), batch_size=batch_size, **{"seed": 3, **kw})
 
@@ -95,6 +102,11 @@ def labels(item: Any) -> list[Hashable]:
     if isinstance(item, tuple):
         item = item[0]
     return [int(x) for x in torch.as_tensor(item["label"]).reshape(-1).tolist()]
+
+
+def frame_indices(item: dict[str, Any]) -> list[Hashable]:
+    """The global frame index of a LeRobot item, or of each item of a batch."""
+    return [int(x) for x in torch.as_tensor(item["index"]).reshape(-1).tolist()]
 
 
 def stream_labels(batch: dict[str, Any]) -> list[Hashable]:
@@ -137,6 +149,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
     seq = SequenceDataset(robo, OBS_KEYS, DATASET_KEYS, seq_length=3)
     windows = [window_ids({"obs": {"pos": torch.from_numpy(seq[i]["obs"]["pos"])}})[0] for i in range(len(seq))]
     frames = list(range(sum(LENGTHS)))
+    write_lerobot(root / "lerobot", [7, 2, 12, 5, 9, 11], rows_per_file=10)
+    robot = str(from_lerobot(root / "lerobot", root / "lerobot.tr", progress=False).path)
     return {
         "RecordDataset": Case(
             "RecordDataset",
@@ -171,6 +185,14 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
             _padded(windows),
             batch_size=8,
         ),
+        "LeRobotStreamDataset": Case(
+            # LeRobotDataset's items (46 frames), each once, ranks padded like RecordDataset
+            "LeRobotStreamDataset",
+            functools.partial(make_lerobot, robot),
+            frame_indices,
+            _padded(list(range(46))),
+            batch_size=8,
+        ),
         "BatchIter": Case(
             "BatchIter",
             functools.partial(make_batch_iter, plain),
@@ -203,7 +225,15 @@ for _name in ("BatchIter", "GroupBatchIter"):
         "(torchrecord/_memory/columns.py _container and _leaf_at)"
     )
 
-CASES = ("RecordDataset", "MixedDataset", "StreamDataset", "WindowDataset", "BatchIter", "GroupBatchIter")
+CASES = (
+    "RecordDataset",
+    "MixedDataset",
+    "StreamDataset",
+    "WindowDataset",
+    "LeRobotStreamDataset",
+    "BatchIter",
+    "GroupBatchIter",
+)
 
 
 @pytest.fixture(scope="module")

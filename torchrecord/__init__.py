@@ -14,6 +14,7 @@ from typing import Any
 from torchrecord._check.verify import VerifyReport, verify
 from torchrecord._core.schema import Field, Schema
 from torchrecord._lerobot.dataset import LeRobotDataset
+from torchrecord._lerobot.stream import LeRobotStreamDataset
 from torchrecord._memory.batches import BatchIter, GroupBatchIter, SampleList, load
 from torchrecord._mix.dataset import MixedDataset
 from torchrecord._read.collate import collate
@@ -84,6 +85,7 @@ __all__ = [
     "IndexOutOfRangeError",
     "InternalError",
     "LeRobotDataset",
+    "LeRobotStreamDataset",
     "LoaderMismatchError",
     "MissingDatasetKeyWarning",
     "MissingDependencyError",

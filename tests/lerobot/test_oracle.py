@@ -16,12 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
 from tests.lerobot.handmade import assert_same_item
-from torchrecord import LeRobotDataset
+from torchrecord import LeRobotDataset, LeRobotStreamDataset, RecordLoader
 from torchrecord.convert import from_lerobot
 
 
@@ -183,3 +184,22 @@ def test_dataloader_workers_give_the_oracle_batches(built: tuple[Path, Path], co
         loader = DataLoader(theirs, batch_size=4, num_workers=2, multiprocessing_context="fork")
         for b, (mine, want) in enumerate(zip(got, _batches(loader))):
             _assert_same_batch(mine, want, f"oracle fork batch {b}")
+
+
+@pytest.mark.parametrize("deltas", ["none", "windows"])
+def test_the_streaming_readers_batches_are_the_oracles(built: tuple[Path, Path], deltas: str) -> None:
+    """LeRobotStreamDataset through RecordLoader with 2 workers: each batch is default_collate of the oracle's items
+    at the indices the reader's plan visits."""
+    root, path = built
+    kw = {"delta_timestamps": DELTAS[deltas]}
+    theirs = oracle(root, **kw)
+    plan = LeRobotStreamDataset(path, batch_size=4, shuffle_buffer=12, seed=1, **kw)
+    orders = [np.concatenate(plan.reader_items(w, 2)).tolist() for w in range(2)]
+    # a DataLoader takes one batch from each worker in turn
+    chunks = [[o[a : a + 4] for a in range(0, len(o), 4)] for o in orders]
+    expected = [c[i] for i in range(max(map(len, chunks))) for c in chunks if i < len(c)]
+    video_utils._default_decoder_cache.clear()
+    got = list(RecordLoader(LeRobotStreamDataset(path, batch_size=4, shuffle_buffer=12, seed=1, **kw), num_workers=2))
+    assert len(got) == len(expected) and sorted(i for chunk in expected for i in chunk) == list(range(len(theirs)))
+    for b, (mine, chunk) in enumerate(zip(got, expected)):
+        _assert_same_batch(mine, default_collate([theirs[i] for i in chunk]), f"stream batch {b} ({deltas})")

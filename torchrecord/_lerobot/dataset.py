@@ -210,31 +210,60 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """The items at ``indices``, every frame they need read once (a DataLoader calls this per batch)."""
-        at = self._positions(indices)
+        where, pads = self._queries(self._positions(indices))
+        return self.split(*self._columns(where, pads))
+
+    def _queries(self, at: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+        """Where each key of the items at positions ``at`` reads (global frames, ``[n]`` or ``[n, T]``), and the
+        ``<key>_is_pad`` masks of the keys with ``delta_timestamps``."""
         frame, start, end = self._frame[at], self._start[at], self._end[at]
-        columns: dict[str, Any] = {}
-        pads: dict[str, torch.Tensor] = {}
-        wanted: list[tuple[str, np.ndarray]] = []
         # LeRobot decodes a video key without offsets at the item's timestamp, windowed when that is (one offset)
         shown = frame
         if "timestamp" in self._deltas:
             shown = delta_plan.query_frames(frame, start, end, self._deltas["timestamp"])[0][:, 0]
+        where: dict[str, np.ndarray] = {}
+        pads: dict[str, torch.Tensor] = {}
         for key in self._keys:
-            where = shown if key in self.robot.video_keys else frame
+            where[key] = shown if key in self.robot.video_keys else frame
             if key in self._deltas:
-                where, pad = delta_plan.query_frames(frame, start, end, self._deltas[key])
+                where[key], pad = delta_plan.query_frames(frame, start, end, self._deltas[key])
                 pads[f"{key}_is_pad"] = torch.from_numpy(pad)
+        return where, pads
+
+    def read_cameras(self, where: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every camera frame ``where`` names, read once: per camera (its frames, sorted and unique; their pixels)."""
+        unions = {key: np.unique(w) for key, w in where.items() if key in self.robot.cameras}
+        pixels = self.frames.read_cameras(list(unions.items()))
+        return {key: (frames, held) for (key, frames), held in zip(unions.items(), pixels)}
+
+    def _columns(
+        self,
+        where: Mapping[str, np.ndarray],
+        pads: Mapping[str, torch.Tensor],
+        cameras: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """The items of ``where`` as columns ``[n, ...]`` in item order, and their task strings.
+
+        ``cameras``: frames already read (:meth:`read_cameras`); else the frames are read here.
+        """
+        held = cameras if cameras is not None else self.read_cameras(where)
+        columns: dict[str, torch.Tensor] = {}
+        for key in self._keys:
+            w = where[key]
             if key in self.robot.cameras:
-                wanted.append((key, where))
+                frames, pixels = held[key]
+                squeeze = key in self.robot.video_keys and w.ndim == 2
+                columns[key] = _scaled(pixels[np.searchsorted(frames, w)], squeeze=squeeze)
             else:
-                columns[key] = torch.from_numpy(self.frames.column(key, where))
-        for (key, where), pixels in zip(wanted, self.frames.read_cameras(wanted)):
-            columns[key] = _scaled(pixels, squeeze=key in self.robot.video_keys and where.ndim == 2)
+                columns[key] = torch.from_numpy(self.frames.column(key, w))
         columns.update(pads)
-        task_index = columns["task_index"]
         tasks = self.robot.tasks
-        names = [tasks[t] for t in task_index.reshape(len(at)).tolist()]
-        keys = self._order[:-1]
+        names = [tasks[t] for t in columns["task_index"].reshape(-1).tolist()]
+        return {key: columns[key] for key in self._order[:-1]}, names
+
+    def split(self, columns: Mapping[str, torch.Tensor], names: Sequence[str]) -> list[dict[str, Any]]:
+        """Columns ``[n, ...]`` and task strings (:meth:`_columns`) as ``n`` items, ``image_transforms`` applied."""
+        keys = list(columns)
         items = [dict(zip(keys, values)) for values in zip(*(columns[key].unbind(0) for key in keys))]
         for item, name in zip(items, names):
             item["task"] = name

@@ -59,9 +59,11 @@ class FixedWindow:
             ]
             whole = np.ascontiguousarray(joined)
             self._items = [
-                np.ndarray((n, k), np.dtype((np.void, size)), buffer=whole, offset=off, strides=(length, size))
-                if size
-                else None
+                None
+                if not size
+                else np.ndarray((n, k), np.dtype((np.void, size)), buffer=whole, offset=off, strides=(length, size))
+                if n
+                else np.empty((0, k), np.dtype((np.void, size)))  # no record: no buffer to view
                 for off, size in zip(layout.offsets, layout.sample_bytes)
             ]
         self.views = views
