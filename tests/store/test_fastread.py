@@ -298,3 +298,38 @@ def test_parallel_write_with_the_fast_encoder(tmp_path: Path, context: str) -> N
 def _payloads(sample: Any) -> tuple[Any, Any]:
     norm = normalize(sample)
     return norm.payloads, norm.signatures
+
+
+@pytest.mark.parametrize("per_record", [1, 3])
+def test_long_records_are_gathered_straight_from_the_map(tmp_path: Path, per_record: int) -> None:
+    """Records of 16 KiB or more are gathered with one take a field from LMDB's map (``Mapped``); a window with a
+    record that is not as stored (here: made non-canonical) takes the copy a sample; both give the stored samples."""
+    from torchrecord._store import fastread
+
+    path = tmp_path / f"long{per_record}.tr"
+    count = 39  # whole records (a shard's short final chunk is re-encoded: its window takes the copy a sample)
+    samples = [(np.full((3, 48, 48), i % 251, np.uint8), i) for i in range(count)]  # 6.9 KB a sample
+    torchrecord.write_record(samples, path, samples_per_record=per_record, shuffle=False, progress=False)
+    assert torchrecord.RecordFile(path).fixed_layout().length >= JOIN_LIMIT or per_record == 1
+    seen: list[Any] = []
+    original = fastread.FixedWindow.__init__
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        seen.append(self.mapped)
+
+    fastread.FixedWindow.__init__ = spy  # type: ignore[method-assign]
+    try:
+        ds = torchrecord.RecordDataset(path, batch_size=7, shuffle_buffer=16, seed=2)
+        images, labels = [], []
+        for x, y in ds:
+            images.append(x)
+            labels.append(y)
+    finally:
+        fastread.FixedWindow.__init__ = original  # type: ignore[method-assign]
+    got = torch.cat(labels).tolist()
+    assert sorted(got) == list(range(count))
+    for image, label in zip(torch.cat(images), got):
+        assert torch.equal(image, torch.full((3, 48, 48), label % 251, dtype=torch.uint8))
+    if torchrecord.RecordFile(path).fixed_layout().length >= JOIN_LIMIT:
+        assert seen and all(m is not None for m in seen)  # every window gathered from the map

@@ -13,6 +13,7 @@ from the map into the batch.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import weakref
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from numpy.lib.stride_tricks import as_strided
 from torchrecord._core.layout import FixedLayout
 from torchrecord._store.walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "joins"]
+__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "address_of", "joins"]
 
 #: Records at least this long are gathered from their views one sample at a time
 #: (one copy); shorter ones are first joined into one buffer (vectorized gather).
@@ -38,13 +39,55 @@ def joins(layout: FixedLayout) -> bool:
     return layout.length < JOIN_LIMIT or layout.expander is not None
 
 
+class Mapped:
+    """Where a window's long records lie in LMDB's map: one uint8 view over the span that holds them all, and
+    each record's offset in it, so that a field of many samples is gathered with one ``np.take`` (a memcpy a
+    sample, straight from the map) instead of a Python copy a sample.
+
+    The records are views of the map (py-lmdb ``buffers=True``) that the window holds; the span is read at
+    their offsets only, and only while the window (so its walk's transaction) is alive.
+    """
+
+    def __init__(self, views: Sequence[Any], addresses: np.ndarray, length: int) -> None:
+        base = int(addresses.min())
+        span = int(addresses.max()) + length - base
+        self.views = views  # what the offsets point into
+        self.offsets = addresses - base
+        self.memory = np.frombuffer((ctypes.c_char * span).from_address(base), np.uint8)  # type: ignore[call-overload]
+        self._items: dict[int, np.ndarray] = {}
+
+    def items(self, size: int) -> np.ndarray:
+        """The span as ``size``-byte items at every byte offset (a stride-1 view: items overlap)."""
+        view = self._items.get(size)
+        if view is None:
+            count = len(self.memory) - size + 1
+            view = self._items[size] = np.ndarray((count,), np.dtype((np.void, size)), self.memory, 0, (1,))
+        return view
+
+    def take(self, rec: np.ndarray, row: np.ndarray, offset: int, size: int, dst: np.ndarray) -> None:
+        """Copy field bytes (``offset`` in the record, ``size`` a sample) of samples ``(rec, row)`` into ``dst``."""
+        where = self.offsets[rec] + (offset + row * size)
+        np.take(self.items(size), where, out=dst.view(np.dtype((np.void, size))).reshape(len(dst)))
+
+
+def address_of(view: Any) -> int:
+    """The address of a buffer's first byte."""
+    return int(np.frombuffer(view, np.uint8).ctypes.data)
+
+
 class FixedWindow:
     """Whole records of one window, addressed by sample coordinates (record row, row in record)."""
 
     def __init__(
-        self, layout: FixedLayout, joined: np.ndarray | None, views: list[memoryview] | None, buffer: np.ndarray
+        self,
+        layout: FixedLayout,
+        joined: np.ndarray | None,
+        views: list[memoryview] | None,
+        buffer: np.ndarray,
+        mapped: Mapped | None = None,
     ) -> None:
         self.layout = layout
+        self.mapped = mapped
         self.buffer = buffer  # the reader's storage, recycled once this window is gone
         length, k = layout.length, layout.rows
         self.fields: list[np.ndarray] = []
@@ -101,7 +144,13 @@ class FixedWindow:
                 else:  # a fancy index gathers into a temporary first
                     dst[at : at + n].view(items.dtype)[:, 0] = items[rec, row]
             return list(out)
+        if self.mapped is not None:  # one take a field, straight from the map
+            for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
+                if dst is not None and size:
+                    self.mapped.take(rec, row, off, size, dst[at : at + n])
+            return list(out)
         views = self.views
+        assert views is not None
         # visit the records in stored order (each to its permuted row): the map is read forwards
         visits = sorted(zip(rec.tolist(), row.tolist(), range(at, at + n)))
         for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
@@ -298,7 +347,11 @@ class _WindowBuilder:
                 suspects.add(row)
         for row in suspects:
             views[row] = memoryview(self._canonical(row, self.views[row]))
-        return FixedWindow(layout, None, views, self.buffer)
+        mapped = None
+        if views and not suspects:  # every record a view of the map, as stored: gathered straight from it
+            addresses = np.fromiter((address_of(v) for v in views), np.int64, len(views))
+            mapped = Mapped(views, addresses, length)
+        return FixedWindow(layout, None, views, self.buffer, mapped)
 
     def _canonical(self, row: int, value: Any) -> bytes:
         record, count, path = self._piece_of(row)
