@@ -64,6 +64,9 @@ ALLOWED_RAISES: dict[tuple[str, str], str] = {
     ("_write/publish.py", "raise OSError(err, os.strerror(err), temp)"): (
         "renameat2's other errors, as os.rename would raise them; as_write_error makes them a WriteError"
     ),
+    ("convert/images.py", 'raise ValueError("expected extensions such as .jpg,.png, or \'*\' for every file")'): (
+        "an argparse type= function: argparse turns its ValueError into the command line's usage error"
+    ),
     (
         "_read/slot_maps.py",
         'raise OSError(code, f"mmap of a {size}-byte shared-memory slot failed: {os.strerror(code)}")',
@@ -86,6 +89,14 @@ ALLOWED_CLASSES: dict[tuple[str, str], str] = {
     ),
     ("_store/format.py", "_TooMany"): "raised in msgpack's hooks; read_metadata turns it into a FormatError",
     ("_write/fast_leaves.py", "Mismatch"): "a sample the fast encoder cannot take: it goes the general way",
+    ("_storage/transfer.py", "Damaged"): (
+        "one transfer's data did not match what was expected: with_retries catches it and tries again within the "
+        "deadline, then raises a FetchError naming the shard"
+    ),
+    ("_write/shard_plan.py", "Superseded"): (
+        "the set was finalized by this writer's own attempt while it wrote: write_shard catches it and returns the "
+        "finalized shard"
+    ),
 }
 
 _BUILTIN_EXCEPTIONS = {

@@ -124,7 +124,13 @@ class HFRows:
         _, starts, rows = self._open()
         row = int(rows[index]) if rows is not None else int(index)
         b = int(np.searchsorted(starts, row, side="right")) - 1
-        return self._batch(b).row(row - int(starts[b]))
+        try:
+            return self._batch(b).row(row - int(starts[b]))
+        except SourceError as exc:
+            if row == index:
+                raise
+            # the dataset's index, as the writer numbers the sample (not the Arrow table's row behind a select)
+            raise SourceError(str(exc).replace(f": row {row},", f": row {index},", 1)) from None
 
     def _batch(self, b: int) -> Batch:
         batch = self._batches.get(b)
