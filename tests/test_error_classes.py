@@ -64,7 +64,7 @@ ALLOWED_RAISES: dict[tuple[str, str], str] = {
     ("_write/publish.py", "raise OSError(err, os.strerror(err), temp)"): (
         "renameat2's other errors, as os.rename would raise them; as_write_error makes them a WriteError"
     ),
-    ("convert/images.py", 'raise ValueError("expected extensions such as .jpg,.png, or \'*\' for every file")'): (
+    ("convert/images.py", "raise ValueError(\"expected extensions such as .jpg,.png, or '*' for every file\")"): (
         "an argparse type= function: argparse turns its ValueError into the command line's usage error"
     ),
     (
