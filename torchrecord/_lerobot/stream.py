@@ -69,18 +69,11 @@ class LeRobotStreamDataset(ReaderDataset):
     """
 
     STATE_KIND = "torchrecord.LeRobotStreamDataset"
-    RESUME_ADVICE = "resume with the same episodes, delta_timestamps and settings"
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
         "items": "its items (the frames of the episodes chosen)",
         "episodes": "its episodes",
         "delta_timestamps": "its delta_timestamps",
-        "seed": "its seed",
-        "shuffle": "its shuffle",
-        "window": "its shuffle buffer, in items",
-        "block_size": "its block size",
-        "drop_last": "its drop_last",
-        "batch_size": "its batch_size",
-        "loader_batch_size": "its loader_batch_size",
+        **ReaderDataset.SHARE_PLAN_KEYS,
     }
 
     def __init__(
@@ -105,21 +98,7 @@ class LeRobotStreamDataset(ReaderDataset):
         world_size: int | None = None,
         check: Check | None = None,
     ) -> None:
-        self._init_reader(
-            rank,
-            world_size,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            block_size=block_size,
-            seed=seed,
-            drop_last=drop_last,
-            transform=transform,
-            batch_transform=batch_transform,
-            collate_fn=collate_fn,
-            loader_batch_size=loader_batch_size,
-            check=check,
-        )
+        self._init_reader(locals())
         self.items = LeRobotDataset(
             path,
             delta_timestamps=delta_timestamps,
@@ -165,18 +144,9 @@ class LeRobotStreamDataset(ReaderDataset):
     def _plan_keys(self) -> dict[str, Any]:
         plan = self._epoch_plan()
         deltas = self.items.delta_timestamps
-        return {
-            "items": plan.count,
-            "episodes": self.items.episodes,
-            "delta_timestamps": None if deltas is None else {k: deltas[k] for k in sorted(deltas)},
-            "seed": plan.seed,
-            "shuffle": plan.shuffle,
-            "window": plan.window,
-            "block_size": plan.block_size,
-            "drop_last": plan.drop_last,
-            "batch_size": plan.batch_size,
-            "loader_batch_size": plan.loader_batch_size,
-        }
+        chosen: dict[str, Any] = {"items": plan.count, "episodes": self.items.episodes}
+        chosen["delta_timestamps"] = None if deltas is None else {k: deltas[k] for k in sorted(deltas)}
+        return {**chosen, **self._share_plan_keys(plan)}
 
     def _batch_bytes(self) -> int | None:
         return (self.batch_size or 1) * 4 * max(1, self._item_camera_bytes())  # cameras as float32

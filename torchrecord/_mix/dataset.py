@@ -134,9 +134,9 @@ class MixedDataset(ReaderDataset):
     Example:
         >>> ds = MixedDataset({"a": "a.tr", "b": "b.tr"}, weights={"a": 3, "b": 1},   # doctest: +SKIP
         ...                   stop="until_all", batch_size=128, policy="ready")
-        >>> loader = DataLoader(ds, batch_size=None, num_workers=2)               # doctest: +SKIP
+        >>> loader = torchrecord.RecordLoader(ds, num_workers=2)                   # doctest: +SKIP
         >>> for epoch in range(3):                                                  # doctest: +SKIP
-        ...     ds.set_epoch(epoch)
+        ...     loader.set_epoch(epoch)
         ...     for images, labels in loader: ...
     """
 
@@ -166,20 +166,7 @@ class MixedDataset(ReaderDataset):
         threads: int = 8,
         check: Check | None = None,
     ) -> None:
-        self._init_reader(
-            rank,
-            world_size,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            transform=transform,
-            batch_transform=batch_transform,
-            collate_fn=collate_fn,
-            seed=seed,
-            drop_last=drop_last,
-            loader_batch_size=loader_batch_size,
-            check=check,
-        )
+        self._init_reader(locals())
         check_choice("policy", policy, POLICIES)
         check_choice("stop", stop, _mix_plan.STOPS)
         if isinstance(weights, str):

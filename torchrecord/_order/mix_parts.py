@@ -30,7 +30,7 @@ from torchrecord._order.mix_plan import (
     stream_runs,
     units_of_positions,
 )
-from torchrecord._order.plan import EpochPlan, Reader, runs_of
+from torchrecord._order.plan import Reader, WindowedPlan, runs_of
 from torchrecord.errors import ArgumentError
 
 __all__ = ["MixEpochPlan", "MixPart", "compress", "expand", "window_target"]
@@ -160,8 +160,8 @@ class MixPart:
         return np.concatenate(out)
 
 
-@dataclass(frozen=True)
-class MixEpochPlan(EpochPlan):
+@dataclass(frozen=True, kw_only=True)
+class MixEpochPlan(WindowedPlan):
     """A mix epoch over every reader: its draws (:func:`plan_epoch`), split like a record set's samples.
 
     Attributes:
@@ -177,14 +177,7 @@ class MixEpochPlan(EpochPlan):
     counts: tuple[int, ...]
     rates: tuple[str, ...] | None
     draw_size: int
-    seed: int
-    epoch: int
-    shuffle: bool
-    window: int
     step: int
-    drop_last: bool = False
-    batch_size: int | None = None
-    loader_batch_size: int | None = None
 
     @cached_property
     def draws(self) -> MixPlan:

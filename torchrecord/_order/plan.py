@@ -30,7 +30,7 @@ import numpy as np
 
 from torchrecord._order import partition as _partition
 
-__all__ = ["EpochPlan", "Part", "Reader", "items_of", "runs_of"]
+__all__ = ["EpochPlan", "Part", "Reader", "WindowedPlan", "items_of", "runs_of"]
 
 Run = tuple[int, int]
 
@@ -160,6 +160,24 @@ class EpochPlan(ABC):
             _REST_CACHE.clear()
         _REST_CACHE[key] = out
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowedPlan(EpochPlan):
+    """The settings of a plan whose readers hand their part out in permuted windows (records, windows, a mix).
+
+    Attributes:
+        seed, epoch, shuffle: the order (``shuffle=False``: no permutation).
+        window: positions per permuted window (a mix's once ramped up).
+    """
+
+    seed: int
+    epoch: int
+    shuffle: bool
+    window: int
+    drop_last: bool = False
+    batch_size: int | None = None
+    loader_batch_size: int | None = None
 
 
 #: rest() of the latest positions: a worker resuming elastically asks for it once per reader it rebuilds

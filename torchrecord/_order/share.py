@@ -18,7 +18,7 @@ import numpy as np
 
 from torchrecord._order import partition as _partition
 from torchrecord._order import windows as _windows
-from torchrecord._order.plan import EpochPlan, Reader, runs_of
+from torchrecord._order.plan import Reader, WindowedPlan, runs_of
 
 __all__ = ["Share", "SharePlan"]
 
@@ -88,8 +88,8 @@ class Share:
         return np.concatenate([sequence[:full], tail[: n - full]])
 
 
-@dataclass(frozen=True)
-class SharePlan(EpochPlan):
+@dataclass(frozen=True, kw_only=True)
+class SharePlan(WindowedPlan):
     """Blocks of ``count`` positions in a seeded order, split over the world, read in permuted windows.
 
     Attributes:
@@ -105,13 +105,6 @@ class SharePlan(EpochPlan):
 
     count: int
     block_size: int
-    window: int
-    seed: int
-    epoch: int
-    shuffle: bool
-    drop_last: bool = False
-    batch_size: int | None = None
-    loader_batch_size: int | None = None
     bounds: tuple[int, ...] | None = None
 
     @property

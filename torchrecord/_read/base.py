@@ -44,7 +44,7 @@ from torchrecord._read import state as _state
 from torchrecord._read.glue import LoaderGlue
 from torchrecord._read.ipc import bundled, for_parent, slot_room
 from torchrecord._read.items import Items
-from torchrecord._read.options import check_options, check_world, integer, integer_below
+from torchrecord._read.options import CHECKERS, check_options, check_world, integer, integer_below
 from torchrecord._read.state import POSITION_KIND, STATE_VERSION, Start, StateCheck
 from torchrecord._store.checked import Check
 from torchrecord.errors import (
@@ -82,8 +82,8 @@ class _Pass(NamedTuple):
 class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     """The base of the streaming datasets: one reader contract (see the module docstring).
 
-    A subclass calls :meth:`_init_reader` from ``__init__`` with its shared
-    options (they become attributes of the same names), sets :attr:`STATE_KIND`,
+    A subclass calls :meth:`_init_reader` from ``__init__`` with its
+    ``locals()`` (the shared options become attributes of the same names), sets :attr:`STATE_KIND`,
     and implements :meth:`_set_id`, :meth:`_where`, :meth:`_per_rank`,
     :meth:`_plan_keys`, :meth:`_epoch_plan` and :meth:`_read`.
     """
@@ -92,6 +92,16 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     STATE_KIND: ClassVar[str] = ""
     #: What each key of :meth:`_plan_keys` is, for the message that refuses a state saved with another value.
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {}
+    #: What the plan keys of every reader of a SharePlan are (:meth:`_share_plan_keys`).
+    SHARE_PLAN_KEYS: ClassVar[Mapping[str, str]] = {
+        "seed": "its seed",
+        "shuffle": "its shuffle",
+        "window": "its shuffle window (shuffle_buffer, batch_size)",
+        "block_size": "its block size",
+        "drop_last": "its drop_last",
+        "batch_size": "its batch_size",
+        "loader_batch_size": "its loader_batch_size",
+    }
     #: What to do when a state's plan differs from this dataset's.
     RESUME_ADVICE: ClassVar[str] = "resume with the same settings"
 
@@ -121,13 +131,13 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
         if cls.STATE_KIND:
             _state.STATE_KINDS.add(cls.STATE_KIND)
 
-    def _init_reader(
-        self, rank: int | None, world_size: int | None, *, batch_required: bool = False, **options: Any
-    ) -> None:
-        """Check the shared ``options`` and keep them as attributes; set up the epoch, the world and the state."""
+    def _init_reader(self, given: Mapping[str, Any], *, batch_required: bool = False) -> None:
+        """Check the shared options among ``given`` (a constructor's ``locals()``) and keep them as attributes
+        (:data:`~torchrecord._read.options.CHECKERS` names them); set up the epoch, the world and the state."""
+        options = {name: value for name, value in given.items() if name in CHECKERS}
         for name, value in check_options(options, batch_required=batch_required).items():
             setattr(self, name, value)
-        self._explicit = check_world(rank, world_size)
+        self._explicit = check_world(given.get("rank"), given.get("world_size"))
         self._distributed = self._detect_distributed()
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         # a loaded resume point, and which pass used it (shared: the workers of one pass use it, no later pass)
@@ -234,19 +244,15 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
             bounds=None if bounds is None else tuple(int(b) for b in bounds),
         )
 
+    @staticmethod
+    def _share_plan_keys(plan: SharePlan) -> dict[str, Any]:
+        """The state's ``plan`` keys every reader of a :class:`SharePlan` has (it adds what counts its positions)."""
+        return {key: getattr(plan, key) for key in ReaderDataset.SHARE_PLAN_KEYS}
+
     def _items(self, where: str, schema: Schema | None, sample_chunk: int | None = None) -> Items:
         """How this dataset turns what it read into its items, with its transform, collation and batch options."""
-        return Items(
-            where,
-            schema,
-            transform=self.transform,
-            collate_fn=self.collate_fn,
-            batch_transform=self.batch_transform,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            room=self._stack_room(),
-            sample_chunk=sample_chunk,
-        )
+        options = {name: getattr(self, name) for name in Items.OPTIONS}
+        return Items(where, schema, room=self._stack_room(), sample_chunk=sample_chunk, **options)
 
     # -- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

@@ -169,21 +169,7 @@ class RecordDataset(ReaderDataset):
         check: Check | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self._init_reader(
-            rank,
-            world_size,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            block_size=block_size,
-            seed=seed,
-            transform=transform,
-            batch_transform=batch_transform,
-            collate_fn=collate_fn,
-            drop_last=drop_last,
-            batch_size=batch_size,
-            loader_batch_size=loader_batch_size,
-            check=check,
-        )
+        self._init_reader(locals())
         self.file: RecordSet = open_set(
             path, cache_dir=cache_dir, cache_limit=cache_limit, check=self.check, storage_options=storage_options
         )
@@ -218,13 +204,7 @@ class RecordDataset(ReaderDataset):
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
         "subset": "the samples its subset= selects; None: the whole set",
         "count": "the samples it reads",
-        "seed": "its seed",
-        "shuffle": "its shuffle",
-        "window": "the window of its shuffle_buffer and batch_size",
-        "block_size": "its block size, in whole records",
-        "drop_last": "its drop_last",
-        "batch_size": "its batch_size",
-        "loader_batch_size": "its loader_batch_size",
+        **ReaderDataset.SHARE_PLAN_KEYS,
     }
 
     def _set_id(self) -> str:
@@ -247,17 +227,8 @@ class RecordDataset(ReaderDataset):
 
     def _plan_keys(self) -> dict[str, Any]:
         plan = self._epoch_plan()
-        return {
-            "subset": self._subset.digest if self._subset is not None else None,
-            "count": plan.count,
-            "seed": plan.seed,
-            "shuffle": plan.shuffle,
-            "window": plan.window,
-            "block_size": plan.block_size,
-            "drop_last": plan.drop_last,
-            "batch_size": plan.batch_size,
-            "loader_batch_size": plan.loader_batch_size,
-        }
+        subset = self._subset.digest if self._subset is not None else None
+        return {"subset": subset, "count": plan.count, **self._share_plan_keys(plan)}
 
     def _epoch_plan(self) -> SharePlan:
         """This epoch's blocks and windows over every reader (``torchrecord._order.share``)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -60,6 +60,9 @@ class Items:
             ``torchrecord._read.ipc.slot_room``, so the batch is stacked straight into the slot it leaves in;
             None: fresh memory. A ``collate_fn`` of the user builds where it likes.
     """
+
+    #: the dataset options an Items takes (a reader's attributes of the same names)
+    OPTIONS: ClassVar[tuple[str, ...]] = ("transform", "collate_fn", "batch_transform", "batch_size", "drop_last")
 
     path: str
     schema: Schema | None

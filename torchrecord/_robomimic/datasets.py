@@ -245,21 +245,7 @@ class WindowDataset(ReaderDataset):
         hdf5_cache_mode: Any = _UNSET,
         check: Check | None = None,
     ) -> None:
-        self._init_reader(
-            rank,
-            world_size,
-            shuffle=shuffle,
-            seed=seed,
-            batch_size=batch_size,
-            drop_last=drop_last,
-            transform=transform,
-            batch_transform=batch_transform,
-            collate_fn=collate_fn,
-            shuffle_buffer=shuffle_buffer,
-            block_size=block_size,
-            loader_batch_size=loader_batch_size,
-            check=check,
-        )
+        self._init_reader(locals())
         self.core = RoboWindows(
             path,
             obs_keys,
@@ -281,13 +267,7 @@ class WindowDataset(ReaderDataset):
     PLAN_KEYS: ClassVar[Mapping[str, str]] = {
         "windows": "its windows",
         "window_spec": "its frame_stack, seq_length and padding",
-        "seed": "its seed",
-        "shuffle": "its shuffle",
-        "batch_size": "its batch_size",
-        "drop_last": "its drop_last",
-        "block_size": "its block size",
-        "window": "its shuffle buffer, in windows",
-        "loader_batch_size": "its loader_batch_size",
+        **ReaderDataset.SHARE_PLAN_KEYS,
     }
 
     def _set_id(self) -> str:
@@ -331,17 +311,8 @@ class WindowDataset(ReaderDataset):
 
     def _plan_keys(self) -> dict[str, Any]:
         plan, spec = self._epoch_plan(), self.core.spec
-        return {
-            "windows": plan.count,
-            "window_spec": [spec.frame_stack, spec.seq_length, spec.pad_frame_stack, spec.pad_seq_length],
-            "seed": plan.seed,
-            "shuffle": plan.shuffle,
-            "batch_size": plan.batch_size,
-            "drop_last": plan.drop_last,
-            "block_size": plan.block_size,
-            "window": plan.window,
-            "loader_batch_size": plan.loader_batch_size,
-        }
+        shape = [spec.frame_stack, spec.seq_length, spec.pad_frame_stack, spec.pad_seq_length]
+        return {"windows": plan.count, "window_spec": shape, **self._share_plan_keys(plan)}
 
     def reader_windows(self, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
         """The window indices one reader visits this epoch, buffer by buffer, in order (a pure plan).

@@ -142,15 +142,7 @@ def unpack_metadata(raw: bytes, path: str) -> dict[str, Any]:
         return container
 
     try:
-        meta = msgpack.unpackb(
-            raw,
-            raw=False,
-            strict_map_key=True,
-            ext_hook=_no_ext,
-            object_hook=count,
-            list_hook=count,
-            max_bin_len=MAX_METADATA_BYTES,
-        )
+        meta = msgpack.unpackb(raw, object_hook=count, list_hook=count, **_UNPACK)
     except _TooMany:
         raise FormatError(
             f"{path}: the metadata holds more than {MAX_METADATA_CONTAINERS} maps and arrays, more than torchrecord "
@@ -184,6 +176,15 @@ def check_metadata_size(packed: bytes, containers: int) -> None:
 
 def _no_ext(code: int, data: bytes) -> Any:
     raise FormatError(f"msgpack extension type {code} is not allowed in torchrecord metadata")
+
+
+#: How metadata is unpacked: str keys only, no extension types (nothing a file holds runs code), bounded bins.
+_UNPACK: dict[str, Any] = {
+    "raw": False,
+    "strict_map_key": True,
+    "ext_hook": _no_ext,
+    "max_bin_len": MAX_METADATA_BYTES,
+}
 
 
 def read_metadata(env: lmdb.Environment, path: str) -> dict[str, Any]:

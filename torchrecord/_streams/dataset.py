@@ -99,18 +99,7 @@ class StreamDataset(ReaderDataset):
         world_size: int | None = None,
         check: Check | None = None,
     ) -> None:
-        self._init_reader(
-            rank,
-            world_size,
-            batch_required=True,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            transform=transform,
-            batch_transform=batch_transform,
-            check=check,
-        )
+        self._init_reader(locals(), batch_required=True)
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ArgumentError(f"steps must be an integer >= 1, got {steps!r}")
         self.file: RecordSet = open_set(path, check=self.check)

@@ -10,6 +10,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import lmdb
 
@@ -20,6 +21,20 @@ __all__ = ["LmdbAppender", "space_hint"]
 
 _CRC_BYTES = 4
 _CRC = struct.Struct("<I")  # a record's CRC-32, as zlib.crc32(value).to_bytes(4, "little")
+
+
+#: How a fresh file is opened for writing: one file, private to this process until it is published (no lock
+#: file, no syncs: a failed write leaves nothing to recover), no read-ahead and no zeroing of new pages.
+_PRIVATE_FILE: dict[str, Any] = {
+    "subdir": False,
+    "max_dbs": MAX_DBS,
+    "lock": False,
+    "sync": False,
+    "metasync": False,
+    "readahead": False,
+    "meminit": False,
+    "map_async": False,
+}
 
 
 class LmdbAppender:
@@ -54,18 +69,7 @@ class LmdbAppender:
         env = None
         existed = os.path.lexists(path)
         try:
-            env = lmdb.open(
-                path,
-                subdir=False,
-                map_size=max(initial_map_size, 1 << 16),
-                max_dbs=MAX_DBS,
-                lock=False,
-                sync=False,
-                metasync=False,
-                readahead=False,
-                meminit=False,
-                map_async=False,
-            )
+            env = lmdb.open(path, map_size=max(initial_map_size, 1 << 16), **_PRIVATE_FILE)
             self._records = env.open_db(RECORDS_DB)
             self._crcs = env.open_db(CRC_DB)
             self._meta = env.open_db(META_DB)
