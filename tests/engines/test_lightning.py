@@ -49,7 +49,7 @@ def test_lightning_ddp_resumes_mid_epoch_with_the_rest_of_the_epoch(tmp_path: Pa
     saved = torch.load(checkpoint, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     assert len(saved) == 1 and saved[0]["batches"] == STOP - 6
     position = saved[0]["position"]
-    assert position["epoch"] == 1 and sorted((r, w) for r, w, _ in position["yielded"]) == [
+    assert position["epoch"] == 1 and sorted((r, w) for r, w, *_ in position["readers"]) == [
         (0, 0),
         (0, 1),
         (1, 0),
