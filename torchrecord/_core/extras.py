@@ -12,6 +12,7 @@ __all__ = ["EXTRAS", "HF_HINT", "LEROBOT_HINT", "REMOTE_HINT", "S3_HINT", "insta
 # extra name -> the requirement it installs (as in setup.cfg)
 EXTRAS: dict[str, str] = {
     "compress": "cramjam>=2.11",
+    "fastcrc": "isal>=1.6",
     "hdf5": "h5py>=3",
     "images": "pillow>=9",
     "progress": "tqdm>=4.60",

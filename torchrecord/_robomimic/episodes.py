@@ -31,7 +31,6 @@ samples.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from torchrecord._core import dtypes as _dtypes
+from torchrecord._core.crc import crc32
 from torchrecord._core.schema import Field
 from torchrecord._store import format as _format
 from torchrecord._store.record_set import RecordSet
@@ -81,7 +81,7 @@ def field_name(group: str | None, key: str) -> str:
 def final_entry(demo: int, frames: Sequence[np.ndarray]) -> tuple[bytes, bytes]:
     """The meta-database entry of demo ``demo``'s final frames (one per final key, in order)."""
     body = b"".join(np.ascontiguousarray(f, dtype=f.dtype.newbyteorder("<")).tobytes() for f in frames)
-    return FINAL_PREFIX + _format.encode_key(demo), zlib.crc32(body).to_bytes(_CRC, "little") + body
+    return FINAL_PREFIX + _format.encode_key(demo), crc32(body).to_bytes(_CRC, "little") + body
 
 
 class FinalFrames:
@@ -126,7 +126,7 @@ class FinalFrames:
                     raise CorruptRecordError(f"{where} are missing; convert the HDF5 file again")
                 if len(raw) != self.size:
                     raise CorruptRecordError(f"{where} hold {len(raw)} bytes, not {self.size}; convert it again")
-                if verify and zlib.crc32(raw[_CRC:]) != int.from_bytes(raw[:_CRC], "little"):
+                if verify and crc32(raw[_CRC:]) != int.from_bytes(raw[:_CRC], "little"):
                     raise ChecksumError(f"{where} fail their CRC-32: the file is damaged; convert the HDF5 file again")
                 for name, array in out.items():
                     at, _, dtype = self.spans[name]

@@ -15,7 +15,6 @@ a run, then sequential steps. Each step is checked before a byte is used:
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from types import TracebackType
@@ -24,6 +23,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from torchrecord._core.crc import crc32
 from torchrecord._store.format import encode_key, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
@@ -39,7 +39,7 @@ def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, wher
     """Raise ChecksumError unless ``stored`` is the 4-byte little-endian CRC-32 of ``value``."""
     if stored is None:
         raise CorruptRecordError(f"{where}: no checksum stored")
-    actual = zlib.crc32(value)
+    actual = crc32(value)
     if len(stored) != _CRC_BYTES:
         raise ChecksumError(f"{where}: the stored checksum has {len(stored)} bytes, not {_CRC_BYTES}")
     expected = int.from_bytes(stored, "little")

@@ -14,13 +14,14 @@ from typing import Any
 
 import lmdb
 
+from torchrecord._core.crc import crc32
 from torchrecord._store.format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_key, encode_keys
 from torchrecord.errors import WriteError
 
 __all__ = ["LmdbAppender", "space_hint"]
 
 _CRC_BYTES = 4
-_CRC = struct.Struct("<I")  # a record's CRC-32, as zlib.crc32(value).to_bytes(4, "little")
+_CRC = struct.Struct("<I")  # a record's CRC-32, as crc32(value).to_bytes(4, "little")
 
 
 #: How a fresh file is opened for writing: one file, private to this process until it is published (no lock
@@ -137,7 +138,7 @@ class LmdbAppender:
                 for j, piece in enumerate(pieces):
                     txn.put(encode_key(first + j), piece, db=self._records)
                     if self._checksums:
-                        txn.put(encode_key(first + j), zlib.crc32(piece).to_bytes(_CRC_BYTES, "little"), db=self._crcs)
+                        txn.put(encode_key(first + j), crc32(piece).to_bytes(_CRC_BYTES, "little"), db=self._crcs)
                 total += len(pieces)
 
         self._commit(rewrite)
