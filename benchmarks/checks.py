@@ -1,4 +1,4 @@
-"""What reading files of unknown provenance costs: the structural check and the key checks.
+"""What reading files of unknown provenance costs: the structural check, the key checks and the checksums.
 
 ``python -m benchmarks.checks --workloads small-images tiny-vectors --scale 0.2``
 
@@ -13,7 +13,9 @@ For each workload (the same generated samples as ``benchmarks.run``, written wit
 * one epoch of ``RecordDataset(batch_size=B)`` (no workers: the reading process's own
   cost) with ``check=None`` and with ``check="structure"``, each made afresh and the
   check's per-process memo cleared, so every epoch pays the check once, as a new
-  training process would.
+  training process would;
+* the same epoch with ``check="checksums"`` (every record's CRC-32), with the CRC-32
+  torchrecord chose (ISA-L's with the ``fastcrc`` extra) and with zlib's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import contextlib
 import statistics
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -30,6 +33,7 @@ from typing import Any
 import torchrecord
 from benchmarks.loaders.torchrecord_loader import record_key, write_records
 from benchmarks.workloads import WORKLOADS, load_workload
+from torchrecord._core.crc import CRC32_BACKEND
 from torchrecord._store import checked as _checked
 from torchrecord._store import walk as _walk_module
 from torchrecord._store.format import encode_key
@@ -64,9 +68,23 @@ def _walk(path: str, keys_checked: bool) -> int:
         return sum(len(values) for _, values in walk.pieces([(0, rf.num_records)]))
 
 
-def _epoch(path: str, batch_size: int, check: str | None, keys_checked: bool = True) -> int:
+@contextlib.contextmanager
+def _zlib_crc() -> Iterator[None]:
+    """Checksums checked with zlib.crc32 (the baseline without the fastcrc extra)."""
+    fast = _walk_module.crc32
+    _walk_module.crc32 = zlib.crc32
+    try:
+        yield
+    finally:
+        _walk_module.crc32 = fast
+
+
+def _epoch(path: str, batch_size: int, check: str | None, keys_checked: bool = True, zlib_crc: bool = False) -> int:
     _checked._PASSED.clear()  # a new process: nothing checked yet
-    with contextlib.nullcontext() if keys_checked else _keys_unchecked():
+    with (
+        contextlib.nullcontext() if keys_checked else _keys_unchecked(),
+        _zlib_crc() if zlib_crc else contextlib.nullcontext(),
+    ):
         ds = torchrecord.RecordDataset(path, batch_size=batch_size, check=check)
         return sum(len(labels) for _, labels in ds)
 
@@ -104,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             "epoch, check=None": lambda f=file, b=data.batch_size: _epoch(f, b, None),
             "epoch, keys not checked": lambda f=file, b=data.batch_size: _epoch(f, b, None, False),
             'epoch, check="structure"': lambda f=file, b=data.batch_size: _epoch(f, b, "structure"),
+            'epoch, check="checksums"': lambda f=file, b=data.batch_size: _epoch(f, b, "checksums"),
+            'epoch, "checksums", zlib': lambda f=file, b=data.batch_size: _epoch(f, b, "checksums", zlib_crc=True),
         }
         for fn in configs.values():  # warm the page cache and the imports
             fn()
@@ -126,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         epoch = median['epoch, check="structure"'] / median["epoch, check=None"]
         print(f'  check="structure": epoch x{epoch:.3f} ({(epoch - 1) * 100:+.1f}%, once per process)')
+        crc = median['epoch, check="checksums"'] / median["epoch, check=None"]
+        crc_zlib = median['epoch, "checksums", zlib'] / median["epoch, check=None"]
+        print(f"  check=\"checksums\": epoch x{crc:.3f} with {CRC32_BACKEND}'s CRC-32, x{crc_zlib:.3f} with zlib's")
     return 0
 
 

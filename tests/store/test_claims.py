@@ -190,3 +190,22 @@ def test_write_time_record_file_reads_a_huge_chunk_claim_lazily(tmp_path: Path) 
     path = write_set(tmp_path / "set.tr", n=3, size=8, samples_per_record=10**5)
     rf = torchrecord.RecordFile(path)
     assert [int(s[1]) for s in rf] == [0, 1, 2] and torch.equal(rf[2][0], torch.full((8,), 2, dtype=torch.uint8))
+
+
+def test_long_records_far_apart_in_the_map_gather_without_copying_the_span(tmp_path: Path) -> None:
+    """A window of long records spans many MB of the map; a batch gathered from it copies only its samples.
+
+    The gather sees the span as overlapping rows (one at every byte); a gather that copied that view would
+    need span x record bytes (here terabytes) and fail at once.
+    """
+    rng = np.random.default_rng(3)
+    samples = [rng.integers(0, 256, (4, 256, 256), dtype=np.uint8) for _ in range(48)]  # 256 KiB each
+    path = tmp_path / "long.tr"
+    torchrecord.write_record([{"x": torch.from_numpy(s)} for s in samples], path, shuffle=False)
+    ds = torchrecord.RecordDataset(path, batch_size=16, shuffle=True, shuffle_buffer=48, seed=1)
+    seen = 0
+    for batch in ds:
+        for row in batch["x"]:
+            assert any(torch.equal(row, torch.from_numpy(s)) for s in samples)
+            seen += 1
+    assert seen == 48

@@ -262,7 +262,7 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         return {key: columns[key] for key in self._order[:-1]}, names
 
     def split(self, columns: Mapping[str, torch.Tensor], names: Sequence[str]) -> list[dict[str, Any]]:
-        """Columns ``[n, ...]`` and task strings (:meth:`_columns`) as ``n`` items, ``image_transforms`` applied."""
+        """Columns ``[n, ...]`` (:meth:`_columns`) and their task ``names`` as ``n`` items, transforms applied."""
         keys = list(columns)
         items = [dict(zip(keys, values)) for values in zip(*(columns[key].unbind(0) for key in keys))]
         for item, name in zip(items, names):

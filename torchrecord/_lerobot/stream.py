@@ -152,7 +152,7 @@ class LeRobotStreamDataset(ReaderDataset):
         return (self.batch_size or 1) * 4 * max(1, self._item_camera_bytes())  # cameras as float32
 
     def reader_items(self, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
-        """The item indices one reader visits this epoch, window by window, in order (a pure plan)."""
+        """The item indices reader ``worker`` of ``num_workers`` visits on this rank this epoch, window by window."""
         self._refresh_distributed()
         rank, world = self._distributed
         return list(self._epoch_plan().part(Reader(rank, world, worker, num_workers)).windows())

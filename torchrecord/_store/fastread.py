@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from numpy.lib.stride_tricks import as_strided
 
 from torchrecord._core.layout import FixedLayout
@@ -41,11 +42,13 @@ def joins(layout: FixedLayout) -> bool:
 
 class Mapped:
     """Where a window's long records lie in LMDB's map: one uint8 view over the span that holds them all, and
-    each record's offset in it, so that a field of many samples is gathered with one ``np.take`` (a memcpy a
-    sample, straight from the map) instead of a Python copy a sample.
+    each record's offset in it, so that a field of many samples is gathered with one ``index_select`` (a
+    memcpy a sample, straight from the map into the batch) instead of a Python copy a sample.
 
     The records are views of the map (py-lmdb ``buffers=True``) that the window holds; the span is read at
-    their offsets only, and only while the window (so its walk's transaction) is alive.
+    their offsets only, and only while the window (so its walk's transaction) is alive. The span is seen as
+    rows of ``size`` bytes starting at every byte (a stride-1, overlapping view): ``torch.index_select``
+    reads only the rows asked for, where ``np.take`` would first copy the whole overlapping view.
     """
 
     def __init__(self, views: Sequence[Any], addresses: np.ndarray, length: int) -> None:
@@ -53,21 +56,24 @@ class Mapped:
         span = int(addresses.max()) + length - base
         self.views = views  # what the offsets point into
         self.offsets = addresses - base
-        self.memory = np.frombuffer((ctypes.c_char * span).from_address(base), np.uint8)  # type: ignore[call-overload]
-        self._items: dict[int, np.ndarray] = {}
+        memory = np.frombuffer((ctypes.c_char * span).from_address(base), np.uint8)  # type: ignore[call-overload]
+        self.memory = torch.from_numpy(memory)  # never written: read through index_select only
+        self._rows: dict[int, torch.Tensor] = {}
 
-    def items(self, size: int) -> np.ndarray:
-        """The span as ``size``-byte items at every byte offset (a stride-1 view: items overlap)."""
-        view = self._items.get(size)
+    def rows(self, size: int) -> torch.Tensor:
+        """The span as ``size``-byte rows starting at every byte offset (a stride-1 view: rows overlap)."""
+        view = self._rows.get(size)
         if view is None:
-            count = len(self.memory) - size + 1
-            view = self._items[size] = np.ndarray((count,), np.dtype((np.void, size)), self.memory, 0, (1,))
+            view = self._rows[size] = self.memory.as_strided((len(self.memory) - size + 1, size), (1, 1))
         return view
 
     def take(self, rec: np.ndarray, row: np.ndarray, offset: int, size: int, dst: np.ndarray) -> None:
-        """Copy field bytes (``offset`` in the record, ``size`` a sample) of samples ``(rec, row)`` into ``dst``."""
-        where = self.offsets[rec] + (offset + row * size)
-        np.take(self.items(size), where, out=dst.view(np.dtype((np.void, size))).reshape(len(dst)))
+        """Copy field bytes (``offset`` in the record, ``size`` a sample) of samples ``(rec, row)`` into ``dst``.
+
+        ``dst`` is a C-contiguous (len(rec), size) uint8 array.
+        """
+        where = torch.from_numpy(self.offsets[rec] + (offset + row * size))
+        torch.index_select(self.rows(size), 0, where, out=torch.from_numpy(dst))
 
 
 def address_of(view: Any) -> int:
