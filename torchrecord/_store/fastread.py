@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.lib.stride_tricks import as_strided
 
 from torchrecord._core.layout import FixedLayout
 from torchrecord._store.walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "address_of", "joins"]
+__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "ROW_COPY", "Mapped", "address_of", "joins"]
 
 #: Records at least this long are gathered from their views one sample at a time
 #: (one copy); shorter ones are first joined into one buffer (vectorized gather).
@@ -40,15 +39,20 @@ def joins(layout: FixedLayout) -> bool:
     return layout.length < JOIN_LIMIT or layout.expander is not None
 
 
+#: Samples at least this long are copied from the map one by one (one memcpy each, no temporary); shorter
+#: ones with one fancy index a field (vectorized, through a temporary).
+ROW_COPY = 32 << 10
+
+
 class Mapped:
     """Where a window's long records lie in LMDB's map: one uint8 view over the span that holds them all, and
-    each record's offset in it, so that a field of many samples is gathered with one ``index_select`` (a
-    memcpy a sample, straight from the map into the batch) instead of a Python copy a sample.
+    each record's offset in it, so that a field of many samples is gathered straight from the map into the
+    batch, without a Python slice a sample for short samples.
 
     The records are views of the map (py-lmdb ``buffers=True``) that the window holds; the span is read at
-    their offsets only, and only while the window (so its walk's transaction) is alive. The span is seen as
-    rows of ``size`` bytes starting at every byte (a stride-1, overlapping view): ``torch.index_select``
-    reads only the rows asked for, where ``np.take`` would first copy the whole overlapping view.
+    their offsets only, and only while the window (so its walk's transaction) is alive. Only NumPy touches
+    the map: a torch operation here could run OpenMP threads, which hang in a process forked after its
+    parent used them (a user's ``os.fork()`` child reading a set).
     """
 
     def __init__(self, views: Sequence[Any], addresses: np.ndarray, length: int) -> None:
@@ -56,15 +60,18 @@ class Mapped:
         span = int(addresses.max()) + length - base
         self.views = views  # what the offsets point into
         self.offsets = addresses - base
-        memory = np.frombuffer((ctypes.c_char * span).from_address(base), np.uint8)  # type: ignore[call-overload]
-        self.memory = torch.from_numpy(memory)  # never written: read through index_select only
-        self._rows: dict[int, torch.Tensor] = {}
+        self.memory = np.frombuffer((ctypes.c_char * span).from_address(base), np.uint8)  # type: ignore[call-overload]
+        self._rows: dict[int, np.ndarray] = {}
 
-    def rows(self, size: int) -> torch.Tensor:
-        """The span as ``size``-byte rows starting at every byte offset (a stride-1 view: rows overlap)."""
+    def rows(self, size: int) -> np.ndarray:
+        """The span as ``size``-byte items starting at every byte offset (a stride-1 view: items overlap).
+
+        A fancy index reads only the items asked for (``np.take`` would first copy the whole view).
+        """
         view = self._rows.get(size)
         if view is None:
-            view = self._rows[size] = self.memory.as_strided((len(self.memory) - size + 1, size), (1, 1))
+            count = len(self.memory) - size + 1
+            view = self._rows[size] = np.ndarray((count,), np.dtype((np.void, size)), self.memory, 0, (1,))
         return view
 
     def take(self, rec: np.ndarray, row: np.ndarray, offset: int, size: int, dst: np.ndarray) -> None:
@@ -72,8 +79,13 @@ class Mapped:
 
         ``dst`` is a C-contiguous (len(rec), size) uint8 array.
         """
-        where = torch.from_numpy(self.offsets[rec] + (offset + row * size))
-        torch.index_select(self.rows(size), 0, where, out=torch.from_numpy(dst))
+        where = self.offsets[rec] + (offset + row * size)
+        if size >= ROW_COPY:
+            memory = self.memory
+            for i, at in enumerate(where.tolist()):
+                dst[i] = memory[at : at + size]
+        else:
+            dst.view(np.dtype((np.void, size))).reshape(len(dst))[...] = self.rows(size)[where]
 
 
 def address_of(view: Any) -> int:
