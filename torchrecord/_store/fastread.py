@@ -25,7 +25,7 @@ from numpy.lib.stride_tricks import as_strided
 from torchrecord._core.layout import FixedLayout
 from torchrecord._store.walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "ROW_COPY", "Mapped", "address_of", "joins"]
+__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "ROW_COPY", "address_of", "joins"]
 
 #: Records at least this long are gathered from their views one sample at a time
 #: (one copy); shorter ones are first joined into one buffer (vectorized gather).
