@@ -23,7 +23,7 @@ huggingface/lerobot#2488):
 
 Modes: ``plain`` (no ``delta_timestamps``) and ``windows`` (both cameras at
 [-1/fps, 0], the state at [-1/fps, 0], 16 actions from 0: a diffusion-policy-like
-query). Per point: items/s over ``--batches`` batches after one warm-up batch,
+query). Per point: items/s over ``--batches`` batches after one warm-up batch per worker,
 and the ratio to LeRobot's. Target: the drop-in at least 10x LeRobot's items/s
 with windows at 0 workers, on a quiet machine.
 
@@ -166,7 +166,8 @@ def _items_per_second(ds: Any, *, batch_size: int, workers: int, batches: int, s
         generator = torch.Generator().manual_seed(0)
         loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=generator)
     it = iter(loader)
-    next(it)  # warm-up: workers started, caches filled
+    for _ in range(max(1, workers)):  # warm-up, a batch from each worker: every worker started, its caches filled
+        next(it)
     start = time.perf_counter()
     got = 0
     for _ in range(batches):
