@@ -25,10 +25,12 @@ from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
 from torchrecord._core.codec import encode_payloads
 from torchrecord._proto import torchrecord_pb2 as pb
-from torchrecord._store.fastread import JOIN_LIMIT
 from torchrecord._write.fastwrite import FastEncoder
 from torchrecord._write.sources import normalize
 from torchrecord.errors import ChecksumError, CorruptRecordError
+
+#: Records this long or longer lie in LMDB overflow pages of their own (shorter ones share leaf pages).
+LONG_RECORD = 16 << 10
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
 
@@ -228,7 +230,7 @@ def test_chunked_records_need_fixed_shapes(tmp_path: Path) -> None:
 
 def test_large_records_take_the_view_path(make_record: Any) -> None:
     size = 80
-    assert 3 * size * size > JOIN_LIMIT
+    assert 3 * size * size > LONG_RECORD
     path = make_record(IndexedImages(40, size=size))
     labels, images = _labels_and_images(torchrecord.RecordDataset(path, batch_size=6, shuffle_buffer=10))
     assert_exactly_once(labels, 40)
@@ -300,17 +302,17 @@ def _payloads(sample: Any) -> tuple[Any, Any]:
     return norm.payloads, norm.signatures
 
 
-@pytest.mark.parametrize("per_record", [1, 3])
-def test_long_records_are_gathered_straight_from_the_map(tmp_path: Path, per_record: int) -> None:
-    """Records of 16 KiB or more are gathered with one take a field from LMDB's map (``Mapped``); a window with a
-    record that is not as stored (here: made non-canonical) takes the copy a sample; both give the stored samples."""
+@pytest.mark.parametrize(("per_record", "side"), [(1, 48), (3, 48), (1, 8), (3, 8)])
+def test_records_are_gathered_straight_from_the_map(tmp_path: Path, per_record: int, side: int) -> None:
+    """Every window of an uncompressed set is gathered with one take a field from LMDB's map (``Mapped``), short
+    records (in leaf pages) and long ones (overflow pages) alike, and a window holding the shard's short final
+    chunk (re-encoded, gathered from where its canonical bytes lie) too; all give the stored samples."""
     from torchrecord._store import fastread
 
     path = tmp_path / f"long{per_record}.tr"
-    count = 39  # whole records (a shard's short final chunk is re-encoded: its window takes the copy a sample)
-    samples = [(np.full((3, 48, 48), i % 251, np.uint8), i) for i in range(count)]  # 6.9 KB a sample
+    count = 40  # with 3 a record, the final chunk is short: its window holds a re-encoded record
+    samples = [(np.full((3, side, side), i % 251, np.uint8), i) for i in range(count)]  # 6.9 KB or 192 B a sample
     torchrecord.write_record(samples, path, samples_per_record=per_record, shuffle=False, progress=False)
-    assert torchrecord.RecordFile(path).fixed_layout().length >= JOIN_LIMIT or per_record == 1
     seen: list[Any] = []
     original = fastread.FixedWindow.__init__
 
@@ -330,6 +332,5 @@ def test_long_records_are_gathered_straight_from_the_map(tmp_path: Path, per_rec
     got = torch.cat(labels).tolist()
     assert sorted(got) == list(range(count))
     for image, label in zip(torch.cat(images), got):
-        assert torch.equal(image, torch.full((3, 48, 48), label % 251, dtype=torch.uint8))
-    if torchrecord.RecordFile(path).fixed_layout().length >= JOIN_LIMIT:
-        assert seen and all(m is not None for m in seen)  # every window gathered from the map
+        assert torch.equal(image, torch.full((3, side, side), label % 251, dtype=torch.uint8))
+    assert seen and all(m is not None for m in seen)  # every window gathered from the map

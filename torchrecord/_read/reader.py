@@ -31,7 +31,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
-from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
+from torchrecord._store.fastread import FixedWindowReader
 from torchrecord._store.record_file import RecordFile, shard_file
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
@@ -42,6 +42,9 @@ __all__ = ["LocalRun", "ShareReader", "split_runs"]
 Run = tuple[int, int]
 #: (shard, start, stop): a run of sample indices inside one shard
 LocalRun = tuple[int, int, int]
+#: Bytes of samples gathered in one call at most when several chunks are gathered at once
+#: (:meth:`ShareReader._chunks_at_once`); each chunk is then a view of that gather.
+GATHER_BYTES = 1 << 20
 
 
 class ShareReader:
@@ -116,14 +119,10 @@ class ShareReader:
             for j in range(first_window, -(-total // window))
         ]
         plan = [split_runs(runs, self.offsets) for runs in window_runs]
-        # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make
-        # (compressed sets: views, decompressed straight from the map into the window). Records the
-        # wire path reads (strings and fixed-shape fields) are views too: only their payloads are copied
+        # zero-copy views of the map: the fixed path checks and gathers records where they lie (compressed
+        # sets decompress straight from the map into the window); the wire path copies only the payloads
         layout = self.layout
-        if layout is not None:
-            buffers = layout.length >= JOIN_LIMIT or layout.expander is not None
-        else:
-            buffers = WireDecoder.of(self.file.schema) is not None
+        buffers = layout is not None or WireDecoder.of(self.file.schema) is not None
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
             if plan and self.advise:
@@ -141,6 +140,15 @@ class ShareReader:
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
+                    several = self._chunks_at_once(chunk, taker, size)
+                    if several > 1:  # whole chunks of this window, gathered and typed together
+                        arrays, indices = taker.take(several * size)
+                        columns = self.typed(arrays)
+                        for a in range(0, several * size, size):
+                            yield [c[a : a + size] for c in columns], indices[a : a + size]
+                        position += several * size
+                        chunk = _Chunk(self, min(size, total - position), out, position)
+                        continue
                     chunk.take(taker)
                     if chunk.full:
                         yield chunk.result()
@@ -151,6 +159,19 @@ class ShareReader:
                 yield chunk.result()
         finally:
             self.records_read += walks.close()
+
+    def _chunks_at_once(self, chunk: _Chunk, taker: _Taken, size: int) -> int:
+        """How many whole chunks to gather from ``taker`` in one call per field (0 or 1: one as usual).
+
+        Several when chunks are small (tiny samples): one gather and one typing for all of them, then each
+        chunk a slice, saves the per-chunk Python that dominates them. Only for fresh arrays (no ``out=``,
+        no slot), from a chunk not begun, and at most :data:`GATHER_BYTES` at once, so that a batch kept
+        alive keeps little else alive with it.
+        """
+        layout = self.layout
+        if layout is None or chunk.held or chunk.n != size or chunk.out is not None or self.allocate is not None:
+            return 0
+        return min(taker.remaining // size, GATHER_BYTES // max(1, size * layout.length // layout.rows))
 
     # -- the two paths --------------------------------------------------------
     def _fixed_windows(self, walks: _ShardWalks) -> Any:

@@ -1,14 +1,14 @@
-"""The fixed-layout read path: whole windows of records copied once, then gathered in bulk.
+"""The fixed-layout read path: a window's records found once, then batches gathered in bulk.
 
 When every field has a fixed shape, every record has the same byte layout
 (``torchrecord._core.layout``). A window's records are read through the walk as
-zero-copy views of the LMDB map; short records are copied into one recycled
-buffer, long ones kept as views. The whole window is checked against the
-layout's template at once (length and every non-payload byte); any record that
-differs is decoded the checked slow way and re-encoded, so nothing is misread.
-Batches are then gathered field by field at fixed offsets straight into fresh,
-contiguous arrays (:meth:`FixedWindow.gather`): a long record is copied once,
-from the map into the batch.
+zero-copy views of the LMDB map and checked against the layout's template all at
+once (length and every non-payload byte, vectorized over the map: :class:`Mapped`);
+any record that differs is decoded the checked slow way and re-encoded, so nothing
+is misread. Batches are then gathered field by field at fixed offsets straight from
+the map into fresh, contiguous arrays (:meth:`FixedWindow.gather`): each sample is
+copied once. Compressed sets are the exception: their records are decompressed into
+one recycled window buffer and gathered from there.
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from torchrecord._core.layout import FixedLayout
+from torchrecord._store.addresses import address_of, memory_at, view_addresses
 from torchrecord._store.walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "ROW_COPY", "address_of", "joins"]
-
-#: Records at least this long are gathered from their views one sample at a time
-#: (one copy); shorter ones are first joined into one buffer (vectorized gather).
-JOIN_LIMIT = 16 << 10
+__all__ = ["FixedWindow", "FixedWindowReader", "Mapped", "ROW_COPY", "joins"]
 
 Run = tuple[int, int]
 
 
 def joins(layout: FixedLayout) -> bool:
-    """True when records are copied (or decompressed) into the window buffer; False: kept as views."""
-    return layout.length < JOIN_LIMIT or layout.expander is not None
+    """True when records are decompressed into the window buffer (compressed sets); False: read from the map."""
+    return layout.expander is not None
 
 
 #: Samples at least this long are copied from the map one by one (one memcpy each, no temporary); shorter
@@ -45,22 +42,23 @@ ROW_COPY = 32 << 10
 
 
 class Mapped:
-    """Where a window's long records lie in LMDB's map: one uint8 view over the span that holds them all, and
-    each record's offset in it, so that a field of many samples is gathered straight from the map into the
-    batch, without a Python slice a sample for short samples.
+    """Where a window's records lie in memory (LMDB's map): one uint8 view over the span that holds them all,
+    and each record's offset in it, so that a field of many samples is gathered straight from the map into the
+    batch in one NumPy call, without a Python step a record or a sample.
 
-    The records are views of the map (py-lmdb ``buffers=True``) that the window holds; the span is read at
-    their offsets only, and only while the window (so its walk's transaction) is alive. Only NumPy touches
-    the map: a torch operation here could run OpenMP threads, which hang in a process forked after its
-    parent used them (a user's ``os.fork()`` child reading a set).
+    The records lie in LMDB's map (read with py-lmdb ``buffers=True``; valid while the walk's transaction
+    is open, which outlives the window) or in re-encoded buffers this object keeps alive (``views``); the
+    span is read at their offsets only. Only NumPy touches the map: a torch operation here could run OpenMP
+    threads, which hang in a process forked after its parent used them (a user's ``os.fork()`` child
+    reading a set).
     """
 
     def __init__(self, views: Sequence[Any], addresses: np.ndarray, length: int) -> None:
         base = int(addresses.min())
         span = int(addresses.max()) + length - base
-        self.views = views  # what the offsets point into
+        self.views = views  # buffers outside the map that offsets point into
         self.offsets = addresses - base
-        self.memory = np.frombuffer((ctypes.c_char * span).from_address(base), np.uint8)  # type: ignore[call-overload]
+        self.memory = memory_at(base, span)
         self._rows: dict[int, np.ndarray] = {}
 
     def rows(self, size: int) -> np.ndarray:
@@ -74,23 +72,37 @@ class Mapped:
             view = self._rows[size] = np.ndarray((count,), np.dtype((np.void, size)), self.memory, 0, (1,))
         return view
 
-    def take(self, rec: np.ndarray, row: np.ndarray, offset: int, size: int, dst: np.ndarray) -> None:
+    def differing(self, records: np.ndarray, segments: Sequence[tuple[int, int, bytes]]) -> np.ndarray:
+        """The positions in ``records`` (rows of this window) whose bytes differ from ``segments``.
+
+        ``segments`` are ``(start, stop, bytes)`` pieces of a record (the layout's non-payload bytes); each is
+        compared for all records at once. The records must be at least as long as the last segment's stop.
+        """
+        bad = np.zeros(len(records), bool)
+        offsets = self.offsets[records]
+        for start, stop, expected in segments:
+            got = self.rows(stop - start)[offsets + start].view(np.uint8).reshape(len(records), stop - start)
+            bad |= (got != np.frombuffer(expected, np.uint8)).any(axis=1)
+        return np.flatnonzero(bad)
+
+    def take(self, rec: np.ndarray, row: np.ndarray, offset: int, size: int, dst: np.ndarray | None) -> np.ndarray:
         """Copy field bytes (``offset`` in the record, ``size`` a sample) of samples ``(rec, row)`` into ``dst``.
 
-        ``dst`` is a C-contiguous (len(rec), size) uint8 array.
+        ``dst`` is a C-contiguous (len(rec), size) uint8 array, or None for a fresh one. Returns it.
         """
         where = self.offsets[rec] + (offset + row * size)
+        if size < ROW_COPY and dst is None:  # the fancy index's result is the batch: no second copy
+            fresh: np.ndarray = self.rows(size)[where].view(np.uint8).reshape(len(where), size)
+            return fresh
+        if dst is None:
+            dst = np.empty((len(where), size), np.uint8)
         if size >= ROW_COPY:
             memory = self.memory
             for i, at in enumerate(where.tolist()):
                 dst[i] = memory[at : at + size]
         else:
             dst.view(np.dtype((np.void, size))).reshape(len(dst))[...] = self.rows(size)[where]
-
-
-def address_of(view: Any) -> int:
-    """The address of a buffer's first byte."""
-    return int(np.frombuffer(view, np.uint8).ctypes.data)
+        return dst
 
 
 class FixedWindow:
@@ -100,7 +112,7 @@ class FixedWindow:
         self,
         layout: FixedLayout,
         joined: np.ndarray | None,
-        views: list[memoryview] | None,
+        views: list[Any] | None,
         buffer: np.ndarray,
         mapped: Mapped | None = None,
     ) -> None:
@@ -147,9 +159,9 @@ class FixedWindow:
                 field[rec, row] if items is None else items[rec, row].view(np.uint8).reshape(n, size)
                 for field, items, size in zip(self.fields, self._items, self.layout.sample_bytes)
             ]
-        if out is None:
-            out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
         if self.views is None:
+            if out is None:
+                out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
             k = self.layout.rows
             first = _consecutive(rec * k + row) if n else None
             for field, items, dst in zip(self.fields, self._items, out):
@@ -163,10 +175,17 @@ class FixedWindow:
                     dst[at : at + n].view(items.dtype)[:, 0] = items[rec, row]
             return list(out)
         if self.mapped is not None:  # one take a field, straight from the map
+            if out is None:
+                return [
+                    self.mapped.take(rec, row, off, size, None)
+                    for off, size in zip(self.layout.offsets, self.layout.sample_bytes)
+                ]
             for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
                 if dst is not None and size:
                     self.mapped.take(rec, row, off, size, dst[at : at + n])
             return list(out)
+        if out is None:
+            out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
         views = self.views
         assert views is not None
         # visit the records in stored order (each to its permuted row): the map is read forwards
@@ -281,22 +300,25 @@ class FixedWindowReader:
 class _WindowBuilder:
     """Collects whole records for one window and checks them against the layout.
 
-    Short records are copied one by one into a preallocated buffer (one copy out
-    of the map, no per-record objects kept alive); long ones are kept as views.
-    A record of the wrong length, the short final chunk of a shard, or one whose
-    header bytes differ from the template is replaced by its checked canonical
-    encoding.
+    Records read from the map are kept as their addresses and lengths only
+    (:func:`view_addresses`, right as each piece comes): no per-record Python
+    object outlives its piece, so a window adds nothing for the garbage collector
+    to walk. Records of a compressed set are decompressed one by one into a
+    preallocated buffer. A record of the wrong length, the short final chunk of a
+    shard, or one whose header bytes differ from the template is replaced by its
+    checked canonical encoding.
     """
 
     def __init__(self, layout: FixedLayout, buffer: np.ndarray) -> None:
         self.layout = layout
         self.joined = joins(layout)
         self.buffer = buffer
-        self.views: list[Any] = []
+        self.addresses: list[np.ndarray] = []  # per piece: where each record lies (read from the map)
+        self.lengths: list[np.ndarray] = []
         #: per piece: (first row, first record index, record count, samples in its shard, its file)
         self.pieces: list[tuple[int, int, int, int, str]] = []
         self.held = 0  # records held
-        self.odd: dict[int, Any] = {}  # row -> original value of a record of the wrong length
+        self.odd: dict[int, bytes] = {}  # row -> original value of a record of the wrong length
 
     def add(self, first: int, values: list[Any], count: int, path: str) -> int:
         """Append the values of records first, first+1, ... of a shard; returns the row of the first one."""
@@ -305,7 +327,11 @@ class _WindowBuilder:
         if self.joined:
             self._copy_in(values, row0)
         else:
-            self.views.extend(values)
+            addresses, lengths = view_addresses(values)
+            for i in np.flatnonzero(lengths != self.layout.length).tolist():
+                self.odd[row0 + i] = bytes(values[i])
+            self.addresses.append(addresses)
+            self.lengths.append(lengths)
         self.pieces.append((row0, first, n, count, path))
         self.held += n
         return row0
@@ -356,20 +382,22 @@ class _WindowBuilder:
                 for row in suspects:
                     joined[row] = np.frombuffer(self._canonical(row, self.odd.get(row, joined[row])), np.uint8)
             return FixedWindow(layout, joined, None, self.buffer)
-        # long records: check each view's length and its few header bytes as bytes (no array per record)
-        views = [memoryview(v) for v in self.views]
-        length = layout.length
-        segments = layout.header_segments()
-        for row, view in enumerate(views):
-            if len(view) != length or any(view[a:b].tobytes() != seg for a, b, seg in segments):
-                suspects.add(row)
-        for row in suspects:
-            views[row] = memoryview(self._canonical(row, self.views[row]))
-        mapped = None
-        if views and not suspects:  # every record a view of the map, as stored: gathered straight from it
-            addresses = np.fromiter((address_of(v) for v in views), np.int64, len(views))
-            mapped = Mapped(views, addresses, length)
-        return FixedWindow(layout, None, views, self.buffer, mapped)
+        # records read from the map: every non-payload byte checked at once, over the map
+        if not self.held:
+            return FixedWindow(layout, None, [], self.buffer)
+        addresses = np.concatenate(self.addresses)
+        lengths = np.concatenate(self.lengths)
+        mapped = Mapped([], addresses, layout.length)
+        whole = np.flatnonzero(lengths == layout.length)  # only these are long enough to compare
+        suspects.update(whole[mapped.differing(whole, layout.header_segments())].tolist())
+        if suspects:  # each replaced by its checked canonical encoding, gathered from where that lies
+            kept: list[bytes] = []
+            for row in sorted(suspects):
+                original = self.odd.get(row) or ctypes.string_at(int(addresses[row]), int(lengths[row]))
+                kept.append(self._canonical(row, original))
+                addresses[row] = address_of(kept[-1])
+            mapped = Mapped(kept, addresses, layout.length)
+        return FixedWindow(layout, None, list(mapped.views), self.buffer, mapped)
 
     def _canonical(self, row: int, value: Any) -> bytes:
         record, count, path = self._piece_of(row)
