@@ -265,6 +265,8 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
         part = self._epoch_plan().reader_part(start.reader, start.base)
         self._pass = _Pass(self.epoch, start.reader, start.base, self._rotate)
         self._yielded = start.yielded
+        if self._fused_now() is not None:
+            return self._handed_over(self._counted_samples(self._read(start, part)))
         return self._handed_over(self._counted(self._read(start, part)))
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
@@ -275,6 +277,33 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
                 yield item
         finally:
             self._pass_over()
+
+    def _counted_samples(self, batches: Iterator[tuple[Any, int]]) -> Iterator[Any]:
+        """Fused per-sample mode: ``(batch, samples in it)`` in, batches out, counting their samples."""
+        try:
+            for batch, samples in batches:
+                self._yielded += samples
+                yield batch
+        finally:
+            self._pass_over()
+
+    # -- per-sample mode read as whole loader batches (RecordLoader's fast path) ------------------
+    #: set by :class:`~torchrecord.RecordLoader` while its iterator starts (so only its own iteration sees it,
+    #: in this process and in the workers it starts): read per-sample mode as whole loader batches of this
+    #: many samples, each what collating that batch's samples gives. Positions still count samples.
+    _fused: int | None = None
+
+    def _fusable(self) -> bool:
+        """Can per-sample mode be read as whole batches equal to ``torchrecord.collate`` of its samples?
+
+        A reader that can says so (``RecordDataset`` without a per-sample transform) and, while
+        :meth:`_fused_now` says a size, its ``_read`` yields ``(batch, samples in it)``.
+        """
+        return False
+
+    def _fused_now(self) -> int | None:
+        """The loader batch size this pass reads whole batches of in per-sample mode (None: as usual)."""
+        return self._fused if self.batch_size is None and self._fusable() else None
 
     _rotate = 0  # the rotation of the pass being started (see _start)
 
@@ -331,7 +360,7 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
         one handover (:func:`torchrecord._read.ipc.for_parent`), or :attr:`_bundle` batches at a time
         (:func:`torchrecord._read.ipc.bundled`); samples and the main process's items as they are.
         """
-        if self.batch_size is None or not in_worker():
+        if (self.batch_size is None and self._fused_now() is None) or not in_worker():
             return items
         if self._bundle > 1:
             return bundled(items, self._bundle)
@@ -340,7 +369,7 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     def _stack_room(self) -> Room | None:
         """Where this reader builds the batches it collates: in a DataLoader worker in batch mode, straight in
         the slot each leaves in when it crosses in one (:func:`torchrecord._read.ipc.slot_room`); else None."""
-        if self.batch_size is None or not in_worker():
+        if (self.batch_size is None and self._fused_now() is None) or not in_worker():
             return None
         return slot_room
 

@@ -287,12 +287,21 @@ class RecordDataset(ReaderDataset):
         allocate = None
         # in a worker, batches made of the gathered columns are gathered straight into a handover slot
         plain = self.transform is None and self.collate_fn is None
-        if layout is not None and self.batch_size is not None and in_worker() and plain:
-            allocate = slot_allocator(self.batch_size * sum(layout.sample_bytes))
+        fused = self._fused_now()
+        batch = self.batch_size if fused is None else fused
+        if layout is not None and batch is not None and in_worker() and plain:
+            allocate = slot_allocator(batch * sum(layout.sample_bytes))
         share = self._of_set(part)
         reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check), allocate=allocate)
         items = self._items(self.file.path, self.file.schema, self._sample_chunk or self.loader_batch_size)
+        if fused is not None:
+            return items.whole_batches(reader, start.yielded, fused)
         return items.of(reader, start.yielded)
+
+    def _fusable(self) -> bool:
+        # fixed shapes and no per-sample transform: a loader batch of samples collated is the batch read whole
+        # (with variable shapes default_collate refuses what batch mode gives as lists)
+        return self.transform is None and not self._force_generic and self._fixed_layout() is not None
 
     def _pass_over(self) -> None:
         # the file stays in the process's small cache of idle files rather than held open

@@ -138,6 +138,13 @@ class Items:
                 return
             yield self.batch(chunk, reader.fixed, indices)
 
+    def whole_batches(self, reader: ShareReader, sample: int, size: int) -> Iterator[tuple[Any, int]]:
+        """Per-sample mode read as whole batches of ``size`` samples from sample ``sample`` (a RecordLoader's
+        fast path): each ``(batch, samples in it)``, the batch what collating those samples gives, the last one
+        short (a DataLoader in per-sample mode keeps it)."""
+        for chunk, indices in reader.indexed_chunks(size, sample):
+            yield _as_default_collate(self.batch(chunk, reader.fixed, indices)), len(indices)
+
     def batch(self, chunk: Any, fixed: bool, indices: np.ndarray | None = None) -> Any:
         """One batch of a chunk: collated (by the schema, or by ``collate_fn``), then ``batch_transform``.
 
@@ -191,3 +198,12 @@ def _which(indices: np.ndarray | None) -> str:
         return "its samples are not indexed"
     shown = ", ".join(str(i) for i in indices[:8].tolist())
     return f"sample indices {shown}{', ...' if len(indices) > 8 else ''}"
+
+
+def _as_default_collate(batch: Any) -> Any:
+    """A batch of the schema's structure as ``default_collate`` shapes it: its tuples become lists."""
+    if type(batch) is tuple or type(batch) is list:
+        return [_as_default_collate(part) for part in batch]
+    if type(batch) is dict:
+        return {key: _as_default_collate(part) for key, part in batch.items()}
+    return batch

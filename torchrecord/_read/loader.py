@@ -63,6 +63,11 @@ def _default_collate() -> Callable[[list[Any]], Any]:
     return collate
 
 
+def _as_read(item: Any) -> Any:
+    """The collate_fn of a fused per-sample RecordLoader: each item is a whole batch of tensors already."""
+    return item
+
+
 class _CollateBundle:
     """A DataLoader collate_fn for per-sample mode with bundles: the samples of several loader batches in, each
     batch of ``size`` samples collated by ``collate`` and made ready to leave the worker, out as one Bundle."""
@@ -208,12 +213,18 @@ class RecordLoader(DataLoader[Any]):
         elif bundle is None:
             bundle = auto_bundle(dataset, self._per_batch)
         self.bundle: int = bundle
-        batch_size = self._per_batch
-        if self._per_batch is not None and loader_kwargs.get("collate_fn") is None:
+        # per-sample mode with the default collation, of a reader that can: each loader batch is read whole
+        # (what collating its samples gives) instead of sample by sample (ReaderDataset._fused)
+        fusing = self._per_batch is not None and loader_kwargs.get("collate_fn") is None and dataset._fusable()
+        self._fuse: int | None = self._per_batch if fusing else None
+        batch_size = None if fusing else self._per_batch
+        if fusing:
+            loader_kwargs["collate_fn"] = _as_read  # its batches are tensors already: no default_convert walk
+        if self._per_batch is not None and not fusing and loader_kwargs.get("collate_fn") is None:
             # per-sample mode collates with torchrecord.collate unless told otherwise: default_collate's batches,
             # handed over through torchrecord's slots in a worker, and one chunk's column without a copy at 0
             loader_kwargs["collate_fn"] = _default_collate()
-        if bundle > 1 and self._per_batch is not None:
+        if bundle > 1 and self._per_batch is not None and not fusing:
             # per-sample mode: each worker fetches `bundle` loader batches of samples at once and collates them
             # one by one, handed over as one bundle
             loader_kwargs["collate_fn"] = _CollateBundle(loader_kwargs["collate_fn"], self._per_batch)
@@ -245,7 +256,7 @@ class RecordLoader(DataLoader[Any]):
 
     def __len__(self) -> int:
         """Batches per epoch on this rank, as a plain DataLoader of the same batch size yields them."""
-        if self._per_batch is None or self.bundle == 1:
+        if self._per_batch is None or (self.bundle == 1 and self._fuse is None):
             return super().__len__()
         return _LoaderShape(self._per_batch, self.num_workers).batches_of(self.reader_dataset)
 
@@ -273,7 +284,7 @@ class RecordLoader(DataLoader[Any]):
         self._resume_at = 0
         round_: list[Bundle] = []  # the bundles of one round, one per worker with batches left
         self._elastic = None
-        for item in super().__iter__():
+        for item in self._started():
             if type(item) is not Bundle:
                 self._handed_out += 1
                 yield item
@@ -284,6 +295,17 @@ class RecordLoader(DataLoader[Any]):
             round_.append(item)
         yield from self._interleaved(round_)
         self._exhausted = True
+
+    def _started(self) -> Iterator[Any]:
+        """The DataLoader's iterator, started with the dataset told to read whole batches when fusing: the
+        dataset's iteration (here at 0 workers) and the workers' copies (pickled or forked as they start) see it;
+        the dataset itself, iterated any other way, does not."""
+        dataset = self.reader_dataset
+        dataset._fused = self._fuse
+        try:
+            return super().__iter__()
+        finally:
+            dataset._fused = None
 
     def _interleaved(self, round_: list[Bundle]) -> Iterator[Any]:
         """The batches of one round of bundles in the order a DataLoader without bundles yields them: the first
