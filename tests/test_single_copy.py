@@ -16,9 +16,7 @@ import torch
 
 import torchrecord
 from torchrecord._read.items import SAMPLE_CHUNK_BYTES
-
-#: Records this long or longer lie in LMDB overflow pages of their own (shorter ones share leaf pages).
-LONG_RECORD = 16 << 10
+from torchrecord._store.fastread import JOIN_LIMIT
 
 SIDE = 80  # 3*80*80 = 19,200 bytes: long records (kept as views of the map)
 COUNT = 300  # more than SAMPLE_CHUNK_BYTES of samples
@@ -37,7 +35,7 @@ class Large(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("large") / "large.tr"
     torchrecord.write_record(Large(), path, progress=False)
-    assert 3 * SIDE * SIDE >= LONG_RECORD
+    assert 3 * SIDE * SIDE >= JOIN_LIMIT
     return path
 
 

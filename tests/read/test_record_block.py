@@ -21,12 +21,9 @@ from tests.read.test_reliability import put
 from torchrecord._core.layout import FixedLayout
 from torchrecord._read.record_block import RecordBlock
 from torchrecord._store import format as _format
-from torchrecord._store.fastread import FixedWindowReader
+from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
 from torchrecord._write.shards import write_shard
 from torchrecord.errors import ChecksumError, CorruptRecordError
-
-#: Records this long or longer lie in LMDB overflow pages of their own (shorter ones share leaf pages).
-LONG_RECORD = 16 << 10
 
 COUNT = 103  # not a multiple of any packing below: every set ends in a short record
 
@@ -43,7 +40,7 @@ def _variants() -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = [
         ("one per record", {"samples_per_record": 1}),
         ("packed", {"samples_per_record": 7}),
-        ("long records", {"samples_per_record": 2, "width": LONG_RECORD // 4}),  # views of the map
+        ("long records", {"samples_per_record": 2, "width": JOIN_LIMIT // 4}),  # views of the map
     ]
     if importlib.util.find_spec("cramjam") is not None:
         out.append(("compressed", {"samples_per_record": 5, "compression": "zstd"}))

@@ -25,12 +25,10 @@ from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
 from torchrecord._core.codec import encode_payloads
 from torchrecord._proto import torchrecord_pb2 as pb
+from torchrecord._store.fastread import JOIN_LIMIT
 from torchrecord._write.fastwrite import FastEncoder
 from torchrecord._write.sources import normalize
 from torchrecord.errors import ChecksumError, CorruptRecordError
-
-#: Records this long or longer lie in LMDB overflow pages of their own (shorter ones share leaf pages).
-LONG_RECORD = 16 << 10
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
 
@@ -230,7 +228,7 @@ def test_chunked_records_need_fixed_shapes(tmp_path: Path) -> None:
 
 def test_large_records_take_the_view_path(make_record: Any) -> None:
     size = 80
-    assert 3 * size * size > LONG_RECORD
+    assert 3 * size * size > JOIN_LIMIT
     path = make_record(IndexedImages(40, size=size))
     labels, images = _labels_and_images(torchrecord.RecordDataset(path, batch_size=6, shuffle_buffer=10))
     assert_exactly_once(labels, 40)
@@ -304,9 +302,9 @@ def _payloads(sample: Any) -> tuple[Any, Any]:
 
 @pytest.mark.parametrize(("per_record", "side"), [(1, 48), (3, 48), (1, 8), (3, 8)])
 def test_records_are_gathered_straight_from_the_map(tmp_path: Path, per_record: int, side: int) -> None:
-    """Every window of an uncompressed set is gathered with one take a field from LMDB's map (``Mapped``), short
-    records (in leaf pages) and long ones (overflow pages) alike, and a window holding the shard's short final
-    chunk (re-encoded, gathered from where its canonical bytes lie) too; all give the stored samples."""
+    """Every window of long records is gathered with one take a field from LMDB's map (``Mapped``), a window
+    holding the shard's short final chunk (re-encoded, gathered from where its canonical bytes lie) too; short
+    records are joined into a window buffer; all give the stored samples."""
     from torchrecord._store import fastread
 
     path = tmp_path / f"long{per_record}.tr"
@@ -333,4 +331,5 @@ def test_records_are_gathered_straight_from_the_map(tmp_path: Path, per_record: 
     assert sorted(got) == list(range(count))
     for image, label in zip(torch.cat(images), got):
         assert torch.equal(image, torch.full((3, side, side), label % 251, dtype=torch.uint8))
-    assert seen and all(m is not None for m in seen)  # every window gathered from the map
+    long = torchrecord.RecordFile(path).fixed_layout().length >= JOIN_LIMIT
+    assert seen and all((m is not None) == long for m in seen)  # long records: every window from the map

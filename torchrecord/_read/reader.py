@@ -31,7 +31,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
-from torchrecord._store.fastread import FixedWindowReader
+from torchrecord._store.fastread import FixedWindowReader, joins
 from torchrecord._store.record_file import RecordFile, shard_file
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
@@ -119,10 +119,14 @@ class ShareReader:
             for j in range(first_window, -(-total // window))
         ]
         plan = [split_runs(runs, self.offsets) for runs in window_runs]
-        # zero-copy views of the map: the fixed path checks and gathers records where they lie (compressed
-        # sets decompress straight from the map into the window); the wire path copies only the payloads
+        # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make (and
+        # untracked by the garbage collector; see fastread.JOIN_LIMIT). Compressed sets: views, decompressed
+        # straight from the map into the window. Records the wire path reads are views too
         layout = self.layout
-        buffers = layout is not None or WireDecoder.of(self.file.schema) is not None
+        if layout is not None:
+            buffers = not joins(layout) or layout.expander is not None
+        else:
+            buffers = WireDecoder.of(self.file.schema) is not None
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
         try:
             if plan and self.advise:

@@ -1,14 +1,15 @@
 """The fixed-layout read path: a window's records found once, then batches gathered in bulk.
 
 When every field has a fixed shape, every record has the same byte layout
-(``torchrecord._core.layout``). A window's records are read through the walk as
-zero-copy views of the LMDB map and checked against the layout's template all at
-once (length and every non-payload byte, vectorized over the map: :class:`Mapped`);
-any record that differs is decoded the checked slow way and re-encoded, so nothing
-is misread. Batches are then gathered field by field at fixed offsets straight from
-the map into fresh, contiguous arrays (:meth:`FixedWindow.gather`): each sample is
-copied once. Compressed sets are the exception: their records are decompressed into
-one recycled window buffer and gathered from there.
+(``torchrecord._core.layout``). Long records (at least :data:`JOIN_LIMIT`) are
+read through the walk as zero-copy views of the LMDB map and checked against the
+layout's template where they lie, all at once (length and every non-payload byte,
+vectorized over the map: :class:`Mapped`); short ones (and compressed ones,
+decompressed) are copied into one recycled window buffer and checked there. Any
+record that differs is decoded the checked slow way and re-encoded, so nothing is
+misread. Batches are then gathered field by field at fixed offsets into fresh,
+contiguous arrays (:meth:`FixedWindow.gather`): a long record's samples are copied
+once, straight from the map into the batch.
 """
 
 from __future__ import annotations
@@ -26,14 +27,20 @@ from torchrecord._core.layout import FixedLayout
 from torchrecord._store.addresses import address_of, memory_at, view_addresses
 from torchrecord._store.walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "Mapped", "ROW_COPY", "joins"]
+__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "ROW_COPY", "joins"]
+
+#: Records at least this long are checked and gathered where they lie in LMDB's map; shorter ones are read
+#: as bytes and joined into one window buffer first. For short records the walk's zero-copy views cost more
+#: than the copy they save: each is an object the garbage collector tracks (bytes are not), and a pass over
+#: 500,000 records of 100 B made it run full collections (0.1 s each beside torch) several times an epoch.
+JOIN_LIMIT = 16 << 10
 
 Run = tuple[int, int]
 
 
 def joins(layout: FixedLayout) -> bool:
-    """True when records are decompressed into the window buffer (compressed sets); False: read from the map."""
-    return layout.expander is not None
+    """True when records are copied (or decompressed) into the window buffer; False: read from the map."""
+    return layout.length < JOIN_LIMIT or layout.expander is not None
 
 
 #: Samples at least this long are copied from the map one by one (one memcpy each, no temporary); shorter
