@@ -18,6 +18,8 @@ huggingface/lerobot#2488):
 
 * ``lerobot``: LeRobot's ``LeRobotDataset`` (the oracle);
 * ``drop-in``: ``torchrecord.LeRobotDataset`` on the converted set;
+* ``drop-in+collate``: the same with ``collate_fn=torchrecord.collate``, which stacks each batch
+  into the worker's reused shared-memory slot (what docs/lerobot.md advises with workers);
 * ``stream``: ``torchrecord.LeRobotStreamDataset`` over the same windows, batches built in the reader,
   read by ``torchrecord.RecordLoader`` (``STREAM``).
 
@@ -146,7 +148,17 @@ STREAM: Callable[[Path, Path, dict[str, list[float]] | None, int], Any] | None =
 LOADERS: dict[str, Callable[[Path, Path, dict[str, list[float]] | None], Any]] = {
     "lerobot": _lerobot,
     "drop-in": _drop_in,
+    "drop-in+collate": _drop_in,  # the same, with collate_fn=torchrecord.collate (docs/lerobot.md, for workers)
 }
+
+
+def _collate_of(name: str) -> Callable[..., Any] | None:
+    """The DataLoader's collate_fn for loader ``name``: torchrecord.collate for ``drop-in+collate``, else None."""
+    if name != "drop-in+collate":
+        return None
+    import torchrecord
+
+    return torchrecord.collate
 
 
 def _clear_decoder_cache() -> None:
@@ -156,7 +168,9 @@ def _clear_decoder_cache() -> None:
     video_utils._default_decoder_cache.clear()
 
 
-def _items_per_second(ds: Any, *, batch_size: int, workers: int, batches: int, streaming: bool) -> float:
+def _items_per_second(
+    ds: Any, *, batch_size: int, workers: int, batches: int, streaming: bool, collate: Callable[..., Any] | None = None
+) -> float:
     _clear_decoder_cache()
     if streaming:
         import torchrecord
@@ -164,7 +178,9 @@ def _items_per_second(ds: Any, *, batch_size: int, workers: int, batches: int, s
         loader: Any = torchrecord.RecordLoader(ds, num_workers=workers)
     else:
         generator = torch.Generator().manual_seed(0)
-        loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=generator)
+        loader = DataLoader(
+            ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=generator, collate_fn=collate
+        )
     it = iter(loader)
     for _ in range(max(1, workers)):  # warm-up, a batch from each worker: every worker started, its caches filled
         next(it)
@@ -198,7 +214,12 @@ def run(root: Path, converted: Path, *, batch_size: int, batches: int, workers: 
             row: dict[str, Any] = {"mode": mode, "workers": w}
             for name, make in LOADERS.items():
                 row[name] = _items_per_second(
-                    make(root, converted, deltas), batch_size=batch_size, workers=w, batches=batches, streaming=False
+                    make(root, converted, deltas),
+                    batch_size=batch_size,
+                    workers=w,
+                    batches=batches,
+                    streaming=False,
+                    collate=_collate_of(name),
                 )
             row["stream"] = None
             if STREAM is not None:
@@ -210,14 +231,19 @@ def run(root: Path, converted: Path, *, batch_size: int, batches: int, workers: 
 
 
 def print_header() -> None:
-    print(f"{'mode':8} {'workers':>7} {'lerobot':>10} {'drop-in':>10} {'ratio':>7} {'stream':>10} {'ratio':>7}")
+    print(
+        f"{'mode':8} {'workers':>7} {'lerobot':>10} {'drop-in':>10} {'ratio':>7} {'+collate':>10} {'ratio':>7} "
+        f"{'stream':>10} {'ratio':>7}"
+    )
 
 
 def print_row(row: dict[str, Any]) -> None:
     base = row["lerobot"]
+    collated = row.get("drop-in+collate")
     print(
         f"{row['mode']:8} {row['workers']:>7} {_fmt(base):>10} {_fmt(row['drop-in']):>10} "
-        f"{_ratio(row['drop-in'], base):>7} {_fmt(row['stream']):>10} {_ratio(row['stream'], base):>7}",
+        f"{_ratio(row['drop-in'], base):>7} {_fmt(collated):>10} {_ratio(collated, base):>7} "
+        f"{_fmt(row['stream']):>10} {_ratio(row['stream'], base):>7}",
         flush=True,
     )
 

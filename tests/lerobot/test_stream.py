@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from tests.lerobot.handmade import assert_same_item, write_dataset
 from torchrecord import LeRobotDataset, LeRobotStreamDataset, RecordLoader
+from torchrecord._read.ipc import HANDOVER_ENV
 from torchrecord.convert import from_lerobot
 
 LENGTHS = [7, 2, 12, 5, 9]
@@ -86,3 +87,33 @@ def test_workers_and_the_record_loader_give_the_same_batches(converted: str, con
     for a, b in zip(got, plain):
         _assert_same_batch(a, b, "RecordLoader")
     assert sorted(int(x) for b in got for x in b["index"]) == list(range(sum(LENGTHS)))
+
+
+def _items_by_index(batches: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for batch in batches:
+        for i, index in enumerate(batch["index"].tolist()):
+            out[index] = {key: value[i] for key, value in batch.items()}
+    return out
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_batches_built_in_a_workers_slot_equal_those_built_in_this_process(
+    converted: str, context: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With workers a plain batch is built straight in the slot it leaves in (the frames divided into it in one
+    pass); its items equal, bit for bit, those read at 0 workers."""
+    monkeypatch.setenv(HANDOVER_ENV, "slot")  # these batches are small: make them cross in slots anyway
+    kw: dict[str, Any] = dict(delta_timestamps=WINDOWS, batch_size=4, shuffle_buffer=10, seed=5)
+    here = _items_by_index(list(RecordLoader(LeRobotStreamDataset(converted, **kw), num_workers=0)))
+    loader = RecordLoader(LeRobotStreamDataset(converted, **kw), num_workers=2, multiprocessing_context=context)
+    there = _items_by_index(list(loader))
+    assert sorted(there) == sorted(here) == list(range(sum(LENGTHS)))
+    for index, item in here.items():
+        assert list(there[index]) == list(item)
+        for key, want in item.items():
+            got = there[index][key]
+            if isinstance(want, str):
+                assert got == want, f"item {index}/{key}"
+            else:
+                assert got.dtype == want.dtype and torch.equal(got, want), f"item {index}/{key}"

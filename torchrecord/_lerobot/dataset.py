@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from torchrecord._core.kinds import Place, Room
 from torchrecord._lerobot.episodes import LeRobotSet
 from torchrecord._lerobot.frames import Frames, runs_of
 from torchrecord._order import delta_plan
@@ -241,22 +242,36 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         where: Mapping[str, np.ndarray],
         pads: Mapping[str, torch.Tensor],
         cameras: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+        room: Room | None = None,
     ) -> tuple[dict[str, torch.Tensor], list[str]]:
         """The items of ``where`` as columns ``[n, ...]`` in item order, and their task strings.
 
-        ``cameras``: frames already read (:meth:`read_cameras`); else the frames are read here.
+        ``cameras``: frames already read (:meth:`read_cameras`); else the frames are read here. ``room``: where
+        to build the columns (a DataLoader worker's slot, ``torchrecord._read.ipc.slot_room``), so that the
+        batch leaves the worker without another copy; None: fresh memory.
         """
         held = cameras if cameras is not None else self.read_cameras(where)
         columns: dict[str, torch.Tensor] = {}
+        frames_of: dict[str, np.ndarray] = {}  # per camera: the uint8 frames [..., H, W, C] of its column
         for key in self._keys:
             w = where[key]
             if key in self.robot.cameras:
                 frames, pixels = held[key]
-                squeeze = key in self.robot.video_keys and w.ndim == 2
-                columns[key] = _scaled(pixels[np.searchsorted(frames, w)], squeeze=squeeze)
+                frames_of[key] = pixels[np.searchsorted(frames, w)]
             else:
                 columns[key] = torch.from_numpy(self.frames.column(key, w))
         columns.update(pads)
+        place = None
+        if room is not None:
+            sizes = [4 * int(np.prod(f.shape)) for f in frames_of.values()]  # float32
+            place = room(sizes + [c.nbytes for c in columns.values()])
+        for key, chosen in frames_of.items():
+            squeeze = key in self.robot.video_keys and where[key].ndim == 2
+            columns[key] = _scaled(chosen, squeeze=squeeze, place=place)
+        if place is not None:
+            for key, column in list(columns.items()):
+                if key not in frames_of:
+                    columns[key] = place(tuple(column.shape), column.dtype).copy_(column)
         tasks = self.robot.tasks
         names = [tasks[t] for t in columns["task_index"].reshape(-1).tolist()]
         return {key: columns[key] for key in self._order[:-1]}, names
@@ -296,10 +311,19 @@ class LeRobotDataset(Dataset[dict[str, Any]]):
         )
 
 
-def _scaled(pixels: np.ndarray, *, squeeze: bool) -> torch.Tensor:
-    """uint8 frames [..., H, W, C] as LeRobot's float32 [..., C, H, W] in [0, 1] (``uint8 / 255``)."""
-    channels_first = torch.from_numpy(pixels).movedim(-1, -3).contiguous()  # the permuted copy in uint8
-    out = torch.div(channels_first, 255)  # float32, value for value LeRobot's ``to(float32).div(255)``
+def _scaled(pixels: np.ndarray, *, squeeze: bool, place: Place | None = None) -> torch.Tensor:
+    """uint8 frames [..., H, W, C] as LeRobot's float32 [..., C, H, W] in [0, 1] (``uint8 / 255``).
+
+    ``place``: where to write the result (a slot's room); the division then reads the frames channels-last
+    and writes the channels-first result there in one pass.
+    """
+    channels_last = torch.from_numpy(pixels)
+    if place is None:
+        channels_first = channels_last.movedim(-1, -3).contiguous()  # the permuted copy in uint8
+        out = torch.div(channels_first, 255)  # float32, value for value LeRobot's ``to(float32).div(255)``
+    else:
+        shape = (*pixels.shape[:-3], pixels.shape[-1], *pixels.shape[-3:-1])
+        out = torch.div(channels_last.movedim(-1, -3), 255, out=place(shape, torch.float32))
     if squeeze and out.shape[1] == 1:  # LeRobot squeezes a video window of one frame
         out = out.squeeze(1)
     return out

@@ -32,6 +32,9 @@ __all__ = ["LeRobotStreamDataset"]
 #: A window's camera frames read from the set stay near this many bytes.
 WINDOW_BYTES = 64 << 20
 
+#: consecutive items of one window: where each key reads, their ``<key>_is_pad`` masks, the window's camera frames
+_Part = tuple[dict[str, np.ndarray], dict[str, torch.Tensor], dict[str, tuple[np.ndarray, np.ndarray]]]
+
 
 class LeRobotStreamDataset(ReaderDataset):
     """:class:`~torchrecord.LeRobotDataset`'s items, shuffled per epoch, sharded, batched in the reader.
@@ -163,7 +166,7 @@ class LeRobotStreamDataset(ReaderDataset):
         first, skip = divmod(start.yielded * (self.batch_size or 1), part.window)  # items handed out already
         step = self.batch_size or SAMPLE_CHUNK
         items = self._items(self.items.path, None)
-        pending: list[tuple[dict[str, torch.Tensor], list[str]]] = []
+        pending: list[_Part] = []
         held = 0
         for index in part.windows(first):
             index, skip = index[skip:], 0
@@ -176,7 +179,7 @@ class LeRobotStreamDataset(ReaderDataset):
                 n = min(step - held, len(index) - at)
                 cut = slice(at, at + n)
                 part_where = {key: w[cut] for key, w in where.items()}
-                pending.append(self.items._columns(part_where, {k: p[cut] for k, p in pads.items()}, cameras))
+                pending.append((part_where, {k: p[cut] for k, p in pads.items()}, cameras))
                 held, at = held + n, at + n
                 if held == step:
                     yield from self._emit(pending, items)
@@ -184,11 +187,15 @@ class LeRobotStreamDataset(ReaderDataset):
         if pending and not (self.drop_last and self.batch_size is not None):
             yield from self._emit(pending, items)
 
-    def _emit(self, parts: list[tuple[dict[str, torch.Tensor], list[str]]], items: Items) -> Iterator[Any]:
-        """Columns of consecutive items as items: one batch, or the items one by one, through ``items``."""
-        columns = parts[0][0] if len(parts) == 1 else {k: torch.cat([p[0][k] for p in parts]) for k in parts[0][0]}
-        names = [name for _, part_names in parts for name in part_names]
+    def _emit(self, parts: list[_Part], items: Items) -> Iterator[Any]:
+        """Consecutive items (window parts) as items: one batch, or the items one by one, through ``items``."""
         plain = self.transform is None and self.collate_fn is None and self.items.image_transforms is None
+        # a plain batch of one part is built where it leaves a DataLoader worker (its slot): no copy there
+        room = self._stack_room() if self.batch_size is not None and plain and len(parts) == 1 else None
+        built = [self.items._columns(where, pads, cameras, room) for where, pads, cameras in parts]
+        first = built[0][0]
+        columns = first if len(built) == 1 else {k: torch.cat([c[k] for c, _ in built]) for k in first}
+        names = [name for _, part_names in built for name in part_names]
         if self.batch_size is not None and plain:
             yield items.finish({**columns, "task": names})  # default_collate's batch, without the items
         elif self.batch_size is not None:
