@@ -22,7 +22,12 @@ The base implements everything else once, for every reader:
   (``torchrecord._read.state``), resume on the same world or elastically on any
   other, and ``position_after`` for plain DataLoaders;
 * the ``len(loader)`` glue: ``loader_batch_size``, ``len(loader)`` warnings,
-  :meth:`ReaderDataset.check_loader`, and a DataLoader that batches batches.
+  :meth:`ReaderDataset.check_loader`, and a DataLoader that batches batches;
+* per-sample mode read as whole loader batches for ``RecordLoader`` (``_fused``).
+
+The module is over 500 lines because it is the contract: every item above is
+implemented here once so that no reader repeats it; the state layout, the resume
+table and the loader glue's checks already live in their own modules.
 """
 
 from __future__ import annotations
@@ -265,25 +270,21 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
         part = self._epoch_plan().reader_part(start.reader, start.base)
         self._pass = _Pass(self.epoch, start.reader, start.base, self._rotate)
         self._yielded = start.yielded
-        if self._fused_now() is not None:
-            return self._handed_over(self._counted_samples(self._read(start, part)))
-        return self._handed_over(self._counted(self._read(start, part)))
+        return self._handed_over(self._counted(self._read(start, part), self._fused_now() is not None))
 
-    def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
-        """Count each item before it is yielded, so state_dict() always says what was handed out."""
+    def _counted(self, items: Iterator[Any], weighed: bool = False) -> Iterator[Any]:
+        """Count each item before it is yielded, so state_dict() always says what was handed out.
+
+        ``weighed`` (fused per-sample mode): items come as ``(batch, samples in it)`` and count their samples.
+        """
         try:
             for item in items:
-                self._yielded += 1
+                if weighed:
+                    item, samples = item
+                    self._yielded += samples
+                else:
+                    self._yielded += 1
                 yield item
-        finally:
-            self._pass_over()
-
-    def _counted_samples(self, batches: Iterator[tuple[Any, int]]) -> Iterator[Any]:
-        """Fused per-sample mode: ``(batch, samples in it)`` in, batches out, counting their samples."""
-        try:
-            for batch, samples in batches:
-                self._yielded += samples
-                yield batch
         finally:
             self._pass_over()
 
@@ -304,6 +305,10 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     def _fused_now(self) -> int | None:
         """The loader batch size this pass reads whole batches of in per-sample mode (None: as usual)."""
         return self._fused if self.batch_size is None and self._fusable() else None
+
+    def _batches_out(self) -> bool:
+        """Does this pass hand out batches (batch mode, or fused per-sample mode) in a DataLoader worker?"""
+        return (self.batch_size is not None or self._fused_now() is not None) and in_worker()
 
     _rotate = 0  # the rotation of the pass being started (see _start)
 
@@ -360,7 +365,7 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
         one handover (:func:`torchrecord._read.ipc.for_parent`), or :attr:`_bundle` batches at a time
         (:func:`torchrecord._read.ipc.bundled`); samples and the main process's items as they are.
         """
-        if (self.batch_size is None and self._fused_now() is None) or not in_worker():
+        if not self._batches_out():
             return items
         if self._bundle > 1:
             return bundled(items, self._bundle)
@@ -369,9 +374,7 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     def _stack_room(self) -> Room | None:
         """Where this reader builds the batches it collates: in a DataLoader worker in batch mode, straight in
         the slot each leaves in when it crosses in one (:func:`torchrecord._read.ipc.slot_room`); else None."""
-        if (self.batch_size is None and self._fused_now() is None) or not in_worker():
-            return None
-        return slot_room
+        return slot_room if self._batches_out() else None
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

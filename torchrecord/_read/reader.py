@@ -31,7 +31,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
-from torchrecord._store.fastread import FixedWindowReader, joins
+from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
 from torchrecord._store.record_file import RecordFile, shard_file
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import Walk, record_runs
@@ -124,7 +124,7 @@ class ShareReader:
         # straight from the map into the window. Records the wire path reads are views too
         layout = self.layout
         if layout is not None:
-            buffers = not joins(layout) or layout.expander is not None
+            buffers = layout.length >= JOIN_LIMIT or layout.expander is not None
         else:
             buffers = WireDecoder.of(self.file.schema) is not None
         walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)

@@ -191,20 +191,8 @@ class FixedWindow:
                 if dst is not None and size:
                     self.mapped.take(rec, row, off, size, dst[at : at + n])
             return list(out)
-        if out is None:
-            out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
-        views = self.views
-        assert views is not None
-        # visit the records in stored order (each to its permuted row): the map is read forwards
-        visits = sorted(zip(rec.tolist(), row.tolist(), range(at, at + n)))
-        for off, size, dst in zip(self.layout.offsets, self.layout.sample_bytes, out):
-            if dst is None:
-                continue
-            flat = dst.data.cast("B")  # dst is a C-contiguous (rows, size) uint8 array
-            for r, j, i in visits:
-                start = off + j * size
-                flat[i * size : (i + 1) * size] = views[r][start : start + size]
-        return list(out)
+        # a window with no record (nothing to gather from): empty fields
+        return list(out) if out is not None else [np.empty((0, size), np.uint8) for size in self.layout.sample_bytes]
 
 
 def _consecutive(flat: np.ndarray) -> int | None:
