@@ -4,7 +4,7 @@
 worker's pipe up to :data:`BY_VALUE_LIMIT`, above it a shared-memory slot of the
 worker (``torchrecord._read.slots``: the main process maps it once and takes the
 batch without a copy; where the platform has no ``memfd_create``, one shared
-block per batch instead). The rule a user sees is in docs/performance.md
+block per batch instead). The rule a user sees is in docs/reading.md
 ("Workers: how batches reach the main process").
 
 A worker sends each CPU tensor of a batch through its own shared-memory
