@@ -197,6 +197,39 @@ def test_into_slot_keeps_every_leaf_kind() -> None:
     assert out["name"] == ["a", "b"]
 
 
+def test_views_of_a_segment_at_any_offset_equal_the_tensors_written_there() -> None:
+    """The main process's views of a slot: aligned tensors through one typed tensor per dtype, tensors at an
+    offset their itemsize does not divide through bytes; each equal to the tensor whose bytes lie there."""
+    import ctypes
+
+    tensors = [
+        torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        torch.tensor([True, False, True]),
+        torch.arange(5, dtype=torch.int64) - 2,
+        torch.tensor([1.5, -2.25], dtype=torch.bfloat16),
+        torch.tensor(7, dtype=torch.int16),
+        torch.arange(6, dtype=torch.float64).reshape(1, 2, 3),
+        torch.zeros((0, 4)),
+    ]
+    owner = (ctypes.c_uint8 * 512)()
+    raw = np.frombuffer(owner, dtype=np.uint8)
+    specs: list[tuple[object, ...]] = []
+    offset = 0
+    for i, tensor in enumerate(tensors):
+        offset += 1 if i % 2 else 0  # every other tensor at an odd offset
+        data = tensor.reshape(-1).view(torch.uint8).numpy()
+        raw[offset : offset + data.size] = data
+        specs.append((offset, data.size, slots.dtype_name(tensor.dtype), tuple(tensor.shape)))
+        offset += data.size
+    specs.append(("not a tensor",))
+    views = slots._views(owner, specs)
+    assert views[-1] == "not a tensor"
+    for tensor, view in zip(tensors, views):
+        assert view.dtype == tensor.dtype and view.shape == tensor.shape and torch.equal(view, tensor)
+    views[0][0, 0] = 100.0  # a view, not a copy
+    assert np.frombuffer(owner, dtype=np.float32, count=1)[0] == 100.0
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_per_sample_mode_with_torchrecord_collate(plain: str, context: str) -> None:
     from torchrecord import collate

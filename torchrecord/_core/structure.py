@@ -64,7 +64,17 @@ def flatten(sample: Any) -> tuple[Tree, list[Any]]:
 def _flatten(node: Any, leaves: list[Any], depth: int) -> Tree:
     if depth > 32:
         raise SampleTypeError("sample nesting is deeper than 32 levels")
-    if type(node) is tuple and depth < 32:
+    kind = type(node)
+    if kind in _PLAIN:  # a tensor, array, number or string: a leaf, without the ABC checks below
+        leaves.append(node)
+        return _LEAF
+    if kind is dict:  # the usual batch: keys checked as below, without the Mapping ABC check
+        keys = list(node)
+        for key in keys:
+            if not isinstance(key, str):
+                raise SampleTypeError(f"dict keys in a sample must be str, got {type(key).__name__} {key!r}")
+        return {"t": "dict", "k": keys, "c": [_flatten(node[k], leaves, depth + 1) for k in keys]}
+    if kind is tuple and depth < 32:
         for x in node:
             if type(x) not in _PLAIN:
                 break

@@ -27,7 +27,7 @@ from torchrecord._core.crc import crc32
 from torchrecord._store.format import encode_key, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
-__all__ = ["PIECE", "Walk", "check_crc", "record_runs"]
+__all__ = ["PIECE", "Walk", "check_crc", "check_crcs", "record_runs"]
 
 #: Records fetched per cursor step by :meth:`Walk.pieces`: bounds memory, amortizes the calls.
 PIECE = 256
@@ -45,6 +45,21 @@ def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, wher
     expected = int.from_bytes(stored, "little")
     if actual != expected:
         raise ChecksumError(f"{where}: CRC-32 is {actual:08x}, the stored checksum is {expected:08x}")
+
+
+def check_crcs(values: Sequence[Any], stored: Sequence[Any], path: str, records: Sequence[int]) -> None:
+    """Raise ChecksumError unless each of ``stored`` is the CRC-32 of the value at the same place (the values of
+    ``records``): all compared at once, the record at fault found one by one only on a mismatch.
+    """
+    n = len(values)
+    joined = b"".join(stored) if all(s is not None for s in stored) else b""
+    if len(stored) == n and len(joined) == _CRC_BYTES * n:
+        actual = np.fromiter(map(crc32, values), dtype=np.uint32, count=n)
+        if np.array_equal(actual, np.frombuffer(joined, dtype="<u4")):
+            return
+    for record, value, crc in zip(records, values, stored):
+        check_crc(value, crc, f"{path}: record {record}")
+    raise ChecksumError(f"{path}: {len(stored)} checksums for {n} records from record {records[0]}")
 
 
 def record_runs(sample_runs: Sequence[tuple[int, int]], samples_per_record: int) -> list[tuple[int, int]]:
@@ -114,8 +129,7 @@ class Walk:
             values = self._read(self._cursor, first, stop, self.path)
             if self._crc_cursor is not None:
                 crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
-                for i, (value, stored) in enumerate(zip(values, crcs)):
-                    check_crc(value, stored, f"{self.path}: record {first + i}")
+                check_crcs(values, crcs, self.path, range(first, stop))
         self.records_read += n
         return values
 
@@ -142,8 +156,7 @@ class Walk:
             missing = int(records[values.index(None)])
             raise CorruptRecordError(f"{self.path}: record {missing} is missing; the file is damaged")
         if crcs is not None:
-            for record, value, stored in zip(records.tolist(), values, crcs):
-                check_crc(value, stored, f"{self.path}: record {record}")
+            check_crcs(values, crcs, self.path, records.tolist())
         self.records_read += n
         return values
 
