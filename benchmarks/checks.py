@@ -33,6 +33,7 @@ from typing import Any
 import torchrecord
 from benchmarks.loaders.torchrecord_loader import record_key, write_records
 from benchmarks.workloads import WORKLOADS, load_workload
+from torchrecord._core import crc as _crc_module
 from torchrecord._core.crc import CRC32_BACKEND
 from torchrecord._store import checked as _checked
 from torchrecord._store import walk as _walk_module
@@ -72,11 +73,11 @@ def _walk(path: str, keys_checked: bool) -> int:
 def _zlib_crc() -> Iterator[None]:
     """Checksums checked with zlib.crc32 (the baseline without the fastcrc extra)."""
     fast = _walk_module.crc32
-    _walk_module.crc32 = zlib.crc32
+    _walk_module.crc32 = _crc_module.crc32 = zlib.crc32  # each record's, and each block's (crc32_joined)
     try:
         yield
     finally:
-        _walk_module.crc32 = fast
+        _walk_module.crc32 = _crc_module.crc32 = fast
 
 
 def _epoch(path: str, batch_size: int, check: str | None, keys_checked: bool = True, zlib_crc: bool = False) -> int:

@@ -10,16 +10,18 @@ from typing import Any
 import lmdb
 
 from torchrecord._check.isolate import run_each_isolated, run_isolated
+from torchrecord._core.crc import crc32_joined
 from torchrecord._shards.manifest import file_digest
 from torchrecord._shards.open import SetLike, open_set
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store import format as _format
 from torchrecord._store import opening as _opening
+from torchrecord._store.crc_blocks import BlockChecksums
 from torchrecord._store.lmdb_check import StructureInfo, check_structure
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import is_url
 from torchrecord._store.walk import PIECE, Walk, check_crc
-from torchrecord.errors import CorruptRecordError, FormatError, NotARecordSetError, TorchRecordError
+from torchrecord.errors import ChecksumError, CorruptRecordError, FormatError, NotARecordSetError, TorchRecordError
 
 __all__ = ["VerifyReport", "check_crc", "verify"]
 
@@ -193,6 +195,7 @@ def _verify_chunk(path: str, max_errors: int, chunk: tuple[int, int]) -> dict[st
     env, records_db = rf.environment()
     crc_db = rf.crc_db
     part = VerifyReport(path)
+    blocks = _block_checksums(rf, first, part, max_errors) if crc_db is not None else None
     present = 0
     for lo in range(first, stop, PIECE):
         hi = min(stop, lo + PIECE)
@@ -208,9 +211,37 @@ def _verify_chunk(path: str, max_errors: int, chunk: tuple[int, int]) -> dict[st
             present += _one_by_one(rf, env, records_db, crc_db, lo, hi, part, max_errors)
         else:
             present += len(values)
+            bad = part.bad
             for index, (value, stored) in enumerate(zip(values, crcs), lo):
                 _check_record(rf, index, value, stored, crc_db is not None, part, max_errors)
+            if blocks is not None and part.bad == bad:
+                _check_blocks(blocks, values, lo, path, part, max_errors)
     return {"records": stop - first, "present": present, "bad": part.bad, "errors": [[i, m] for i, m in part.errors]}
+
+
+def _block_checksums(rf: RecordFile, first: int, report: VerifyReport, max_errors: int) -> BlockChecksums | None:
+    """The set's block checksums; damaged ones are reported (by the chunk from record 0) and not checked."""
+    try:
+        return rf.crc_blocks()
+    except ChecksumError as exc:
+        if first == 0:
+            report._fail(0, str(exc), max_errors)
+        return None
+
+
+def _check_blocks(
+    blocks: BlockChecksums, values: list[Any], lo: int, path: str, report: VerifyReport, max_errors: int
+) -> None:
+    """The block checksums of the whole blocks among records [lo, lo + len(values)), each of them good."""
+    for at in range(-(-lo // blocks.block) * blocks.block, lo + len(values), blocks.block):
+        block = values[at - lo : at - lo + blocks.block]
+        if len(block) == min(blocks.block, blocks.records - at) and crc32_joined(block) != blocks.stored(at):
+            report._fail(
+                at,
+                f"{path}: records {at} to {at + len(block) - 1}: the checksum of their block does not match while "
+                "every record's own does: the block checksums are damaged",
+                max_errors,
+            )
 
 
 def _verify_shards(sharded: ShardedSet, progress: bool | None, max_errors: int, timeout: float) -> VerifyReport:

@@ -227,7 +227,9 @@ class FileSource(Source):
             shard = shard_file(file, s)
             env, db = shard.environment()
             base = int(offsets[s])
-            with Walk(env, db, shard.path, crc_db=shard.crc_db if self.verify else None) as walk:
+            crc_db = shard.crc_db if self.verify else None
+            blocks = shard.crc_blocks() if crc_db is not None else None
+            with Walk(env, db, shard.path, crc_db=crc_db, crc_blocks=blocks) as walk:
                 for first, got in walk.pieces(record_runs([(start, stop)], 1)):
                     values.extend(got)
                     records.extend(range(base + first, base + first + len(got)))

@@ -353,7 +353,8 @@ class _ShardWalks:
             file = shard_file(self.set, s)
             env, db = file.environment()
             crc_db = file.crc_db if self.verify else None
-            walk = Walk(env, db, file.path, crc_db=crc_db, buffers=self.buffers).__enter__()
+            blocks = file.crc_blocks() if crc_db is not None else None
+            walk = Walk(env, db, file.path, crc_db=crc_db, crc_blocks=blocks, buffers=self.buffers).__enter__()
             held = self._walks[s] = (file, walk)
         return held[1]
 

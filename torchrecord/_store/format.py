@@ -33,6 +33,9 @@ from torchrecord.errors import (
 
 __all__ = [
     "COMPRESSION_CODECS",
+    "CRC_BLOCK",
+    "CRC_BLOCK_BYTES",
+    "CRC_BLOCKS_KEY",
     "CRC_DB",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -70,6 +73,16 @@ COMPRESSION_CODECS = tuple(sorted(CODECS))
 
 RECORDS_DB = b"records"
 CRC_DB = b"crc32"
+#: The ``meta`` entry of the block checksums: uint32 little-endian, the CRC-32 of the values of records
+#: [CRC_BLOCK * j, CRC_BLOCK * (j + 1)) joined, for each block j (the last one may be shorter).
+CRC_BLOCKS_KEY = b"crc32-blocks"
+#: The most records a writer puts in one checksum block (the metadata's ``checksum_block``) ...
+CRC_BLOCK = 256
+#: ... and the bytes of records it aims at in one: a reader checks records one by one in the blocks a run of
+#: records only partly covers, so blocks stay small against a reader's runs.
+CRC_BLOCK_BYTES = 4 << 10
+#: The most records a checksum block may hold (a reader holds a whole block to check it).
+MAX_CHECKSUM_BLOCK = 4096
 META_DB = b"meta"
 META_KEY = b"metadata"
 MAX_DBS = 4
@@ -243,6 +256,12 @@ def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
         )
     if meta.get("checksum") not in (None, "crc32"):
         raise FormatError(f"{path}: unknown checksum kind {meta.get('checksum')!r} in the metadata")
+    block = meta.get("checksum_block")
+    if block is not None and (not _is_int(block) or not 1 <= block <= MAX_CHECKSUM_BLOCK or not meta.get("checksum")):
+        raise FormatError(
+            f"{path}: metadata checksum_block {block!r} is not a block of 1..{MAX_CHECKSUM_BLOCK} records "
+            f"of a set with checksums; {REWRITE}"
+        )
     if not isinstance(meta.get("user", {}), dict):
         raise FormatError(f"{path}: metadata 'user' is not a map; {REWRITE}")
     schema = meta.get("schema")

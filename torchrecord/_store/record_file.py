@@ -17,6 +17,7 @@ from torchrecord._store import claims as _claims
 from torchrecord._store import envcache as _envcache
 from torchrecord._store import format as _format
 from torchrecord._store import paths as _paths
+from torchrecord._store.crc_blocks import BlockChecksums, read_block_checksums
 from torchrecord._store.groups import read_offsets
 from torchrecord._store.identity import set_id_of
 from torchrecord._store.record_decode import RecordDecoding
@@ -195,6 +196,7 @@ class RecordFile(RecordDecoding, RecordSet):
         self._handle = None
         self._records_db = self._crc_db = None
         self.__dict__.pop("_group_offsets", None)
+        self.__dict__.pop("_crc_blocks", None)
 
     def read_header(self) -> dict[str, Any]:
         """Open the file, read and check its metadata and databases, and close it again; returns the metadata.
@@ -365,6 +367,23 @@ class RecordFile(RecordDecoding, RecordSet):
         """The checksum database when ``check`` asks for checksums (and the set has them), else None."""
         return self.crc_db if _checked.checks_crc(self._check) else None
 
+    def crc_blocks(self) -> BlockChecksums | None:
+        """The set's block checksums (``docs/FORMAT.md``), or None for a set without them; a walk that checks
+        checksums checks these, one a block of records. Raises ChecksumError naming the file if they are damaged."""
+        env = self.environment()[0]
+        cached = self.__dict__.get("_crc_blocks")
+        if cached is not None and cached[0] is env:
+            kept: BlockChecksums | None = cached[1]
+            return kept
+        blocks = read_block_checksums(env, self.path, self.metadata)
+        self.__dict__["_crc_blocks"] = (env, blocks)
+        return blocks
+
+    def _walk_checks(self) -> dict[str, Any]:
+        """The checks of a :class:`Walk` over this set, as ``check`` asks (Walk's keyword arguments)."""
+        crc_db = self._crc_to_check()
+        return {"crc_db": crc_db, "crc_blocks": self.crc_blocks() if crc_db is not None else None}
+
     def _sample(self, position: int) -> Any:
         if self._subset is not None:
             position = int(self._subset.take(np.array([position]))[0])
@@ -389,7 +408,7 @@ class RecordFile(RecordDecoding, RecordSet):
         runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(records, breaks)]
         values: dict[int, bytes] = {}
         env, db = self.environment()
-        with Walk(env, db, self.path, crc_db=self._crc_to_check()) as walk:
+        with Walk(env, db, self.path, **self._walk_checks()) as walk:
             for first, piece in walk.pieces(runs):
                 values.update(zip(range(first, first + len(piece)), piece))
         if k == 1:
@@ -415,7 +434,7 @@ class RecordFile(RecordDecoding, RecordSet):
             yield from (s for lo in range(0, len(self), PIECE) for s in self[lo : lo + PIECE])
             return
         env, db = self.environment()
-        with Walk(env, db, self.path, crc_db=self._crc_to_check()) as walk:
+        with Walk(env, db, self.path, **self._walk_checks()) as walk:
             for first, values in walk.pieces([(0, self.num_records)]):
                 for record, value in enumerate(values, first):
                     yield from self.decode_record(value, record)

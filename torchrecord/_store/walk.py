@@ -7,7 +7,10 @@ a run, then sequential steps. Each step is checked before a byte is used:
 
 * every key read must be the next expected index (compared in bulk, one join
   per piece), so a damaged tree can never duplicate or skip records silently;
-* with checksums on, every value's CRC-32 must match the stored 4-byte one;
+* with checksums on, every value's CRC-32 must match the stored 4-byte one; where
+  the set has block checksums (``_store/crc_blocks.py``), each block a run covers
+  whole is checked by one CRC-32, and a record's own only at the ends of a run or
+  when its block does not match (to name it);
 * LMDB's own errors become :class:`~torchrecord.errors.CorruptRecordError`
   naming the file.
 """
@@ -23,7 +26,9 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from torchrecord._core.crc import crc32
+from torchrecord._core.crc import JOIN_BYTES as _JOIN_BYTES
+from torchrecord._core.crc import crc32, crc32_joined
+from torchrecord._store.crc_blocks import BlockChecksums
 from torchrecord._store.format import encode_key, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
@@ -80,6 +85,8 @@ class Walk:
         db: its records database.
         path: the file, for error messages.
         crc_db: the checksums database, to check every value read (None: no check).
+        crc_blocks: the set's block checksums, checked instead of each record's when
+            ``crc_db`` is given (None: each record's).
         buffers: values are zero-copy views of the map (valid while the walk is
             open) instead of bytes.
         keyed: look every record up by its key (a tree descent each) instead of
@@ -95,10 +102,12 @@ class Walk:
         path: str,
         *,
         crc_db: Any = None,
+        crc_blocks: BlockChecksums | None = None,
         buffers: bool = False,
         keyed: bool = False,
     ) -> None:
         self.env, self.db, self.path, self.crc_db, self.buffers = env, db, path, crc_db, buffers
+        self.crc_blocks = crc_blocks if crc_db is not None else None
         self._read = _read_keyed if keyed else _read_checked
         self.txn: Any = None
         self.records_read = 0
@@ -126,12 +135,47 @@ class Walk:
         if n <= 0:
             return []
         with self._reading(f"records {first} to {stop - 1}"):
-            values = self._read(self._cursor, first, stop, self.path)
-            if self._crc_cursor is not None:
-                crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
-                check_crcs(values, crcs, self.path, range(first, stop))
+            if self.crc_blocks is not None:
+                values = self._by_blocks(first, stop, self.crc_blocks)
+            else:
+                values = self._read(self._cursor, first, stop, self.path)
+                if self._crc_cursor is not None:
+                    self._check_each(values, first)
         self.records_read += n
         return values
+
+    def _by_blocks(self, first: int, stop: int, blocks: BlockChecksums) -> list[Any]:
+        """Records [first, stop): each whole checksum block among them checked by its CRC-32, the records of a
+        block only partly among them (at the ends of the run) each by its own."""
+        values = self._read(self._cursor, first, stop, self.path)
+        size = blocks.block
+        whole_from = -(-first // size) * size
+        whole_to = stop if stop == blocks.records else stop // size * size  # the last block may be short
+        if whole_from >= whole_to:
+            self._check_each(values, first)
+            return values
+        if first < whole_from:
+            self._check_each(values[: whole_from - first], first)
+        starts = range(whole_from, whole_to, size)
+        actual = _block_crcs(values[whole_from - first : whole_to - first], size, len(starts))
+        wrong = np.flatnonzero(actual != blocks.crcs[whole_from // size : whole_from // size + len(starts)])
+        if len(wrong):
+            at = starts[int(wrong[0])]
+            block = values[at - first : at - first + size]
+            self._check_each(block, at)  # names the record at fault
+            raise ChecksumError(
+                f"{self.path}: records {at} to {at + len(block) - 1}: the checksum of their block does not match "
+                "while every record's own does: the block checksums are damaged; run torchrecord.verify on it"
+            )
+        if whole_to < stop:
+            self._check_each(values[whole_to - first :], whole_to)
+        return values
+
+    def _check_each(self, values: list[Any], first: int) -> None:
+        """Each of ``values`` (records ``first``, ...) against its own stored CRC-32."""
+        stop = first + len(values)
+        crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
+        check_crcs(values, crcs, self.path, range(first, stop))
 
     def records_at(self, records: np.ndarray) -> list[Any]:
         """The values of ``records`` (int64, any order), each looked up by its key; checksums checked.
@@ -173,11 +217,33 @@ class Walk:
             ) from None
 
     def pieces(self, runs: Sequence[tuple[int, int]], piece: int = PIECE) -> Iterator[tuple[int, list[Any]]]:
-        """``(first record, values)`` for pieces of at most ``piece`` records covering each record run."""
+        """``(first record, values)`` for pieces of at most ``piece`` records covering each record run (with block
+        checksums: pieces end on block boundaries, so that every block a run covers whole is checked whole)."""
+        step = piece
+        if self.crc_blocks is not None:  # pieces end on block boundaries: whole blocks, about ``piece`` records
+            size = self.crc_blocks.block
+            step = max(1, piece // size) * size
         for first, stop in runs:
-            for lo in range(first, stop, piece):
-                hi = min(stop, lo + piece)
+            lo = first
+            while lo < stop:
+                hi = min(stop, (lo // step + 1) * step) if self.crc_blocks is not None else min(stop, lo + piece)
                 yield lo, self.records(lo, hi)
+                lo = hi
+
+
+def _block_crcs(values: list[Any], size: int, blocks: int) -> np.ndarray:
+    """The CRC-32 of each block of ``size`` of ``values`` joined (the last block may be shorter), uint32."""
+    if size == 1:
+        return np.fromiter(map(crc32, values), np.uint32, blocks)
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    if int(lengths.sum()) > _JOIN_BYTES * len(values):  # long values: summed where they lie, one after another
+        return np.fromiter((crc32_joined(values[at : at + size]) for at in range(0, len(values), size)), np.uint32)
+    bounds = np.cumsum(lengths)
+    ends = bounds[size - 1 :: size].tolist()
+    if len(ends) < blocks:  # a short last block
+        ends.append(int(bounds[-1]))
+    joined = memoryview(b"".join(values))  # short values: one join, then a slice a block
+    return np.fromiter(map(crc32, (joined[a:b] for a, b in zip([0, *ends[:-1]], ends))), np.uint32, blocks)
 
 
 def _read_checked(cursor: Any, first: int, stop: int, path: str) -> list[Any]:

@@ -6,6 +6,7 @@ Owned by exactly one process. Keys must be appended in increasing order.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import struct
 import zlib
@@ -13,12 +14,24 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import lmdb
+import numpy as np
 
-from torchrecord._core.crc import crc32
-from torchrecord._store.format import CRC_DB, MAX_DBS, META_DB, META_KEY, RECORDS_DB, encode_key, encode_keys
+from torchrecord._core.crc import crc32, crc32_joined
+from torchrecord._store.format import (
+    CRC_BLOCK,
+    CRC_BLOCK_BYTES,
+    CRC_BLOCKS_KEY,
+    CRC_DB,
+    MAX_DBS,
+    META_DB,
+    META_KEY,
+    RECORDS_DB,
+    encode_key,
+    encode_keys,
+)
 from torchrecord.errors import WriteError
 
-__all__ = ["LmdbAppender", "space_hint"]
+__all__ = ["CrcBlocks", "LmdbAppender", "space_hint"]
 
 _CRC_BYTES = 4
 _CRC = struct.Struct("<I")  # a record's CRC-32, as crc32(value).to_bytes(4, "little")
@@ -46,7 +59,8 @@ class LmdbAppender:
         initial_map_size: starting map size in bytes; it doubles whenever it is full.
         commit_bytes: commit after this many value bytes, which bounds both the
             memory held for a retry and the work lost to a crash.
-        checksums: also write the CRC-32 of every value to the ``crc32`` database.
+        checksums: also write the CRC-32 of every value to the ``crc32`` database, and that of every block
+            of records (:class:`CrcBlocks`) to the ``meta`` entry ``crc32-blocks`` (at :meth:`finish`).
         name: the path to name in error messages (the target a temporary file
             will be renamed to); default ``path``.
     """
@@ -83,6 +97,7 @@ class LmdbAppender:
         self._env = env
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
+        self._blocks = CrcBlocks()
         self.records_written = 0
         self.bytes_written = 0
         self.map_growths = 0
@@ -100,6 +115,12 @@ class LmdbAppender:
         self._pending_bytes += sum(map(len, values))
         if self._pending_bytes >= self._commit_bytes:
             self.flush()
+
+    @property
+    def checksum_block(self) -> int:
+        """Records per checksum block (the metadata's ``checksum_block``): chosen from the first records, the
+        pending ones if none is committed yet."""
+        return self._blocks.choose(self._pending)
 
     @property
     def page_size(self) -> int:
@@ -143,12 +164,20 @@ class LmdbAppender:
 
         self._commit(rewrite)
         self.records_written = total
+        if self._checksums:  # every record changed: the block checksums again, from the records as stored
+            self._blocks = CrcBlocks()
+            with self._env.begin(db=self._records) as txn:
+                values = txn.cursor().iternext(keys=False, values=True)
+                while piece := list(itertools.islice(values, 4096)):
+                    self._blocks.add(piece)
 
     def flush(self) -> None:
         """Commit the pending records, growing the map and retrying if it is full."""
         if not self._pending:
             return
         self._commit(self._put_pending)
+        if self._checksums:
+            self._blocks.add(self._pending)
         self.records_written += len(self._pending)
         self.bytes_written += self._pending_bytes
         self._pending.clear()
@@ -181,6 +210,8 @@ class LmdbAppender:
         everything to disk."""
         self.flush()
         entries = [*(extra or {}).items(), (META_KEY, metadata)]
+        if self._checksums:
+            entries.insert(0, (CRC_BLOCKS_KEY, self._blocks.finished()))
 
         def put_meta(txn: lmdb.Transaction) -> None:
             for key, value in entries:
@@ -229,6 +260,46 @@ class LmdbAppender:
         except lmdb.Error as exc:
             raise WriteError(f"{self.name}: cannot grow the LMDB map to {new_size} bytes: {exc}") from exc
         self.map_growths += 1
+
+
+class CrcBlocks:
+    """The CRC-32 of each block of consecutive records (the values joined), fed the records in order.
+
+    The block size is chosen from the first records: about :data:`CRC_BLOCK_BYTES` of them, at most
+    :data:`CRC_BLOCK` records (so a reader's runs, which start and end anywhere, cover many blocks whole).
+    """
+
+    def __init__(self) -> None:
+        self.block: int | None = None
+        self.crcs: list[int] = []
+        self._crc = 0
+        self._filled = 0  # records in the block being summed
+
+    def choose(self, values: Sequence[bytes | memoryview]) -> int:
+        """The block size: fixed by the first call, from the mean size of up to 1,024 of ``values``."""
+        if self.block is None:
+            first = values[:1024]
+            mean = sum(map(len, first)) / len(first) if len(first) else 1
+            self.block = int(max(1, min(CRC_BLOCK, CRC_BLOCK_BYTES // max(1, mean))))
+        return self.block
+
+    def add(self, values: Sequence[bytes | memoryview]) -> None:
+        """The next records' values."""
+        block = self.choose(values)
+        at = 0
+        while at < len(values):
+            take = min(block - self._filled, len(values) - at)
+            self._crc = crc32_joined(values[at : at + take], self._crc)
+            self._filled += take
+            at += take
+            if self._filled == block:
+                self.crcs.append(self._crc)
+                self._crc, self._filled = 0, 0
+
+    def finished(self) -> bytes:
+        """Every block's CRC-32 (the last block possibly short), uint32 little-endian."""
+        crcs = self.crcs + ([self._crc] if self._filled else [])
+        return np.asarray(crcs, dtype="<u4").tobytes()
 
 
 def space_hint(path: str) -> str:

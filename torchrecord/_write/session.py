@@ -170,12 +170,12 @@ class WriteSession:
 
         For data that belongs to the set but is no sample (no reader's index
         reaches it): the robomimic converter's final frames. The format's own
-        keys (``metadata``, ``groups``) are refused.
+        keys (``metadata``, ``groups``, ``crc32-blocks``) are refused.
         """
 
         def checked() -> Iterator[tuple[bytes, bytes]]:
             for key, value in entries:
-                if key in (_format.META_KEY, GROUPS_KEY):
+                if key in (_format.META_KEY, GROUPS_KEY, _format.CRC_BLOCKS_KEY):
                     raise InternalError(f"{self.target}: meta entry {key!r} is the format's own")
                 yield key, value
 
@@ -268,6 +268,7 @@ class WriteSession:
             "skipped": summary.skipped,
             **summary.metadata(),
             "checksum": "crc32" if s.checksums else None,
+            **({"checksum_block": self.appender.checksum_block} if s.checksums else {}),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "user": s.metadata or {},
             "set_id": self.set_id,
