@@ -16,7 +16,7 @@ from torchrecord._shards.open import SetLike, open_set
 from torchrecord._shards.sharded import ShardedSet
 from torchrecord._store import format as _format
 from torchrecord._store import opening as _opening
-from torchrecord._store.crc_blocks import BlockChecksums
+from torchrecord._store.crc_blocks import BlockChecksums, read_block_checksums
 from torchrecord._store.lmdb_check import StructureInfo, check_structure
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import is_url
@@ -220,9 +220,16 @@ def _verify_chunk(path: str, max_errors: int, chunk: tuple[int, int]) -> dict[st
 
 
 def _block_checksums(rf: RecordFile, first: int, report: VerifyReport, max_errors: int) -> BlockChecksums | None:
-    """The set's block checksums; damaged ones are reported (by the chunk from record 0) and not checked."""
+    """The block checksums of the records the file holds (a count claiming more is reported record by record);
+    damaged ones are reported (by the chunk from record 0) and not checked."""
+    env, records_db = rf.environment()
     try:
-        return rf.crc_blocks()
+        with env.begin() as txn:
+            held = int(txn.stat(records_db)["entries"])
+    except lmdb.Error:  # the records themselves are reported
+        held = rf.num_records
+    try:
+        return read_block_checksums(env, rf.path, rf.metadata, records=min(held, rf.num_records))
     except ChecksumError as exc:
         if first == 0:
             report._fail(0, str(exc), max_errors)

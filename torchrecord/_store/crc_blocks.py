@@ -42,17 +42,21 @@ class BlockChecksums:
         return int(self.crcs[at // self.block])
 
 
-def read_block_checksums(env: lmdb.Environment, path: str, meta: dict[str, Any]) -> BlockChecksums | None:
+def read_block_checksums(
+    env: lmdb.Environment, path: str, meta: dict[str, Any], records: int | None = None
+) -> BlockChecksums | None:
     """The checked block checksums of an open set, or None for a set without them (written with
     ``checksums=False``, or by a torchrecord before block checksums).
 
-    Raises ChecksumError naming the file when the metadata announces them but the
-    entry is missing or of the wrong length.
+    ``records``: the records they must cover (default: the metadata's; ``verify``
+    passes the records the file holds). Raises ChecksumError naming the file when the
+    metadata announces them but the entry is missing or of the wrong length.
     """
     block = meta.get("checksum_block")
     if block is None or not meta.get("checksum"):
         return None
-    records = int(meta.get("records", meta["count"]))
+    if records is None:
+        records = int(meta.get("records", meta["count"]))
     blocks = -(-records // block)
     with _format.lmdb_errors(path), env.begin() as txn:
         raw = txn.get(_format.CRC_BLOCKS_KEY, db=env.open_db(_format.META_DB, create=False))

@@ -34,8 +34,8 @@ from torchrecord.errors import (
 __all__ = [
     "COMPRESSION_CODECS",
     "CRC_BLOCK",
-    "CRC_BLOCK_BYTES",
     "CRC_BLOCKS_KEY",
+    "CRC_BLOCK_BYTES",
     "CRC_DB",
     "FORMAT_NAME",
     "FORMAT_VERSION",
