@@ -1,11 +1,16 @@
-"""RecordFile: random access to a record set of one file, opened lazily in the process that reads."""
+"""RecordFile: random access to a record set of one file, opened lazily in the process that reads.
+
+Long because it is the one facade over a file: opening and identity, metadata, the
+checks asked for, single lookups, slices and iteration, decoding, groups and block
+checksums; the work behind each lives in the ``_store`` modules it calls.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lmdb
@@ -370,14 +375,21 @@ class RecordFile(RecordDecoding, RecordSet):
     def crc_blocks(self) -> BlockChecksums | None:
         """The set's block checksums (``docs/FORMAT.md``), or None for a set without them; a walk that checks
         checksums checks these, one a block of records. Raises ChecksumError naming the file if they are damaged."""
-        env = self.environment()[0]
-        cached = self.__dict__.get("_crc_blocks")
-        if cached is not None and cached[0] is env:
-            kept: BlockChecksums | None = cached[1]
-            return kept
-        blocks = read_block_checksums(env, self.path, self.metadata)
-        self.__dict__["_crc_blocks"] = (env, blocks)
+        blocks: BlockChecksums | None = self._per_environment("_crc_blocks", read_block_checksums)
         return blocks
+
+    def _per_environment(self, key: str, read: Callable[[lmdb.Environment, str, dict[str, Any]], Any]) -> Any:
+        """``read(env, path, metadata)`` once for the open environment, kept under ``key`` until it is let go;
+        arrays come back read-only (the group offsets)."""
+        env = self.environment()[0]
+        cached = self.__dict__.get(key)
+        if cached is not None and cached[0] is env:
+            return cached[1]
+        value = read(env, self.path, self.metadata)
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+        self.__dict__[key] = (env, value)
+        return value
 
     def _walk_checks(self) -> dict[str, Any]:
         """The checks of a :class:`Walk` over this set, as ``check`` asks (Walk's keyword arguments)."""
@@ -474,15 +486,7 @@ class RecordFile(RecordDecoding, RecordSet):
         means the set was written without ``group_by`` (it has no groups). Raises
         CorruptRecordError naming the file if the stored offsets are damaged.
         """
-        env = self.environment()[0]
-        cached = self.__dict__.get("_group_offsets")
-        if cached is not None and cached[0] is env:
-            kept: np.ndarray | None = cached[1]
-            return kept
-        offsets = read_offsets(env, self.path, self.metadata)
-        if offsets is not None:
-            offsets.flags.writeable = False
-        self.__dict__["_group_offsets"] = (env, offsets)
+        offsets: np.ndarray | None = self._per_environment("_group_offsets", read_offsets)
         return offsets
 
     def _read_range(self, lo: int, hi: int) -> list[Any]:
