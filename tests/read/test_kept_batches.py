@@ -127,7 +127,7 @@ def _rounds(path: str, rounds: int, child: Any) -> None:
 
 @pytest.mark.parametrize("child", [_fork_and_drop, _mp_fork_and_drop], ids=["os.fork", "multiprocessing-fork"])
 def test_a_fork_child_that_drops_kept_batches_frees_nothing(path: str, child: Any) -> None:
-    _rounds(path, 20, child)
+    _rounds(path, 8, child)
 
 
 @pytest.mark.slow
@@ -157,7 +157,7 @@ def _cycle_rounds(path: str, rounds: int) -> None:
 
 
 def test_a_cycle_collected_first_in_a_fork_child_is_freed_once(path: str) -> None:
-    _cycle_rounds(path, 20)
+    _cycle_rounds(path, 8)
 
 
 @pytest.mark.slow
