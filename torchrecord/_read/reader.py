@@ -31,10 +31,11 @@ from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
-from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader
+from torchrecord._store.checks_ahead import ChecksAhead
+from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader, joins
 from torchrecord._store.record_file import RecordFile, shard_file
 from torchrecord._store.record_set import RecordSet
-from torchrecord._store.walk import Walk, record_runs
+from torchrecord._store.walk import RunCheck, Walk, record_runs
 from torchrecord.errors import ArgumentError
 
 __all__ = ["LocalRun", "ShareReader", "split_runs"]
@@ -127,20 +128,29 @@ class ShareReader:
             buffers = layout.length >= JOIN_LIMIT or layout.expander is not None
         else:
             buffers = WireDecoder.of(self.file.schema) is not None
-        walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers)
+        # checksums of long records from the map: each window read one ahead, its CRC-32s computed on a
+        # helper thread while the window before is handed out (torchrecord._store.checks_ahead)
+        ahead = int(self.verify and layout is not None and not joins(layout))
+        walks = _ShardWalks(self.file, plan, verify=self.verify, buffers=buffers, defer_checks=bool(ahead))
         try:
             if plan and self.advise:
-                walks.advise(plan[0])
+                for pieces in plan[: 1 + ahead]:
+                    walks.advise(pieces)
             windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
             position = start  # the position of the chunk being assembled
             chunk = _Chunk(self, min(size, total - position), out, position)
             skip = start - first_window * share.window
-            for i, pieces in enumerate(plan):
-                taker = windows(first_window + i, pieces, _indices(window_runs[i]))
+            takers: Iterator[_Taken] = (
+                windows(first_window + i, pieces, _indices(window_runs[i])) for i, pieces in enumerate(plan)
+            )
+            if ahead:
+                takers = _one_ahead(takers)
+            for i, taker in enumerate(takers):
                 # the kernel reads the next window while this one is handed out (asked after this
                 # window's walk, so its pages do not queue behind the next window's)
                 if self.advise:
-                    walks.advise(plan[i + 1] if i + 1 < len(plan) else [])
+                    following = i + 1 + ahead
+                    walks.advise(plan[following] if following < len(plan) else [])
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
@@ -186,12 +196,17 @@ class ShareReader:
         reader = FixedWindowReader(layout, min(self.share.window, self.share.total))
 
         def window(j: int, pieces: Sequence[LocalRun], indices: np.ndarray) -> _Taken:
-            win, rec, row = reader.read([(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces])
+            win, rec, row = reader.read(
+                [(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces], walks.settle_deferred
+            )
             order = self.share.order(j, len(rec))
             if order is not None:
                 rec, row, indices = rec[order], row[order], indices[order]
+            checks = walks.checks_ahead(rec)  # None unless its checksums are deferred (computed on a helper)
 
             def gather(sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0) -> list[Any]:
+                if checks is not None:
+                    checks.settle(rec[sel])  # no byte is handed out before its record's CRC-32 matched
                 return win.gather(rec[sel], row[sel], out, at)
 
             return _Taken(len(rec), gather, indices)
@@ -328,11 +343,22 @@ class _ShardWalks:
     Args:
         file: the set (a RecordFile: one shard; a ShardedSet: several).
         plan: the (shard, start, stop) pieces of each window the reader reads, in order.
-        verify, buffers: as for :class:`~torchrecord._store.walk.Walk`.
+        verify, buffers, defer_checks: as for :class:`~torchrecord._store.walk.Walk`
+            (``verify``: its ``crc_db``).
     """
 
-    def __init__(self, file: RecordSet, plan: Sequence[Sequence[LocalRun]], *, verify: bool, buffers: bool) -> None:
+    def __init__(
+        self,
+        file: RecordSet,
+        plan: Sequence[Sequence[LocalRun]],
+        *,
+        verify: bool,
+        buffers: bool,
+        defer_checks: bool = False,
+    ) -> None:
         self.set, self.verify, self.buffers = file, verify, buffers
+        self._deferred: list[RunCheck] | None = [] if defer_checks else None  # every walk's, in read order
+        self._ahead: list[ChecksAhead] = []  # checks computing on a helper thread over open walks
         self.counts = np.diff(file.shard_offsets).tolist()
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
         self._advisors: dict[int, Advisor] = {}
@@ -354,9 +380,32 @@ class _ShardWalks:
             env, db = file.environment()
             crc_db = file.crc_db if self.verify else None
             blocks = file.crc_blocks() if crc_db is not None else None
-            walk = Walk(env, db, file.path, crc_db=crc_db, crc_blocks=blocks, buffers=self.buffers).__enter__()
+            options: dict[str, Any] = {"buffers": self.buffers, "defer_checks": self._deferred}
+            walk = Walk(env, db, file.path, crc_db=crc_db, crc_blocks=blocks, **options).__enter__()
             held = self._walks[s] = (file, walk)
         return held[1]
+
+    def _take_deferred(self) -> list[RunCheck]:
+        if not self._deferred:
+            return []
+        checks = self._deferred[:]
+        self._deferred.clear()  # the list the walks append to
+        return checks
+
+    def settle_deferred(self) -> None:
+        """Settle, here and now, the checks the walks deferred (before a record is decoded)."""
+        for check in self._take_deferred():
+            check.settle()
+
+    def checks_ahead(self, need: np.ndarray) -> ChecksAhead | None:
+        """The checks the walks deferred since the last call (one window's), computed from now on on a helper
+        thread in the order of ``need`` (the window rows in the order its batches use them); None if none."""
+        checks = self._take_deferred()
+        if not checks:
+            return None
+        self._ahead = [a for a in self._ahead if not a.done]
+        self._ahead.append(ChecksAhead(checks, need))
+        return self._ahead[-1]
 
     def advise(self, pieces: Sequence[LocalRun]) -> None:
         """Ask the kernel to read the records of ``pieces`` ahead (shards already open; see ``_advise``)."""
@@ -412,7 +461,11 @@ class _ShardWalks:
         self.set.release(s)
 
     def close(self) -> int:
-        """Close every walk; returns the records read through them all."""
+        """Close every walk (after every helper thread reading their values has finished); returns the records
+        read through them all."""
+        for checks in self._ahead:
+            checks.join(stop=True)
+        self._ahead = []
         for s in list(self._walks):
             self._close(s)
         return self.records_read
@@ -439,3 +492,25 @@ class _Taken:
         self.offset += n
         self.get(sel, out, at)
         return self.indices[sel]
+
+
+def _one_ahead(items: Iterator[_Taken]) -> Iterator[_Taken]:
+    """``items``, each next one made before the one before is handed out (so that its checksums are computed
+    meanwhile); an error making it is raised only after the one before has been handed out, as without."""
+    try:
+        held = next(items)
+    except StopIteration:
+        return
+    while True:
+        failure: Exception | None = None
+        try:
+            following = next(items)
+        except StopIteration:
+            yield held
+            return
+        except Exception as error:  # raised in its turn, below
+            failure = error
+        yield held
+        if failure is not None:
+            raise failure
+        held = following

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -243,11 +243,15 @@ class FixedWindowReader:
         self._capacity = (-(-capacity // k) + 2) * layout.length if self.joined else 0
         self._recycled: list[tuple[np.ndarray, weakref.ref[FixedWindow]]] = []
 
-    def read(self, pieces: Sequence[Piece]) -> tuple[FixedWindow, np.ndarray, np.ndarray]:
+    def read(
+        self, pieces: Sequence[Piece], before_decoding: Callable[[], None] | None = None
+    ) -> tuple[FixedWindow, np.ndarray, np.ndarray]:
         """The window holding ``pieces`` (sample runs of shards), with each sample's (record row, row) in order.
 
         Each piece's walk is open (``buffers=True``) over its shard's records; the
-        shard's sample count recognises its short final chunk.
+        shard's sample count recognises its short final chunk. ``before_decoding``
+        is called before a record unlike the template is decoded (the walks'
+        deferred checksum checks are settled there: nothing is decoded unchecked).
         """
         build = _WindowBuilder(self.layout, self._buffer())
         k = self.layout.rows
@@ -259,7 +263,7 @@ class FixedWindowReader:
             samples = np.arange(start, stop, dtype=np.int64)
             recs.append(samples // k - first + row0)
             rows.append(samples % k)
-        window = build.finish()
+        window = build.finish(before_decoding)
         self._recycled.append((window.buffer, weakref.ref(window)))
         empty = np.zeros(0, np.int64)
         return window, np.concatenate(recs) if recs else empty, np.concatenate(rows) if rows else empty
@@ -360,7 +364,8 @@ class _WindowBuilder:
                 return first + row - row0, count, path
         raise AssertionError(f"row {row} is held by no piece of the window")  # an internal invariant
 
-    def finish(self) -> FixedWindow:
+    def finish(self, before_decoding: Callable[[], None] | None = None) -> FixedWindow:
+        """The window of the records added; ``before_decoding`` is called before any record is decoded."""
         layout, k = self.layout, self.layout.rows
         suspects = set(self.odd)
         for row0, first, n, count, _ in self.pieces:
@@ -373,6 +378,8 @@ class _WindowBuilder:
             bad = np.flatnonzero((joined[:, layout.header_cols] != layout.header).any(axis=1))
             suspects.update(int(r) for r in bad)
             if suspects:
+                if before_decoding is not None:
+                    before_decoding()
                 joined = joined.copy()
                 for row in suspects:
                     joined[row] = np.frombuffer(self._canonical(row, self.odd.get(row, joined[row])), np.uint8)
@@ -386,6 +393,8 @@ class _WindowBuilder:
         whole = np.flatnonzero(lengths == layout.length)  # only these are long enough to compare
         suspects.update(whole[mapped.differing(whole, layout.header_segments())].tolist())
         if suspects:  # each replaced by its checked canonical encoding, gathered from where that lies
+            if before_decoding is not None:
+                before_decoding()
             kept: list[bytes] = []
             for row in sorted(suspects):
                 original = self.odd.get(row) or ctypes.string_at(int(addresses[row]), int(lengths[row]))

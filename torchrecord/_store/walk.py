@@ -10,7 +10,9 @@ a run, then sequential steps. Each step is checked before a byte is used:
 * with checksums on, every value's CRC-32 must match the stored 4-byte one; where
   the set has block checksums (``_store/crc_blocks.py``), each block a run covers
   whole is checked by one CRC-32, and a record's own only at the ends of a run or
-  when its block does not match (to name it);
+  when its block does not match (to name it). A run's check (:class:`RunCheck`) may
+  be deferred to the caller, who computes it on a helper thread
+  (``_store/checks_ahead.py``) and settles it before a value is used;
 * LMDB's own errors become :class:`~torchrecord.errors.CorruptRecordError`
   naming the file.
 """
@@ -32,7 +34,7 @@ from torchrecord._store.crc_blocks import BlockChecksums
 from torchrecord._store.format import encode_key, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
-__all__ = ["PIECE", "Walk", "check_crc", "check_crcs", "record_runs"]
+__all__ = ["PIECE", "RunCheck", "Walk", "check_crc", "check_crcs", "crcs_match", "record_runs"]
 
 #: Records fetched per cursor step by :meth:`Walk.pieces`: bounds memory, amortizes the calls.
 PIECE = 256
@@ -52,16 +54,23 @@ def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, wher
         raise ChecksumError(f"{where}: CRC-32 is {actual:08x}, the stored checksum is {expected:08x}")
 
 
+def crcs_match(values: Sequence[Any], stored: Sequence[Any]) -> bool:
+    """True when each of ``stored`` is the 4-byte CRC-32 of the value at the same place, all compared at once."""
+    n = len(values)
+    joined = b"".join(stored) if all(s is not None for s in stored) else b""
+    if len(stored) != n or len(joined) != _CRC_BYTES * n:
+        return False
+    actual = np.fromiter(map(crc32, values), dtype=np.uint32, count=n)
+    return bool(np.array_equal(actual, np.frombuffer(joined, dtype="<u4")))
+
+
 def check_crcs(values: Sequence[Any], stored: Sequence[Any], path: str, records: Sequence[int]) -> None:
     """Raise ChecksumError unless each of ``stored`` is the CRC-32 of the value at the same place (the values of
     ``records``): all compared at once, the record at fault found one by one only on a mismatch.
     """
+    if crcs_match(values, stored):
+        return
     n = len(values)
-    joined = b"".join(stored) if all(s is not None for s in stored) else b""
-    if len(stored) == n and len(joined) == _CRC_BYTES * n:
-        actual = np.fromiter(map(crc32, values), dtype=np.uint32, count=n)
-        if np.array_equal(actual, np.frombuffer(joined, dtype="<u4")):
-            return
     for record, value, crc in zip(records, values, stored):
         check_crc(value, crc, f"{path}: record {record}")
     raise ChecksumError(f"{path}: {len(stored)} checksums for {n} records from record {records[0]}")
@@ -93,6 +102,11 @@ class Walk:
             stepping the cursor from leaf to leaf. Slower; ``verify`` uses it
             because liblmdb's leaf-to-leaf step aborts the process on some damaged
             pages where a keyed lookup reports an error.
+        defer_checks: a list where :meth:`records` appends the check of each run
+            read (the stored checksums read, not yet compared) instead of settling
+            it: the caller settles them before using a value, possibly after
+            computing them on another thread (``torchrecord._store.checks_ahead``).
+            Several walks may share one list (a window's runs, in read order).
     """
 
     def __init__(
@@ -105,9 +119,11 @@ class Walk:
         crc_blocks: BlockChecksums | None = None,
         buffers: bool = False,
         keyed: bool = False,
+        defer_checks: list[RunCheck] | None = None,
     ) -> None:
         self.env, self.db, self.path, self.crc_db, self.buffers = env, db, path, crc_db, buffers
         self.crc_blocks = crc_blocks if crc_db is not None else None
+        self.deferred = defer_checks
         self._read = _read_keyed if keyed else _read_checked
         self.txn: Any = None
         self.records_read = 0
@@ -130,52 +146,56 @@ class Walk:
             txn.abort()
 
     def records(self, first: int, stop: int) -> list[Any]:
-        """The values of records [first, stop), every key and (optionally) checksum checked."""
+        """The values of records [first, stop), every key and (optionally) checksum checked.
+
+        With ``defer_checks``, the checksums are not compared yet: the run's
+        :class:`RunCheck` is appended to that list.
+        """
         n = stop - first
         if n <= 0:
             return []
         with self._reading(f"records {first} to {stop - 1}"):
-            if self.crc_blocks is not None:
-                values = self._by_blocks(first, stop, self.crc_blocks)
+            values = self._read(self._cursor, first, stop, self.path)
+            check = self._run_check(values, first) if self._crc_cursor is not None else None
+        if check is not None:
+            if self.deferred is not None:
+                self.deferred.append(check)
             else:
-                values = self._read(self._cursor, first, stop, self.path)
-                if self._crc_cursor is not None:
-                    self._check_each(values, first)
+                check.settle()
         self.records_read += n
         return values
 
-    def _by_blocks(self, first: int, stop: int, blocks: BlockChecksums) -> list[Any]:
-        """Records [first, stop): each whole checksum block among them checked by its CRC-32, the records of a
-        block only partly among them (at the ends of the run) each by its own."""
-        values = self._read(self._cursor, first, stop, self.path)
+    def _run_check(self, values: list[Any], first: int) -> RunCheck:
+        """The check of records [first, first + len(values)): with block checksums, each whole block among
+        them by its CRC-32 and the records of a block only partly among them (at the ends of the run) each by
+        its own; without, each record by its own. The stored CRCs it needs are read here (LMDB calls)."""
+        stop = first + len(values)
+        check = RunCheck(self, values, first)
+        blocks = self.crc_blocks
+        if blocks is None:
+            check.each(first, self._stored(first, stop))
+            return check
         size = blocks.block
         whole_from = -(-first // size) * size
         whole_to = stop if stop == blocks.records else stop // size * size  # the last block may be short
         if whole_from >= whole_to:
-            self._check_each(values, first)
-            return values
+            check.each(first, self._stored(first, stop))
+            return check
         if first < whole_from:
-            self._check_each(values[: whole_from - first], first)
-        starts = range(whole_from, whole_to, size)
-        actual = _block_crcs(values[whole_from - first : whole_to - first], size, len(starts))
-        wrong = np.flatnonzero(actual != blocks.crcs[whole_from // size : whole_from // size + len(starts)])
-        if len(wrong):
-            at = starts[int(wrong[0])]
-            block = values[at - first : at - first + size]
-            self._check_each(block, at)  # names the record at fault
-            raise ChecksumError(
-                f"{self.path}: records {at} to {at + len(block) - 1}: the checksum of their block does not match "
-                "while every record's own does: the block checksums are damaged; run torchrecord.verify on it"
-            )
+            check.each(first, self._stored(first, whole_from))
+        check.whole_blocks(whole_from, whole_to, blocks)
         if whole_to < stop:
-            self._check_each(values[whole_to - first :], whole_to)
-        return values
+            check.each(whole_to, self._stored(whole_to, stop))
+        return check
+
+    def _stored(self, first: int, stop: int) -> list[Any]:
+        """The stored CRC-32 of records [first, stop)."""
+        return self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
 
     def _check_each(self, values: list[Any], first: int) -> None:
         """Each of ``values`` (records ``first``, ...) against its own stored CRC-32."""
         stop = first + len(values)
-        crcs = self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
-        check_crcs(values, crcs, self.path, range(first, stop))
+        check_crcs(values, self._stored(first, stop), self.path, range(first, stop))
 
     def records_at(self, records: np.ndarray) -> list[Any]:
         """The values of ``records`` (int64, any order), each looked up by its key; checksums checked.
@@ -229,6 +249,108 @@ class Walk:
                 hi = min(stop, (lo // step + 1) * step) if self.crc_blocks is not None else min(stop, lo + piece)
                 yield lo, self.records(lo, hi)
                 lo = hi
+
+
+class RunCheck:
+    """The checksum check of one run of records a walk read: its parts, in record order, checked record by
+    record (:meth:`each`) or block by block (:meth:`whole_blocks`).
+
+    :meth:`compute` only computes CRC-32s and compares them (no LMDB call, no
+    error raised): it may run on another thread while the walk stays open, and for
+    long values the CRC releases the GIL. :meth:`settle`, in the walk's thread,
+    raises the ChecksumError naming the record at fault, computing first if no
+    one did.
+    """
+
+    def __init__(self, walk: Walk, values: list[Any], first: int) -> None:
+        self.walk, self.values, self.first = walk, values, first
+        #: (first record, stored CRCs) of a part checked record by record, or (first, stop, blocks) of whole blocks
+        self._parts: list[tuple[int, list[Any]] | tuple[int, int, BlockChecksums]] = []
+        self._matched: list[bool] | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the values this check reads."""
+        return sum(map(len, self.values))
+
+    def record_crcs(self) -> np.ndarray | None:
+        """The stored CRC-32 of each record of the run (uint32), when every part has one a record (record by
+        record, or blocks of one record: long records); None otherwise (blocks of several, or a stored checksum
+        not 4 bytes long, left to :meth:`settle` to report)."""
+        pieces: list[np.ndarray] = []
+        for part in self._parts:
+            if len(part) == 2:
+                stored = part[1]
+                if not all(s is not None and len(s) == _CRC_BYTES for s in stored):
+                    return None
+                pieces.append(np.frombuffer(b"".join(stored), "<u4"))
+            elif part[2].block == 1:
+                pieces.append(part[2].crcs[part[0] : part[1]])
+            else:
+                return None
+        return np.concatenate(pieces).astype(np.uint32) if pieces else np.zeros(0, np.uint32)
+
+    def each(self, first: int, stored: list[Any]) -> None:
+        """Records [first, first + len(stored)) are checked each against its own stored CRC-32."""
+        self._parts.append((first, stored))
+
+    def whole_blocks(self, first: int, stop: int, blocks: BlockChecksums) -> None:
+        """Records [first, stop) (whole blocks) are checked one CRC-32 a block."""
+        self._parts.append((first, stop, blocks))
+
+    def compute(self) -> None:
+        """Compute and compare every CRC-32 of the run (thread-safe while the walk is open; never raises)."""
+        try:
+            self._matched = [self._part_matches(part) for part in self._parts]
+        except BaseException as error:  # kept for settle, in the walk's thread
+            self._error = error
+
+    def _part_matches(self, part: tuple[int, list[Any]] | tuple[int, int, BlockChecksums]) -> bool:
+        at = part[0] - self.first
+        if len(part) == 2:
+            return crcs_match(self.values[at : at + len(part[1])], part[1])
+        _, stop, blocks = part
+        count = -(-(stop - part[0]) // blocks.block)
+        actual = _block_crcs(self.values[at : at + stop - part[0]], blocks.block, count)
+        start = part[0] // blocks.block
+        return bool(np.array_equal(actual, blocks.crcs[start : start + count]))
+
+    def settle(self) -> None:
+        """Raise ChecksumError (naming the record at fault) unless every CRC-32 of the run matched."""
+        if self._matched is None and self._error is None:
+            self.compute()
+        if self._error is not None:
+            raise self._error
+        assert self._matched is not None
+        walk, path = self.walk, self.walk.path
+        for part, matched in zip(self._parts, self._matched):
+            if matched:
+                continue
+            at = part[0] - self.first
+            if len(part) == 2:
+                stored = part[1]
+                check_crcs(self.values[at : at + len(stored)], stored, path, range(part[0], part[0] + len(stored)))
+                continue
+            _, stop, blocks = part
+            with walk._reading(f"records {part[0]} to {stop - 1}"):
+                self._name_block(part[0], stop, blocks)
+
+    def _name_block(self, first: int, stop: int, blocks: BlockChecksums) -> None:
+        """Records [first, stop) hold a block that does not match: name the record at fault, else say the block
+        checksums are damaged."""
+        size = blocks.block
+        starts = range(first, stop, size)
+        values = self.values[first - self.first : stop - self.first]
+        actual = _block_crcs(values, size, len(starts))
+        wrong = np.flatnonzero(actual != blocks.crcs[first // size : first // size + len(starts)])
+        at = starts[int(wrong[0])]
+        block = values[at - first : at - first + size]
+        self.walk._check_each(block, at)  # names the record at fault
+        raise ChecksumError(
+            f"{self.walk.path}: records {at} to {at + len(block) - 1}: the checksum of their block does not "
+            "match while every record's own does: the block checksums are damaged; run torchrecord.verify on it"
+        )
 
 
 def _block_crcs(values: list[Any], size: int, blocks: int) -> np.ndarray:
