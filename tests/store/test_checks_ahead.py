@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 import torchrecord
 from tests.read.test_reliability import _flip_in_file, put
@@ -144,3 +145,21 @@ def test_leaving_an_epoch_early_stops_its_helpers(path: Path, helper: list[Any])
     next(batches)
     batches.close()  # type: ignore[attr-defined]
     assert not checks_ahead._helpers
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_check_on_their_own_helpers(written: Path, tmp_path: Path, context: str) -> None:
+    """In DataLoader workers (default THREAD_BYTES: each worker's window of 3.6 MB is checked on a helper)
+    the batches equal those read without checks, and a damaged record stops the epoch, named."""
+    loader: dict[str, Any] = {"batch_size": None, "num_workers": 2, "multiprocessing_context": context}
+    got = list(DataLoader(torchrecord.RecordDataset(written, batch_size=BATCH, check="checksums"), **loader))
+    want = list(DataLoader(torchrecord.RecordDataset(written, batch_size=BATCH), **loader))
+    assert sorted(label for b in got for label in b["label"].tolist()) == list(range(COUNT))
+    assert len(got) == len(want)
+    assert all(torch.equal(a["x"], b["x"]) and torch.equal(a["label"], b["label"]) for a, b in zip(got, want))
+    copy = tmp_path / "set.tr"
+    copy.write_bytes(written.read_bytes())
+    values = _records(copy)
+    _flip_in_file(copy, values[123], len(values[123]) // 3)
+    with pytest.raises(ChecksumError, match=rf"{copy}: record 123: CRC-32 is"):
+        list(DataLoader(torchrecord.RecordDataset(copy, batch_size=BATCH, check="checksums"), **loader))
