@@ -150,13 +150,11 @@ def test_leaving_an_epoch_early_stops_its_helpers(path: Path, helper: list[Any])
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_check_on_their_own_helpers(written: Path, tmp_path: Path, context: str) -> None:
     """In DataLoader workers (default THREAD_BYTES: each worker's window of 3.6 MB is checked on a helper)
-    the batches equal those read without checks, and a damaged record stops the epoch, named."""
+    every sample comes once, as written, and a damaged record stops the epoch, named."""
     loader: dict[str, Any] = {"batch_size": None, "num_workers": 2, "multiprocessing_context": context}
     got = list(DataLoader(torchrecord.RecordDataset(written, batch_size=BATCH, check="checksums"), **loader))
-    want = list(DataLoader(torchrecord.RecordDataset(written, batch_size=BATCH), **loader))
     assert sorted(label for b in got for label in b["label"].tolist()) == list(range(COUNT))
-    assert len(got) == len(want)
-    assert all(torch.equal(a["x"], b["x"]) and torch.equal(a["label"], b["label"]) for a, b in zip(got, want))
+    assert all(torch.equal(b["x"], (b["label"] % 251).to(torch.uint8)[:, None].expand(-1, WIDTH)) for b in got)
     copy = tmp_path / "set.tr"
     copy.write_bytes(written.read_bytes())
     values = _records(copy)
