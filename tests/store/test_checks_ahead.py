@@ -161,3 +161,21 @@ def test_dataloader_workers_check_on_their_own_helpers(written: Path, tmp_path: 
     _flip_in_file(copy, values[123], len(values[123]) // 3)
     with pytest.raises(ChecksumError, match=rf"{copy}: record 123: CRC-32 is"):
         list(DataLoader(torchrecord.RecordDataset(copy, batch_size=BATCH, check="checksums"), **loader))
+
+
+def test_one_ahead_makes_each_item_early_and_raises_in_turn() -> None:
+    made: list[int] = []
+
+    def items() -> Iterator[int]:
+        for i in range(3):
+            made.append(i)
+            yield i
+        raise ValueError("the fourth item")
+
+    ahead = checks_ahead.one_ahead(items())
+    assert next(ahead) == 0 and made == [0, 1]  # the next one is made before this one is handed out
+    assert next(ahead) == 1 and made == [0, 1, 2]
+    assert next(ahead) == 2  # handed out although making the next one failed
+    with pytest.raises(ValueError, match="the fourth item"):
+        next(ahead)
+    assert list(checks_ahead.one_ahead(iter([]))) == []

@@ -31,7 +31,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
 from torchrecord._store import advise as _advise
 from torchrecord._store.advise import Advisor
-from torchrecord._store.checks_ahead import ChecksAhead
+from torchrecord._store.checks_ahead import ChecksAhead, one_ahead
 from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader, joins
 from torchrecord._store.record_file import RecordFile, shard_file
 from torchrecord._store.record_set import RecordSet
@@ -144,7 +144,7 @@ class ShareReader:
                 windows(first_window + i, pieces, _indices(window_runs[i])) for i, pieces in enumerate(plan)
             )
             if ahead:
-                takers = _one_ahead(takers)
+                takers = one_ahead(takers)
             for i, taker in enumerate(takers):
                 # the kernel reads the next window while this one is handed out (asked after this
                 # window's walk, so its pages do not queue behind the next window's)
@@ -492,25 +492,3 @@ class _Taken:
         self.offset += n
         self.get(sel, out, at)
         return self.indices[sel]
-
-
-def _one_ahead(items: Iterator[_Taken]) -> Iterator[_Taken]:
-    """``items``, each next one made before the one before is handed out (so that its checksums are computed
-    meanwhile); an error making it is raised only after the one before has been handed out, as without."""
-    try:
-        held = next(items)
-    except StopIteration:
-        return
-    while True:
-        failure: Exception | None = None
-        try:
-            following = next(items)
-        except StopIteration:
-            yield held
-            return
-        except Exception as error:  # raised in its turn, below
-            failure = error
-        yield held
-        if failure is not None:
-            raise failure
-        held = following

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -37,7 +38,9 @@ from torchrecord._core.crc import crc32
 from torchrecord._store.walk import RunCheck
 from torchrecord.errors import ChecksumError
 
-__all__ = ["ChecksAhead", "THREAD_BYTES"]
+__all__ = ["ChecksAhead", "THREAD_BYTES", "one_ahead"]
+
+T = TypeVar("T")
 
 #: Windows whose values hold fewer bytes are checked in the reading thread.
 THREAD_BYTES = 1 << 20
@@ -194,3 +197,26 @@ class ChecksAhead:
                 record = check.first + row - at
                 raise ChecksumError(f"{check.walk.path}: record {record}: CRC-32 does not match the stored checksum")
             at += len(check.values)
+
+
+def one_ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, each made one step early: the next is made before the one before is handed out (a window read
+    ahead, so that its checksums are computed meanwhile); an error making it is raised only after the one before
+    has been handed out, where it would come without."""
+    try:
+        held = next(items)
+    except StopIteration:
+        return
+    while True:
+        failure: Exception | None = None
+        try:
+            following = next(items)
+        except StopIteration:
+            yield held
+            return
+        except Exception as error:  # raised in its turn, below
+            failure = error
+        yield held
+        if failure is not None:
+            raise failure
+        held = following
