@@ -25,6 +25,7 @@ from tests.conftest import IndexedImages
 from tests.helpers import assert_exactly_once
 from torchrecord._core.codec import encode_payloads
 from torchrecord._proto import torchrecord_pb2 as pb
+from torchrecord._store import fastread
 from torchrecord._store.fastread import JOIN_LIMIT
 from torchrecord._write.fastwrite import FastEncoder
 from torchrecord._write.sources import normalize
@@ -232,6 +233,29 @@ def test_large_records_take_the_view_path(make_record: Any) -> None:
     path = make_record(IndexedImages(40, size=size))
     labels, images = _labels_and_images(torchrecord.RecordDataset(path, batch_size=6, shuffle_buffer=10))
     assert_exactly_once(labels, 40)
+    for label, image in zip(labels, images):
+        assert image.shape == (3, size, size) and bool((image == label % 251).all())
+
+
+@pytest.mark.parametrize("pending", [1, 3, fastread.PENDING_VIEWS])
+def test_view_path_finds_records_of_the_wrong_length_whenever_their_addresses_are_read(
+    make_record: Any, monkeypatch: pytest.MonkeyPatch, pending: int
+) -> None:
+    """The addresses of records read from the map are read a few thousand at a time (``PENDING_VIEWS``), not
+    a piece at a time: a record of another length must still be found at its own row, wherever the reads cut."""
+    size = 80
+    path = make_record(IndexedImages(60, size=size), samples_per_record=1)
+    changes = {}
+    for index in (0, 17, 18, 59):
+        msg = pb.TensorProtos.FromString(_raw(path, index))
+        msg.protos[0].name = "image"  # valid protobuf, another length: decoded the checked way
+        changes[index] = msg.SerializeToString()
+    _rewrite(path, changes, fix_crc=True)
+    assert torchrecord.RecordFile(path).fixed_layout().length >= JOIN_LIMIT  # read from the map
+    monkeypatch.setattr(fastread, "PENDING_VIEWS", pending)
+    ds = torchrecord.RecordDataset(path, batch_size=7, shuffle_buffer=20, seed=1)
+    labels, images = _labels_and_images(ds)
+    assert_exactly_once(labels, 60)
     for label, image in zip(labels, images):
         assert image.shape == (3, size, size) and bool((image == label % 251).all())
 

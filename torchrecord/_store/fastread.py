@@ -27,7 +27,7 @@ from torchrecord._core.layout import FixedLayout
 from torchrecord._store.addresses import address_of, memory_at, view_addresses
 from torchrecord._store.walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "ROW_COPY", "joins"]
+__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "PENDING_VIEWS", "ROW_COPY", "joins"]
 
 #: Records at least this long are checked and gathered where they lie in LMDB's map; shorter ones are read
 #: as bytes and joined into one window buffer first. For short records the walk's zero-copy views cost more
@@ -42,6 +42,9 @@ def joins(layout: FixedLayout) -> bool:
     """True when records are copied (or decompressed) into the window buffer; False: read from the map."""
     return layout.length < JOIN_LIMIT or layout.expander is not None
 
+
+#: Views of the map whose addresses are read in one call at most (see ``_WindowBuilder``).
+PENDING_VIEWS = 4096
 
 #: Samples at least this long are copied from the map one by one (one memcpy each, no temporary); shorter
 #: ones with one fancy index a field (vectorized, through a temporary).
@@ -299,10 +302,12 @@ class FixedWindowReader:
 class _WindowBuilder:
     """Collects whole records for one window and checks them against the layout.
 
-    Records read from the map are kept as their addresses and lengths only
-    (:func:`view_addresses`, right as each piece comes): no per-record Python
-    object outlives its piece, so a window adds nothing for the garbage collector
-    to walk. Records of a compressed set are decompressed one by one into a
+    Records read from the map are kept as their addresses and lengths only,
+    read (:func:`view_addresses`) for up to :data:`PENDING_VIEWS` of them at once:
+    a piece of the block shuffle is a few records, and one call a piece cost
+    about 50 us, a third of reading a window of small images packed 25 to a record.
+    No per-record Python object outlives those few thousand records, so a window
+    adds little for the garbage collector to walk. Records of a compressed set are decompressed one by one into a
     preallocated buffer. A record of the wrong length, the short final chunk of a
     shard, or one whose header bytes differ from the template is replaced by its
     checked canonical encoding.
@@ -317,6 +322,7 @@ class _WindowBuilder:
         #: per piece: (first row, first record index, record count, samples in its shard, its file)
         self.pieces: list[tuple[int, int, int, int, str]] = []
         self.held = 0  # records held
+        self.pending: list[Any] = []  # views of the map whose addresses are not read yet (the last rows held)
         self.odd: dict[int, bytes] = {}  # row -> original value of a record of the wrong length
 
     def add(self, first: int, values: list[Any], count: int, path: str) -> int:
@@ -326,14 +332,24 @@ class _WindowBuilder:
         if self.joined:
             self._copy_in(values, row0)
         else:
-            addresses, lengths = view_addresses(values)
-            for i in np.flatnonzero(lengths != self.layout.length).tolist():
-                self.odd[row0 + i] = bytes(values[i])
-            self.addresses.append(addresses)
-            self.lengths.append(lengths)
+            self.pending.extend(values)
         self.pieces.append((row0, first, n, count, path))
         self.held += n
+        if len(self.pending) >= PENDING_VIEWS:
+            self._locate_pending()
         return row0
+
+    def _locate_pending(self) -> None:
+        """Read the addresses and lengths of the pending views (the last rows held) in one call."""
+        values, self.pending = self.pending, []
+        if not values:
+            return
+        row0 = self.held - len(values)
+        addresses, lengths = view_addresses(values)
+        for i in np.flatnonzero(lengths != self.layout.length).tolist():
+            self.odd[row0 + i] = bytes(values[i])
+        self.addresses.append(addresses)
+        self.lengths.append(lengths)
 
     def _copy_in(self, values: list[Any], row0: int) -> None:
         length = self.layout.length
@@ -366,6 +382,7 @@ class _WindowBuilder:
 
     def finish(self, before_decoding: Callable[[], None] | None = None) -> FixedWindow:
         """The window of the records added; ``before_decoding`` is called before any record is decoded."""
+        self._locate_pending()  # before the records of the wrong length are known
         layout, k = self.layout, self.layout.rows
         suspects = set(self.odd)
         for row0, first, n, count, _ in self.pieces:
