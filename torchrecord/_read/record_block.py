@@ -97,7 +97,7 @@ class RecordBlock:
             if not held[i]:
                 raw = [np.zeros((n, size), np.uint8) for size in layout.sample_bytes]
             elif self.window.views is None:  # one fancy gather per field, straight into the result
-                raw = [field[rec[i], row[i]] for field in self.window.fields]
+                raw = [self.window.take(f, rec[i], row[i]) for f in range(len(layout.fields))]
                 if held[i] < n:
                     for a in raw:
                         a[~valid[i]] = 0

