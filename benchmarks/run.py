@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--samples-per-record",
         type=int,
         default=0,
-        help="K for torchrecord-packed (0: about 16 KiB per record); needs write_record(samples_per_record=)",
+        help="K for torchrecord-packed (0: as write_record chooses it); needs write_record(samples_per_record=)",
     )
     p.add_argument("--data-dir", type=Path, default=Path("bench-data"), help="cache of generated data")
     p.add_argument("--out", type=Path, default=Path("results/bench"), help="writes OUT.json and OUT.png")

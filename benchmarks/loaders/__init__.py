@@ -29,8 +29,8 @@ class LoaderOptions:
 
     Attributes:
         shuffle_buffer: samples held by the shuffle buffer of torchrecord and WebDataset.
-        samples_per_record: K for the ``torchrecord-packed`` variant; ``0`` picks K
-            from the sample size (records of about 16 KiB).
+        samples_per_record: K for the ``torchrecord-packed`` variant; ``0`` takes the K
+            write_record chooses when left to itself (what a user gets).
         transform_us: a per-sample transform that spins this many microseconds, given
             to the torchrecord loaders (0: none): the stand-in for decoding or augmenting.
     """

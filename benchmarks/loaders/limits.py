@@ -12,7 +12,7 @@ import torch
 import torchrecord
 from benchmarks.loaders.base import Epochs, Loader
 from benchmarks.loaders.torchrecord_loader import (
-    auto_samples_per_record,
+    library_samples_per_record,
     record_family,
     record_key,
     supports_samples_per_record,
@@ -99,7 +99,7 @@ class RawLmdbLimit(Loader):
         packed: read the record set of ``torchrecord-packed`` (K samples per value,
             chosen as for that loader) instead of the one-sample-per-value set;
             a batch is then ``batch_size`` values.
-        samples_per_record: K as given to ``torchrecord-packed`` (``0``: automatic).
+        samples_per_record: K as given to ``torchrecord-packed`` (``0``: as write_record chooses).
     """
 
     uses_workers = False
@@ -117,7 +117,7 @@ class RawLmdbLimit(Loader):
     def packing(self, data: WorkloadData) -> int:
         if not self.packed:
             return 1
-        return self.samples_per_record or auto_samples_per_record(data.workload.sample_bytes)
+        return self.samples_per_record or library_samples_per_record(data)
 
     def unavailable(self, data: WorkloadData) -> str | None:
         if self.packed and not supports_samples_per_record():

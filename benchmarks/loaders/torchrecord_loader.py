@@ -6,6 +6,7 @@ import functools
 import hashlib
 import inspect
 import math
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,13 +22,14 @@ __all__ = [
     "TorchRecordLoader",
     "auto_samples_per_record",
     "library_digest",
+    "library_samples_per_record",
     "record_family",
     "record_key",
     "supports_samples_per_record",
     "write_records",
 ]
 
-#: Packed records aim at about this many bytes each when --samples-per-record is not given.
+#: The chunked writes of benchmarks.writespeed aim at about this many bytes a record (auto_samples_per_record).
 _PACKED_RECORD_BYTES = 16 << 10
 
 
@@ -40,6 +42,29 @@ def auto_samples_per_record(sample_bytes: int) -> int:
     """The largest power of two K with K samples in about 16 KiB (1 for big samples)."""
     ratio = _PACKED_RECORD_BYTES / max(sample_bytes, 1)
     return 1 if ratio < 2 else 2 ** int(math.log2(ratio))
+
+
+#: Samples written to find the K write_record chooses for a workload.
+_PROBE_SAMPLES = 512
+_CHOSEN: dict[tuple[Any, ...], int] = {}
+
+
+def library_samples_per_record(data: WorkloadData) -> int:
+    """K as ``write_record`` chooses it when left to itself (what a user gets), found by writing a few samples.
+
+    ``torchrecord-packed`` and ``raw-limit-packed`` use it when ``--samples-per-record`` is 0. Small images
+    get K=25 (records of 77 KB, read from LMDB's map), tiny vectors K=112 (8 KB, joined in a window buffer).
+    """
+    key = (data.features.shape[1:], data.features.dtype.str, data.labels.dtype.str)
+    if key not in _CHOSEN:
+        n = min(len(data.labels), _PROBE_SAMPLES)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "probe.tr"
+            torchrecord.write_record(ArraySamples(data.features[:n], data.labels[:n]), path, progress=False)
+            file = torchrecord.RecordFile(path)
+            _CHOSEN[key] = file.samples_per_record
+            file.close()
+    return _CHOSEN[key]
 
 
 @functools.cache
@@ -103,9 +128,9 @@ class TorchRecordLoader(Loader):
         batch_mode: ``RecordDataset(batch_size=B)`` with ``DataLoader(batch_size=None)``
             (batches collated in the worker); else per-sample ``RecordDataset`` with
             ``DataLoader(batch_size=B)``.
-        samples_per_record: pack K samples per record at write time (``0``: choose K
-            from the sample size; needs a write_record with ``samples_per_record``).
-            ``None`` stores one sample per record.
+        samples_per_record: pack K samples per record at write time (``0``: the K
+            write_record chooses itself, :func:`library_samples_per_record`; needs a
+            write_record with ``samples_per_record``). ``None`` stores one sample per record.
         shuffle_buffer: RecordDataset's ``shuffle_buffer``.
         transform_us: a per-sample :class:`BusyTransform` of this many microseconds (0: none).
         record_loader: batch mode through ``torchrecord.RecordLoader`` (its workers hand
@@ -145,7 +170,7 @@ class TorchRecordLoader(Loader):
         """K, the samples per record this loader stores for ``data`` (1: unpacked)."""
         if self.samples_per_record is None:
             return 1
-        return self.samples_per_record or auto_samples_per_record(data.workload.sample_bytes)
+        return self.samples_per_record or library_samples_per_record(data)
 
     def unavailable(self, data: WorkloadData) -> str | None:
         if self.samples_per_record is None:
