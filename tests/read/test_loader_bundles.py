@@ -133,10 +133,11 @@ def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
             RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, bundle=bad)
     with pytest.raises(ArgumentError, match="in_order=False"):
         RecordLoader(RecordDataset(path, batch_size=4), num_workers=2, in_order=False)
-    # batches of 4 x 48 bytes cross by value: about 256 KiB of them per bundle, at most 64
-    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 64
+    # batches that cross by value (up to 64 KiB) come 256 a bundle: 4 x 48 bytes, and 5 x 12 KB
+    assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 256
     big = _write(tmp_path, 40, LARGE)  # 12 KB samples
-    assert RecordLoader(RecordDataset(big), num_workers=2, batch_size=4).bundle == 6  # by value, 256 KiB
+    assert RecordLoader(RecordDataset(big), num_workers=2, batch_size=5).bundle == 256
+    assert RecordLoader(RecordDataset(big), num_workers=2, batch_size=6).bundle == 8  # 72 KB: slots, at most 8
     assert RecordLoader(RecordDataset(big, batch_size=16), num_workers=2).bundle == 8  # slots, 16 MiB: the cap
     assert RecordLoader(RecordDataset(path, batch_size=4), num_workers=0).bundle == 1
     # a set without a fixed layout: the batch size is unknown, no bundles by default

@@ -31,19 +31,21 @@ __all__ = ["RecordLoader"]
 _REFUSED = ("shuffle", "sampler", "batch_sampler", "drop_last")
 
 
-#: a default bundle of batches that cross in slots holds about this many bytes, at most _MAX_BUNDLE batches
-#: (``python -m benchmarks.run --loaders torchrecord-batch torchrecord-loader``); batches that cross by value
-#: (up to ``BY_VALUE_LIMIT``) about _VALUE_BYTES through the worker's pipe, at most _MAX_VALUE_BUNDLE
+#: a default bundle holds about this many bytes of batches that cross in slots, at most _MAX_BUNDLE of them
+#: (``python -m benchmarks.run --loaders torchrecord-batch torchrecord-loader``); batches small enough to
+#: cross by value (up to ``BY_VALUE_LIMIT``, 64 KiB) come _MAX_SMALL_BUNDLE a bundle, at most 16 MiB, which
+#: crosses together in one slot.
+#: Small batches once had bundles of 256 KiB (at most 64): with 2 workers, StreamDataset's 41 KB batches then
+#: read at 0.49-0.61x of 0 workers and 18 KB batches of tiny vectors at 0.37-0.55x; with 16 MiB (at most
+#: 256), 0.79-0.92x and 0.78-0.83x (loaders of each size alternating in one process; see the changelog)
 _BUNDLE_BYTES = 16 << 20
 _MAX_BUNDLE = 8
-_VALUE_BYTES = 256 << 10
-_MAX_VALUE_BUNDLE = 64
+_MAX_SMALL_BUNDLE = 256
 
 
 def auto_bundle(dataset: ReaderDataset, loader_batch_size: int | None = None) -> int:
-    """The default batches per handover, the one rule of every reader: about 16 MiB of batches that cross in
-    slots (at most 8), or about 256 KiB of batches small enough to cross by value (at most 64); 1 when the reader
-    cannot tell a batch's size.
+    """The default batches per handover, the one rule of every reader: about 16 MiB of batches, at most 8 that
+    cross in slots or 256 small enough to cross by value; 1 when the reader cannot tell a batch's size.
 
     ``loader_batch_size``: per-sample mode, the samples of a loader batch (batch mode: the dataset's batch).
     """
@@ -53,7 +55,7 @@ def auto_bundle(dataset: ReaderDataset, loader_batch_size: int | None = None) ->
     per_batch = 1 if dataset.batch_size is not None else (loader_batch_size or 1)
     batch_bytes = max(1, per_batch * item_bytes)
     if batch_bytes <= BY_VALUE_LIMIT:
-        return max(1, min(_MAX_VALUE_BUNDLE, -(-_VALUE_BYTES // batch_bytes)))
+        return _MAX_SMALL_BUNDLE
     return max(1, min(_MAX_BUNDLE, -(-_BUNDLE_BYTES // batch_bytes)))
 
 
@@ -154,9 +156,9 @@ class RecordLoader(DataLoader[Any]):
         bundle: with workers: consecutive batches a worker hands over as one
             DataLoader item (yielded one by one, in the same order as without
             bundles, so positions do not depend on it). Default: one rule for every
-            reader, about 16 MiB of batches that cross in shared-memory slots (at most
-            8), or about 256 KiB of batches small enough to cross by value (at most
-            64); 1 where the reader cannot tell a batch's size. 1 turns bundles off. In
+            reader, about 16 MiB of batches: at most 8 that cross in shared-memory
+            slots, at most 256 small enough to cross by value (together, in one
+            slot); 1 where the reader cannot tell a batch's size. 1 turns bundles off. In
             per-sample mode each worker fetches the samples of ``bundle`` batches at
             once and collates each batch with ``collate_fn`` (default
             ``torchrecord.collate``).
