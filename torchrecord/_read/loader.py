@@ -36,8 +36,8 @@ _REFUSED = ("shuffle", "sampler", "batch_sampler", "drop_last")
 #: cross by value (up to ``BY_VALUE_LIMIT``, 64 KiB) come _MAX_SMALL_BUNDLE a bundle, at most 16 MiB, which
 #: crosses together in one slot.
 #: Small batches once had bundles of 256 KiB (at most 64): with 2 workers, StreamDataset's 41 KB batches then
-#: read at 0.49-0.61x of 0 workers and 18 KB batches of tiny vectors at 0.37-0.55x; with 16 MiB (at most
-#: 256), 0.79-0.92x and 0.78-0.83x (loaders of each size alternating in one process; see the changelog)
+#: read at 0.49-0.61x of 0 workers and 18 KB batches of tiny vectors at 0.37-0.55x; with 196-256 a bundle,
+#: 0.79-0.99x and 0.56-0.83x (loaders of each size alternating in one process; see the changelog)
 _BUNDLE_BYTES = 16 << 20
 _MAX_BUNDLE = 8
 _MAX_SMALL_BUNDLE = 256
