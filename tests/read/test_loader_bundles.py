@@ -155,6 +155,52 @@ def test_bundle_pickles_with_its_worker() -> None:
     assert torch.equal(back.batches[1]["a"], torch.ones(2))
 
 
+def _batches(count: int, rows: int) -> list[Any]:
+    """Small batches of one structure: a dict with a nested tuple, several dtypes, a 0-d tensor."""
+    return [
+        {
+            "x": torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3) + j,
+            "meta": (torch.full((rows,), j % 2 == 0), torch.tensor(j, dtype=torch.bfloat16)),
+            "id": torch.arange(rows, dtype=torch.int64) + 100 * j,
+        }
+        for j in range(count)
+    ]
+
+
+def _assert_batches_equal(got: list[Any], want: list[Any]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert list(a) == list(b) and type(a["meta"]) is tuple
+        for x, y in ((a["x"], b["x"]), (a["id"], b["id"]), *zip(a["meta"], b["meta"])):
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+
+
+@pytest.mark.parametrize("rows", [4, 2000])  # 4: the bundle crosses by value; 2,000: in a slot
+def test_small_batches_stack_and_split_back_after_pickling(rows: int) -> None:
+    import pickle
+
+    batches = _batches(5, rows)
+    packed = ipc.stacked(batches)
+    assert packed is not None and packed.count == 5
+    bundle = pickle.loads(pickle.dumps(ipc.Bundle(packed, 1)))
+    assert bundle.worker == 1
+    _assert_batches_equal(bundle.batches, batches)
+    x = bundle.batches[2]["x"]
+    assert x.is_contiguous() and x.data_ptr() == bundle.batches[0]["x"].data_ptr() + 2 * x.nbytes  # one storage
+
+
+def test_batches_that_do_not_stack_cross_as_a_list() -> None:
+    batches = _batches(3, 4)
+    short = [*batches[:2], _batches(1, 3)[0]]  # the last, short batch of an epoch
+    assert ipc.stacked(short) is None
+    other_dtype = [*batches[:2], {**batches[2], "id": batches[2]["id"].to(torch.int32)}]
+    assert ipc.stacked(other_dtype) is None
+    other_keys = [*batches[:2], {"x": batches[2]["x"], "id": batches[2]["id"], "meta": batches[2]["meta"]}]
+    assert ipc.stacked(other_keys) is None  # the same leaves in another order: another structure
+    assert ipc.stacked([{**b, "names": ["a"] * 4} for b in batches]) is None  # a leaf that is not a tensor
+    assert ipc.stacked([{**b, "x": b["x"].requires_grad_()} for b in _batches(3, 4)]) is None
+
+
 def _per_sample_labels(batches: list[Any]) -> list[list[int]]:
     return [labels.tolist() for _, labels in batches]
 

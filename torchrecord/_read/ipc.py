@@ -41,6 +41,7 @@ __all__ = [
     "Bundle",
     "HANDOVER_ENV",
     "PACK_LIMIT",
+    "Stacked",
     "bundled",
     "by_value",
     "for_parent",
@@ -49,6 +50,7 @@ __all__ = [
     "one_storage",
     "slot_allocator",
     "slot_room",
+    "stacked",
     "worker_id",
 ]
 
@@ -127,13 +129,75 @@ class Bundle:
         self.worker = worker
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Bundle, (self.batches, self.worker))
+        return (_received, (self.batches, self.worker))
 
     def pin_memory(self) -> Bundle:
         """The bundle with its batches' tensors in pinned memory (the DataLoader's pin-memory thread calls it)."""
         from torch.utils.data._utils.pin_memory import pin_memory
 
         return Bundle([pin_memory(batch) for batch in self.batches], self.worker)  # type: ignore[no-untyped-call]
+
+
+def _received(batches: Any, worker: int) -> Bundle:
+    """A bundle as the main process unpickles it: its batches one by one (a :class:`Stacked` one split)."""
+    return Bundle(batches.split() if type(batches) is Stacked else batches, worker)
+
+
+class Stacked:
+    """The small batches of one bundle as one batch: each leaf stacked across them (``[count, ...]``).
+
+    They cross as one batch of a few tensors, where a list of ``count`` batches crossed as ``count`` times as
+    many, each rebuilt in the main process by its own ``as_strided``; :meth:`split` gives them back with one
+    ``unbind`` a leaf. Built by :func:`stacked` in a worker.
+    """
+
+    __slots__ = ("count", "leaves", "tree")
+
+    def __init__(self, tree: Any, count: int, leaves: Any) -> None:
+        self.tree, self.count, self.leaves = tree, count, leaves
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Stacked, (self.tree, self.count, self.leaves))
+
+    def split(self) -> list[Any]:
+        """The batches: batch ``j``'s leaves are the ``j``-th rows of the stacked ones (views, not copies)."""
+        columns = [leaf.unbind(0) for leaf in self.leaves]
+        return [unflatten(self.tree, [column[j] for column in columns]) for j in range(self.count)]
+
+
+def stacked(batches: list[Any]) -> Stacked | None:
+    """``batches`` as one :class:`Stacked` batch ready to leave the worker (stacked straight into the slot it
+    leaves in, when it crosses in one); None unless they share one structure, every leaf a CPU tensor with
+    the same dtype and shape in each (the last, short batch of an epoch, or variable shapes, cross as a
+    list)."""
+    tree, first = flatten(batches[0])
+    if not first or not all(_stackable(leaf) for leaf in first):
+        return None
+    columns: list[list[torch.Tensor]] = [[leaf] for leaf in first]
+    for batch in batches[1:]:
+        other, leaves = flatten(batch)
+        if other != tree or len(leaves) != len(first):
+            return None
+        for column, leaf in zip(columns, leaves):
+            head = column[0]
+            if not _stackable(leaf) or leaf.dtype != head.dtype or leaf.shape != head.shape:
+                return None
+            column.append(leaf)
+    count = len(batches)
+    place = slot_room([count * column[0].nbytes for column in columns])
+    out = []
+    for column in columns:
+        head = column[0]
+        if place is None:
+            out.append(torch.stack(column))
+        else:
+            out.append(torch.stack(column, out=place((count, *head.shape), head.dtype)))
+    return Stacked(tree, count, for_parent(out))
+
+
+def _stackable(leaf: Any) -> bool:
+    """A plain CPU tensor (a subclass would come back as a plain tensor, a tensor needing grad without it)."""
+    return type(leaf) is torch.Tensor and leaf.is_cpu and not leaf.requires_grad
 
 
 def worker_id() -> int:
@@ -154,7 +218,8 @@ def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
 
     Batches above :data:`BY_VALUE_LIMIT` leave one by one through
     :func:`for_parent` as they are made (a batch gathered straight into a slot
-    stays there); smaller ones are collected and cross together, as one buffer.
+    stays there); smaller ones are collected and cross together, each leaf
+    stacked across them where they stack (:func:`stacked`), else as a list.
     """
     keep_bundles(size)
     worker = worker_id()
@@ -166,10 +231,15 @@ def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
         else:
             handed.append(for_parent(item))
         if len(handed) + len(small) == size:
-            yield Bundle(for_parent(small) if small else handed, worker)
+            yield Bundle(_together(small) if small else handed, worker)
             handed, small = [], []
     if handed or small:
-        yield Bundle(for_parent(small) if small else handed, worker)
+        yield Bundle(_together(small) if small else handed, worker)
+
+
+def _together(batches: list[Any]) -> Any:
+    """Small batches ready to cross together: as one :class:`Stacked` batch where they stack, else as a list."""
+    return (stacked(batches) if len(batches) > 1 else None) or for_parent(batches)
 
 
 def _tensor_bytes(batch: Any) -> int:
