@@ -18,24 +18,10 @@ import numpy as np
 import pytest
 
 import torchrecord
+from tests.cli.conftest import Run
 from tests.conftest import IndexedImages
 from tests.convert.test_convert import assert_same_images, assert_same_rows, image_pixels, make_image_folder, png_bytes
 from torchrecord import RecordFile
-from torchrecord.cli import main
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    """run(*argv) -> (exit code, stdout, stderr) of main(argv)."""
-
-    def call(*argv: str | os.PathLike[str]) -> tuple[int, str, str]:
-        code = main([os.fspath(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
 
 
 def assert_one_line_error(err: str, command: str, *fragments: str) -> None:

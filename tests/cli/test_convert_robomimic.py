@@ -3,31 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from tests.cli.test_cli import Run, assert_one_line_error
+from tests.cli.conftest import Run
+from tests.cli.test_cli import assert_one_line_error
 from tests.robomimic_files import write_demo_file
 from torchrecord import RecordFile
-from torchrecord.cli import main
 
 LENGTHS = [6, 1, 13, 4, 9, 5]
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    """run(*argv) -> (exit code, stdout, stderr) of main(argv)."""
-
-    def call(*argv: str | os.PathLike[str]) -> tuple[int, str, str]:
-        code = main([os.fspath(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
 
 
 @pytest.fixture

@@ -10,24 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from torchrecord.cli import main
+from tests.cli.conftest import Run
 from torchrecord.errors import TorchRecordWarning, VariableShapeWarning
 
-Run = Callable[..., tuple[int, str, str]]
-
 THREE_KB = 3000
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    """run(*argv) -> (exit code, stdout, stderr) of main(argv)."""
-
-    def call(*argv: str | os.PathLike[str]) -> tuple[int, str, str]:
-        code = main([os.fspath(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
 
 
 def test_info_prints_the_ratio_of_file_size_to_sample_data(run: Run, make_record: Callable[..., str]) -> None:

@@ -5,27 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 import torchrecord
-from torchrecord.cli import main
+from tests.cli.conftest import Run
 
-Run = Callable[..., tuple[int, str, str]]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    def call(*argv: str | os.PathLike[str]) -> tuple[int, str, str]:
-        code = main([os.fspath(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
 
 
 def test_info_on_a_folder_of_splits_names_one_of_them(run: Run, tmp_path: Path) -> None:
