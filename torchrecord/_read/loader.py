@@ -41,11 +41,18 @@ _REFUSED = ("shuffle", "sampler", "batch_sampler", "drop_last")
 _BUNDLE_BYTES = 16 << 20
 _MAX_BUNDLE = 8
 _MAX_SMALL_BUNDLE = 256
+#: a reader with a transform, batch_transform or collate_fn may make batches of any size from small stored
+#: ones: its small batches keep the old rule, about _VALUE_BYTES of stored bytes, at most _MAX_VALUE_BUNDLE
+#: (256 batches each grown to megabytes would hold gigabytes in flight)
+_VALUE_BYTES = 256 << 10
+_MAX_VALUE_BUNDLE = 64
 
 
 def auto_bundle(dataset: ReaderDataset, loader_batch_size: int | None = None) -> int:
     """The default batches per handover, the one rule of every reader: about 16 MiB of batches, at most 8 that
-    cross in slots or 256 small enough to cross by value; 1 when the reader cannot tell a batch's size.
+    cross in slots or 256 small enough to cross by value (with a transform, batch_transform or collate_fn,
+    which may change a batch's size: about 256 KiB of them, at most 64); 1 when the reader cannot tell a
+    batch's size.
 
     ``loader_batch_size``: per-sample mode, the samples of a loader batch (batch mode: the dataset's batch).
     """
@@ -55,6 +62,8 @@ def auto_bundle(dataset: ReaderDataset, loader_batch_size: int | None = None) ->
     per_batch = 1 if dataset.batch_size is not None else (loader_batch_size or 1)
     batch_bytes = max(1, per_batch * item_bytes)
     if batch_bytes <= BY_VALUE_LIMIT:
+        if any(f is not None for f in (dataset.transform, dataset.batch_transform, dataset.collate_fn)):
+            return max(1, min(_MAX_VALUE_BUNDLE, -(-_VALUE_BYTES // batch_bytes)))
         return _MAX_SMALL_BUNDLE
     return max(1, min(_MAX_BUNDLE, -(-_BUNDLE_BYTES // batch_bytes)))
 
@@ -158,7 +167,9 @@ class RecordLoader(DataLoader[Any]):
             bundles, so positions do not depend on it). Default: one rule for every
             reader, about 16 MiB of batches: at most 8 that cross in shared-memory
             slots, at most 256 small enough to cross by value (together, in one
-            slot); 1 where the reader cannot tell a batch's size. 1 turns bundles off. In
+            slot; with a transform, batch_transform or collate_fn about 256 KiB of
+            them, at most 64); 1 where the reader cannot tell a batch's size. 1
+            turns bundles off. In
             per-sample mode each worker fetches the samples of ``bundle`` batches at
             once and collates each batch with ``collate_fn`` (default
             ``torchrecord.collate``).
