@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import assert_exactly_once
 from torchrecord import RecordDataset
-from torchrecord._order.windows import slice_runs, window_order, window_size
+from torchrecord._order.windows import slice_runs, window_order, window_runs, window_size
 from torchrecord._read.reader import ShareReader
 
 COUNT = 1_003
@@ -49,6 +49,23 @@ def test_slice_runs_cuts_the_virtual_sequence() -> None:
         for hi in range(lo, len(flat) + 2):
             got = [i for a, b in slice_runs(runs, lo, hi) for i in range(a, b)]
             assert got == flat[lo:hi]
+
+
+def test_window_runs_are_slice_runs_of_every_window() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        lengths = rng.integers(0, 9, size=int(rng.integers(0, 12))).tolist()
+        starts = rng.integers(0, 1000, size=len(lengths)).tolist()
+        runs = [(a, a + n) for a, n in zip(starts, lengths)]
+        total = sum(lengths)
+        window = int(rng.integers(1, 10))
+        windows = -(-total // window)
+        for first in range(windows + 1):
+            expected = [slice_runs(runs, j * window, min(total, (j + 1) * window)) for j in range(first, windows)]
+            got = window_runs(runs, window, first)
+            # the same positions window by window (slice_runs may also keep an empty run)
+            assert [[(a, b) for a, b in w if b > a] for w in got] == [[(a, b) for a, b in w if b > a] for w in expected]
+            assert len(got) == len(expected)
 
 
 def test_window_size_holds_a_batch_and_respects_the_byte_cap() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
@@ -165,3 +166,50 @@ def test_bad_arguments_and_states_are_refused(tmp_path: Path) -> None:
     other = RecordDataset(path, batch_size=5)  # other order settings: the dataset refuses the position
     with pytest.raises(ResumeStateError, match="batch_size"):
         RecordLoader(other).load_state_dict(good)
+
+
+def _tagged(batch: Any) -> tuple[str, Any]:
+    """A loader-level collate_fn (module level: spawn workers pickle it)."""
+    return ("collated", batch)
+
+
+def _as_numpy(batch: Any) -> tuple[Any, Any]:
+    """A batch_transform that hands NumPy arrays back (module level: spawn workers pickle it)."""
+    images, labels = batch
+    return images.numpy(), labels.numpy()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_mode_yields_the_same_structure_at_any_number_of_workers(tmp_path: Path, workers: int) -> None:
+    """Tuples stay tuples (default_convert would make them lists, but bundles from workers never met it), a
+    batch_transform's NumPy arrays become tensors, and a loader collate_fn gets each batch, not a bundle."""
+    path = tmp_path / "structure.tr"
+    torchrecord.write_record(IndexedImages(40), path, progress=False)
+    context = {"multiprocessing_context": "fork"} if workers else {}
+    plain = list(RecordLoader(RecordDataset(path, batch_size=4, seed=1), num_workers=workers, **context))
+    assert len(plain) == 10
+    assert all(type(b) is tuple and all(type(leaf) is torch.Tensor for leaf in b) for b in plain)
+    assert sorted(int(x) for _, labels in plain for x in labels) == list(range(40))
+
+    numpy_ds = RecordDataset(path, batch_size=4, seed=1, batch_transform=_as_numpy)
+    converted = list(RecordLoader(numpy_ds, num_workers=workers, **context))
+    assert all(type(b) is tuple and all(type(leaf) is torch.Tensor for leaf in b) for b in converted)
+    assert [b[1].tolist() for b in converted] == [b[1].tolist() for b in plain]
+
+    tagged = list(
+        RecordLoader(RecordDataset(path, batch_size=4, seed=1), num_workers=workers, collate_fn=_tagged, **context)
+    )
+    assert [tag for tag, _ in tagged] == ["collated"] * 10
+    assert [batch[1].tolist() for _, batch in tagged] == [b[1].tolist() for b in plain]
+
+
+def test_batch_mode_at_zero_workers_keeps_the_profiler_span_when_profiling(tmp_path: Path) -> None:
+    """At 0 workers the loader skips torch's per-item profiler span, except while a profiler records."""
+    path = tmp_path / "profiled.tr"
+    torchrecord.write_record(IndexedImages(12), path, progress=False)
+    loader = RecordLoader(RecordDataset(path, batch_size=4))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        batches = list(loader)
+    assert len(batches) == 3
+    spans = [e for e in prof.events() if e.name.startswith("enumerate(DataLoader)")]
+    assert len(spans) >= 3

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.random  # (numpy 2 loads it on first use: 20+ ms inside the first batch)
 
-__all__ = ["WINDOW_BYTES", "slice_runs", "window_order", "window_size"]
+__all__ = ["WINDOW_BYTES", "slice_runs", "window_order", "window_runs", "window_size"]
 
 Run = tuple[int, int]
 
@@ -66,4 +66,31 @@ def slice_runs(runs: Sequence[Run], lo: int, hi: int) -> list[Run]:
         pos += length
         if pos >= hi:
             break
+    return out
+
+
+def window_runs(runs: Sequence[Run], window: int, first: int = 0) -> list[list[Run]]:
+    """The runs of every window from ``first`` on: ``slice_runs`` of each window's positions, in one pass.
+
+    ``slice_runs`` of window ``j`` scans the runs from the start; called for every window of a share of
+    many runs, that is quadratic (a share of 500,000 samples in 245 windows spent 10 ms an epoch there).
+    """
+    out: list[list[Run]] = []
+    pos = 0  # the virtual position of the run's start
+    lo = first * window  # the current window's positions: [lo, lo + window)
+    current: list[Run] = []
+    for start, stop in runs:
+        length = stop - start
+        while pos + length > lo:  # the run reaches into the current window
+            a = max(lo - pos, 0)
+            b = min(lo + window - pos, length)
+            current.append((start + a, start + b))
+            if pos + length < lo + window:  # the run ends inside the window: the next run continues it
+                break
+            out.append(current)
+            current = []
+            lo += window
+        pos += length
+    if current:
+        out.append(current)
     return out

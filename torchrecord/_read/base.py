@@ -294,6 +294,12 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     #: many samples, each what collating that batch's samples gives. Positions still count samples.
     _fused: int | None = None
 
+    #: set by :class:`~torchrecord.RecordLoader` in batch mode while its iterator starts (as :attr:`_fused`):
+    #: what each batch goes through before it is handed out (the loader's ``collate_fn``, by default
+    #: :func:`~torchrecord._read.handout.as_tensors`), in the process that makes the batch, so that a bundle's
+    #: batches get it too
+    _convert: Callable[[Any], Any] | None = None
+
     def _fusable(self) -> bool:
         """Can per-sample mode be read as whole batches equal to ``torchrecord.collate`` of its samples?
 
@@ -363,8 +369,12 @@ class ReaderDataset(LoaderGlue, IterableDataset[Any]):
     def _handed_over(self, items: Iterator[Any]) -> Iterator[Any]:
         """``items`` as they leave this process: in a DataLoader worker in batch mode, each batch through the
         one handover (:func:`torchrecord._read.ipc.for_parent`), or :attr:`_bundle` batches at a time
-        (:func:`torchrecord._read.ipc.bundled`); samples and the main process's items as they are.
+        (:func:`torchrecord._read.ipc.bundled`); samples and the main process's items as they are. In batch mode
+        under a ``RecordLoader``, each batch goes through its :attr:`_convert` first.
         """
+        convert = self._convert
+        if convert is not None and self.batch_size is not None:
+            items = map(convert, items)
         if not self._batches_out():
             return items
         if self._bundle > 1:

@@ -18,9 +18,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
+from torch._C._autograd import _profiler_enabled
 from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
 
 from torchrecord._read.base import ReaderDataset
+from torchrecord._read.handout import as_tensors
 from torchrecord._read.ipc import BY_VALUE_LIMIT, Bundle, for_parent, keep_bundles, worker_id
 from torchrecord._read.state import MAX_EPOCH, loader_position
 from torchrecord.errors import ArgumentError, ArgumentTypeError, ResumeStateError
@@ -75,7 +78,8 @@ def _default_collate() -> Callable[[list[Any]], Any]:
 
 
 def _as_read(item: Any) -> Any:
-    """The collate_fn of a fused per-sample RecordLoader: each item is a whole batch of tensors already."""
+    """The DataLoader's collate_fn where items come ready: fused per-sample batches (whole batches of tensors
+    already), and batch mode's batches and bundles (each batch converted where it was made)."""
     return item
 
 
@@ -94,6 +98,25 @@ class _CollateBundle:
         parts = [samples[i : i + size] for i in range(0, len(samples), size)]
         batches = [collate(part) for part in parts] if self.hands_over else [for_parent(collate(p)) for p in parts]
         return Bundle(batches, worker_id())
+
+
+class _SingleProcessIter(_SingleProcessDataLoaderIter):
+    """torch's iterator at 0 workers without its per-item profiler span, unless a profiler is on.
+
+    ``_BaseDataLoaderIter.__next__`` opens a ``record_function`` span for every item: about 15 us a batch
+    here, as much as a whole batch of tiny samples takes to read. The rest is torch's ``__next__``; its
+    warning about an IterableDataset yielding more than ``len(loader)`` is left out: a ``RecordLoader``'s
+    length is its dataset's own count.
+    """
+
+    def __next__(self) -> Any:
+        if _profiler_enabled():
+            return super().__next__()
+        if self._sampler_iter is None:
+            self._reset()  # type: ignore[call-arg]
+        data = self._next_data()  # type: ignore[no-untyped-call]
+        self._num_yielded += 1
+        return data
 
 
 class _BundlingInit:
@@ -177,6 +200,12 @@ class RecordLoader(DataLoader[Any]):
             dataset's ``loader_batch_size`` when it has one). ``collate_fn`` (default
             ``torchrecord.collate``, which gives ``default_collate``'s batches) is given
             them.
+        collate_fn: (in ``loader_kwargs``) in batch mode, applied to each of the dataset's
+            batches in the process that makes it (a worker, before its batches are
+            bundled), as ``DataLoader(batch_size=None)`` applies it; by default
+            :func:`~torchrecord._read.handout.as_tensors`: NumPy arrays become tensors,
+            and a batch keeps its structure (a tuple stays a tuple, where
+            ``default_convert`` makes it a list).
         **loader_kwargs: passed to the DataLoader (``collate_fn``, ``pin_memory``,
             ``multiprocessing_context``, ``prefetch_factor``, ``timeout``,
             ``worker_init_fn``, ``persistent_workers``...); ``shuffle``, ``sampler``,
@@ -212,6 +241,13 @@ class RecordLoader(DataLoader[Any]):
                 f"RecordLoader: the dataset orders and cuts the epoch; it does not take {', '.join(refused)}"
             )
         self._per_batch = self._per_batch_of(dataset, batch_size)
+        # batch mode: each batch goes through the loader's collate_fn (default: as_tensors, which keeps tuples
+        # tuples) where it is made, in the worker before it is bundled or in this process; the DataLoader's own
+        # collate_fn then passes items (bundles among them) through
+        self._convert: Callable[[Any], Any] | None = None
+        if self._per_batch is None:
+            self._convert = loader_kwargs.get("collate_fn") or as_tensors
+            loader_kwargs["collate_fn"] = _as_read
         if self._per_batch is not None:
             dataset._sample_chunk = self._per_batch  # read a loader batch at a time: collated without a copy
         if loader_kwargs.get("in_order", True) is not True:
@@ -314,11 +350,16 @@ class RecordLoader(DataLoader[Any]):
         dataset's iteration (here at 0 workers) and the workers' copies (pickled or forked as they start) see it;
         the dataset itself, iterated any other way, does not."""
         dataset = self.reader_dataset
-        dataset._fused = self._fuse
+        dataset._fused, dataset._convert = self._fuse, self._convert
         try:
             return super().__iter__()
         finally:
-            dataset._fused = None
+            dataset._fused = dataset._convert = None
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return _SingleProcessIter(self)
+        return super()._get_iterator()
 
     def _interleaved(self, round_: list[Bundle]) -> Iterator[Any]:
         """The batches of one round of bundles in the order a DataLoader without bundles yields them: the first

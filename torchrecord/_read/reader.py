@@ -115,10 +115,7 @@ class ShareReader:
             return
         first_window = start // share.window
         window = share.window
-        window_runs = [
-            _order.slice_runs(share.runs, j * window, min(total, (j + 1) * window))
-            for j in range(first_window, -(-total // window))
-        ]
+        window_runs = _order.window_runs(share.runs, window, first_window)
         plan = [split_runs(runs, self.offsets) for runs in window_runs]
         # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make (and
         # untracked by the garbage collector; see fastread.JOIN_LIMIT). Compressed sets: views, decompressed
