@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import pytest
 
-from torchrecord._store.walk import check_crcs
+from torchrecord._store.walk import _block_crcs, check_crcs, crcs_match
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
 VALUES = [bytes([i]) * (i + 1) for i in range(40)]
@@ -51,3 +52,23 @@ def test_a_missing_or_short_checksum_is_an_error() -> None:
 def test_fewer_checksums_than_values_is_an_error() -> None:
     with pytest.raises(ChecksumError, match=r"39 checksums for 40 records from record 100"):
         check_crcs(VALUES, _stored(VALUES)[:39], "set.tr", range(100, 140))
+
+
+def test_block_crcs_and_crcs_match_agree_with_zlib() -> None:
+    """The block CRC-32s (each block joined) and the record-by-record comparison against zlib's CRC-32 of the
+    same bytes, with a short last block, empty values and one changed byte."""
+    rng = np.random.default_rng(7)
+    values = [rng.bytes(int(n)) for n in rng.integers(0, 200, size=103)]
+    values[5] = b""
+    for size in (1, 2, 16, 103, 500):
+        blocks = -(-len(values) // size)
+        want = [zlib.crc32(b"".join(values[at : at + size])) for at in range(0, len(values), size)]
+        assert _block_crcs(values, size, blocks).tolist() == want
+    stored = [zlib.crc32(v).to_bytes(4, "little") for v in values]
+    assert crcs_match(values, stored)
+    assert not crcs_match(values, stored[:-1])  # a count that differs
+    assert not crcs_match(values, [*stored[:-1], None])  # a missing stored checksum
+    assert not crcs_match(values, [*stored[:-1], b"\0\0\0"])  # a stored checksum of the wrong length
+    changed = list(values)
+    changed[40] = bytes([changed[40][0] ^ 1]) + changed[40][1:] if changed[40] else b"\1"
+    assert not crcs_match(changed, stored)

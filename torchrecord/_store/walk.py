@@ -19,7 +19,9 @@ a run, then sequential steps. Each step is checked before a byte is used:
 
 from __future__ import annotations
 
+import array
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from types import TracebackType
@@ -28,8 +30,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from torchrecord._core.crc import JOIN_BYTES as _JOIN_BYTES
-from torchrecord._core.crc import crc32, crc32_joined
+from torchrecord._core.crc import crc32
 from torchrecord._store.crc_blocks import BlockChecksums
 from torchrecord._store.format import encode_key, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
@@ -40,6 +41,8 @@ __all__ = ["PIECE", "RunCheck", "Walk", "check_crc", "check_crcs", "crcs_match",
 PIECE = 256
 
 _CRC_BYTES = 4
+#: the array typecode of 4-byte unsigned integers (a C unsigned int, or long where int is not 4 bytes)
+_U32 = next(code for code in "IL" if array.array(code).itemsize == _CRC_BYTES)
 
 
 def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, where: str) -> None:
@@ -55,13 +58,16 @@ def check_crc(value: bytes | memoryview, stored: bytes | memoryview | None, wher
 
 
 def crcs_match(values: Sequence[Any], stored: Sequence[Any]) -> bool:
-    """True when each of ``stored`` is the 4-byte CRC-32 of the value at the same place, all compared at once."""
+    """True when each of ``stored`` is the 4-byte CRC-32 of the value at the same place, all compared at once
+    (as the bytes of the CRC-32s computed, little-endian, against the stored ones joined)."""
     n = len(values)
     joined = b"".join(stored) if all(s is not None for s in stored) else b""
     if len(stored) != n or len(joined) != _CRC_BYTES * n:
         return False
-    actual = np.fromiter(map(crc32, values), dtype=np.uint32, count=n)
-    return bool(np.array_equal(actual, np.frombuffer(joined, dtype="<u4")))
+    actual = array.array(_U32, map(crc32, values))
+    if sys.byteorder == "big":
+        actual.byteswap()
+    return actual.tobytes() == joined
 
 
 def check_crcs(values: Sequence[Any], stored: Sequence[Any], path: str, records: Sequence[int]) -> None:
@@ -354,18 +360,16 @@ class RunCheck:
 
 
 def _block_crcs(values: list[Any], size: int, blocks: int) -> np.ndarray:
-    """The CRC-32 of each block of ``size`` of ``values`` joined (the last block may be shorter), uint32."""
+    """The CRC-32 of each block of ``size`` of ``values`` joined (the last block may be shorter), uint32.
+
+    A block of several records holds about 4 KiB (the writer sizes it so): each is joined and summed in one
+    call. That is a quarter of the time of one join of the run sliced at block bounds, whose bounds needed
+    every value's length (``len`` a value cost more than the CRC-32 of its 72 bytes).
+    """
     if size == 1:
         return np.fromiter(map(crc32, values), np.uint32, blocks)
-    lengths = np.fromiter(map(len, values), np.int64, len(values))
-    if int(lengths.sum()) > _JOIN_BYTES * len(values):  # long values: summed where they lie, one after another
-        return np.fromiter((crc32_joined(values[at : at + size]) for at in range(0, len(values), size)), np.uint32)
-    bounds = np.cumsum(lengths)
-    ends = bounds[size - 1 :: size].tolist()
-    if len(ends) < blocks:  # a short last block
-        ends.append(int(bounds[-1]))
-    joined = memoryview(b"".join(values))  # short values: one join, then a slice a block
-    return np.fromiter(map(crc32, (joined[a:b] for a, b in zip([0, *ends[:-1]], ends))), np.uint32, blocks)
+    join = b"".join
+    return np.fromiter((crc32(join(values[at : at + size])) for at in range(0, len(values), size)), np.uint32, blocks)
 
 
 def _read_checked(cursor: Any, first: int, stop: int, path: str) -> list[Any]:
