@@ -126,6 +126,59 @@ def test_workers_reuse_their_segments_across_epochs_of_bundles(tmp_path: Path) -
     assert made() == after_first
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_large_batches_of_a_bundle_cross_in_one_arena(tmp_path: Path, context: str) -> None:
+    """Batches in slots (8 x 12 KB) are gathered into one arena a bundle and cross stacked: the batches of a
+    bundle are views of one storage. Every batch kept stays valid; a short last batch, an epoch cut short and
+    the next epochs of persistent workers all give what a plain DataLoader gives."""
+    path = _write(tmp_path, 203, LARGE)  # 26 batches of 8, the last one short
+    settings = {"batch_size": 8, "shuffle_buffer": 16, "seed": 2}
+    plain_ds = RecordDataset(path, **settings)
+    want = _epochs(DataLoader(plain_ds, batch_size=None, num_workers=2), plain_ds, range(3))
+    ds = RecordDataset(path, **settings)
+    loader = RecordLoader(ds, num_workers=2, bundle=3, persistent_workers=True, multiprocessing_context=context)
+    ds.set_epoch(0)
+    cut = iter(loader)
+    cut_short = [next(cut) for _ in range(4)]  # an epoch cut short: its workers' unfinished bundles are dropped
+    del cut
+    got = _epochs(loader, ds, range(3))
+    _assert_same(got, want)
+    _assert_same([cut_short], [want[0][:4]])
+    for epoch in got:
+        # batches come a bundle of each worker in turn: 0, 2, 4 from worker 0's first bundle (one storage)
+        storages = [images.untyped_storage().data_ptr() for images, _ in epoch]
+        assert storages[0] == storages[2] == storages[4]
+        assert storages[0] != storages[1]
+        assert storages[6] != storages[0]
+
+
+@pytest.mark.skipif(not slots.available(), reason="no memfd_create: no slots")
+def test_an_arena_crosses_only_whole() -> None:
+    """A batch of a bundle's arena handed over alone is copied out of it (each handover of a segment has one
+    receiver, who frees all of it); the bundle's batches stacked cross in the arena itself."""
+    slots.bundle_arenas(3)
+    try:
+        slots.end_arena()
+        batches = []
+        for value in range(3):
+            (images,) = slots.allocate(4, [16])
+            images[...] = value
+            batches.append((torch.from_numpy(images),))
+        arena_segment = slots._worker_pool().arena.segment  # type: ignore[union-attr]
+        alone = slots.into_slot(batches[0])
+        assert alone._ref.segment is not arena_segment  # copied into a segment of its own
+        assert torch.equal(alone.batch[0], batches[0][0])
+        views = slots.arena_stacked([[b[0] for b in batches]])
+        assert views is not None and views[0].shape == (3, 4, 16)
+        assert [int(v) for v in views[0][:, 0, 0]] == [0, 1, 2]
+        whole = slots.into_slot(views, whole_arena=True)
+        assert whole._ref.segment is arena_segment  # no copy
+        assert slots.arena_stacked([[b[0] for b in reversed(batches)]]) is None  # not in order: not stacked
+    finally:
+        slots.bundle_arenas(0)
+        slots.end_arena()
+
+
 def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
     path = _write(tmp_path, 20, SMALL)
     for bad in (0, -1, True, 2.0):

@@ -135,8 +135,8 @@ def count_handovers(counter: Any, worker_id: int) -> None:
     """worker_init_fn: count into ``counter`` [in place, copied] the batches into_slot hands over."""
     original = slots._in_place
 
-    def counted(pool: Any, leaves: list[Any]) -> Any:
-        placed = original(pool, leaves)
+    def counted(pool: Any, leaves: list[Any], whole_arena: bool) -> Any:
+        placed = original(pool, leaves, whole_arena)
         with counter.get_lock():
             counter[0 if placed is not None else 1] += 1
         return placed

@@ -184,6 +184,9 @@ def stacked(batches: list[Any]) -> Stacked | None:
                 return None
             column.append(leaf)
     count = len(batches)
+    in_place = slots.arena_stacked(columns) if slots.available() else None
+    if in_place is not None:  # gathered in the bundle's arena: its batches stacked already, handed over whole
+        return Stacked(tree, count, slots.into_slot(in_place, whole_arena=True))
     place = slot_room([count * column[0].nbytes for column in columns])
     out = []
     for column in columns:
@@ -220,31 +223,50 @@ def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
     :func:`for_parent` as they are made (a batch gathered straight into a slot
     stays there); smaller ones are collected and cross together, each leaf
     stacked across them where they stack (:func:`stacked`), else as a list.
+    Large batches a reader gathers with ``slots.allocate`` lie in one arena a
+    bundle (``torchrecord._read.slots.bundle_arenas``), field by field, so they
+    cross together too, stacked without a copy: one segment, one handover and
+    one rebuild a bundle.
     """
     keep_bundles(size)
+    if slots.available():
+        slots.bundle_arenas(size)  # large batches a reader gathers with slots.allocate: in one arena a bundle
+        slots.end_arena()  # a bundle left unfinished (an epoch cut short) is not continued
     worker = worker_id()
     handed: list[Any] = []  # batches through for_parent, one by one
     small: list[Any] = []  # batches that cross together at the end of the bundle
-    for item in items:
-        if small or (not handed and _tensor_bytes(item) <= BY_VALUE_LIMIT):
-            small.append(item)
-        else:
-            handed.append(for_parent(item))
-        if len(handed) + len(small) == size:
+    try:
+        for item in items:
+            if small or (not handed and _together_kind(item)):
+                small.append(item)
+            else:
+                handed.append(for_parent(item))
+            if len(handed) + len(small) == size:
+                yield Bundle(_together(small) if small else handed, worker)
+                handed, small = [], []
+                _end_arena()  # the next bundle's batches go to an arena of their own
+        if handed or small:
             yield Bundle(_together(small) if small else handed, worker)
-            handed, small = [], []
-    if handed or small:
-        yield Bundle(_together(small) if small else handed, worker)
+    finally:
+        _end_arena()
+
+
+def _end_arena() -> None:
+    if slots.available():
+        slots.end_arena()
+
+
+def _together_kind(batch: Any) -> bool:
+    """Does ``batch`` cross with the rest of its bundle: small enough to cross by value, or gathered in the
+    bundle's arena (``torchrecord._read.slots.allocate``)?"""
+    leaves = flatten(batch)[1]
+    size = sum(leaf.nbytes for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_cpu)
+    return size <= BY_VALUE_LIMIT or (slots.available() and slots.in_arena(leaves))
 
 
 def _together(batches: list[Any]) -> Any:
     """Small batches ready to cross together: as one :class:`Stacked` batch where they stack, else as a list."""
     return (stacked(batches) if len(batches) > 1 else None) or for_parent(batches)
-
-
-def _tensor_bytes(batch: Any) -> int:
-    """The bytes of ``batch``'s CPU tensors."""
-    return sum(leaf.nbytes for leaf in flatten(batch)[1] if isinstance(leaf, torch.Tensor) and leaf.is_cpu)
 
 
 def slot_allocator(batch_bytes: int) -> Callable[[int, list[int]], list[np.ndarray]] | None:

@@ -61,9 +61,13 @@ from torchrecord._read.slot_maps import mapped_keys, mapped_segments
 __all__ = [
     "SlotBatch",
     "allocate",
+    "arena_stacked",
     "available",
+    "bundle_arenas",
     "dtype_name",
     "dtype_of",
+    "end_arena",
+    "in_arena",
     "into_slot",
     "keep_spare",
     "mapped_keys",
@@ -110,6 +114,9 @@ class _Segment:
         self.state = np.frombuffer(self.block, dtype=np.int64, count=1)
         self.address = ctypes.addressof(self.block) + _HEADER
         self.local_views = False  # a batch built in this segment is still held in the worker
+        #: it holds a bundle's arena: it crosses only whole, as that bundle's stacked batches (arena_stacked),
+        #: never one batch of it at a time (each handover of a segment has one receiver, who frees all of it)
+        self.arena = False
         self.generation = 0  # handovers so far (the header holds the last one's while its batch is out)
         self.handoff: Any = None  # the descriptor waiting for the main process (sent with the first batch)
 
@@ -140,6 +147,59 @@ class _Segment:
             self.fd = -1
 
 
+class _Arena:
+    """One segment holding the batches of one bundle, field by field: field ``f`` of batch ``j`` at
+    ``offsets[f] + j * rows * row_bytes[f]``, so that the bundle's batches stacked are views of it.
+
+    A bundle of large batches then crosses as one :class:`~torchrecord._read.ipc.Stacked` batch in one
+    segment, without a copy: one segment taken, one handover and one rebuild a bundle instead of a batch.
+    """
+
+    def __init__(self, pool: _Pool, rows: int, row_bytes: list[int], count: int) -> None:
+        self.rows, self.row_bytes, self.count = rows, row_bytes, count
+        self.offsets: list[int] = []
+        end = 0
+        for b in row_bytes:
+            self.offsets.append(end)
+            end += -(-(count * rows * b) // _ALIGN) * _ALIGN
+        self.segment = pool.take(end)
+        self.segment.arena = True
+        owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(self.segment.block, _HEADER)
+        weakref.finalize(owner, _let_go_locally, self.segment)
+        self.base = np.frombuffer(owner, dtype=np.uint8)  # type: ignore[call-overload]
+        self.tensor = torch.from_numpy(self.base)
+        self.end = end
+        self.used = 0  # batches placed
+
+    def next_batch(self) -> list[np.ndarray]:
+        """The uint8 arrays [rows, b] of the next batch's fields."""
+        j, rows = self.used, self.rows
+        self.used += 1
+        return [
+            self.base[o + j * rows * b : o + (j + 1) * rows * b].reshape(rows, b)
+            for o, b in zip(self.offsets, self.row_bytes)
+        ]
+
+    def stacked(self, columns: list[list[torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Each column (one leaf of every batch, in order) as one tensor [count, ...] over this arena, when the
+        batches are this arena's, in place and in order; else None."""
+        address = self.segment.address
+        views = []
+        for column in columns:
+            head = column[0]
+            size = head.nbytes
+            start = head.data_ptr() - address
+            if not size or start < 0 or start + len(column) * size > self.end:
+                return None
+            for j, leaf in enumerate(column):
+                if leaf.data_ptr() != head.data_ptr() + j * size or not leaf.is_contiguous():
+                    return None
+            region = self.tensor[start : start + len(column) * size]
+            typed = region if head.dtype is torch.uint8 else region.view(head.dtype)
+            views.append(typed.view(len(column), *head.shape))
+        return views
+
+
 class _Pool:
     """The segments of one worker process."""
 
@@ -151,6 +211,8 @@ class _Pool:
         self.lock = threading.Lock()
         self.allocated: _Segment | None = None  # the segment of the last allocate(), until a batch takes it
         self.spare = _SPARE  # free segments kept beyond the ones in use
+        self.arena_batches = 0  # batches a bundle holds, when bundles of large batches are gathered in arenas
+        self.arena: _Arena | None = None  # the arena of the bundle being built
 
     def take(self, size: int) -> _Segment:
         """A free segment with room for ``size`` bytes (a new one when none is free)."""
@@ -163,6 +225,7 @@ class _Pool:
                 segment = _Segment(-(-max(size, 1) // _GRANULE) * _GRANULE, self.nonce)
                 self.segments.append(segment)
             segment.local_views = True
+            segment.arena = False
             # a segment whose descriptor waits for the main process stays (closing it would leak that one)
             spare = sorted((s for s in free if s is not segment and s.handoff is None), key=lambda s: s.capacity)
             for old in spare[: max(0, len(spare) - self.spare)]:
@@ -187,6 +250,41 @@ def keep_spare(count: int) -> None:
     batches over in bundles gets a bundle's segments back at once and needs them again soon."""
     pool = _worker_pool()
     pool.spare = max(pool.spare, count)
+
+
+def bundle_arenas(count: int) -> None:
+    """Gather the batches of each bundle of ``count`` into one arena (:func:`allocate`); :func:`end_arena` after
+    each bundle."""
+    _worker_pool().arena_batches = count
+
+
+def end_arena() -> None:
+    """The bundle being built is complete: the next batch :func:`allocate` places starts a new arena."""
+    _worker_pool().arena = None
+
+
+def in_arena(leaves: list[Any]) -> bool:
+    """Does the first tensor of ``leaves`` lie in the arena of the bundle being built?"""
+    arena = _pool.arena if _pool is not None and _pool.pid == slot_maps.pid() else None
+    if arena is None:
+        return False
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            return 0 <= leaf.data_ptr() - arena.segment.address < arena.end
+    return False
+
+
+def arena_stacked(columns: list[list[torch.Tensor]]) -> list[torch.Tensor] | None:
+    """The columns of a bundle's batches as stacked views of the arena they were gathered in (ready for
+    :func:`into_slot` without a copy), or None when they are not exactly that arena's batches, in order."""
+    pool = _worker_pool()
+    arena = pool.arena
+    if arena is None or not columns or len(columns[0]) != arena.used:
+        return None
+    views = arena.stacked(columns)
+    if views is not None:
+        pool.allocated = arena.segment
+    return views
 
 
 def worker_segments() -> int:
@@ -230,14 +328,22 @@ def allocate(rows: int, row_bytes: list[int]) -> list[np.ndarray]:
     """uint8 arrays [rows, b] for each ``b`` of ``row_bytes``, in one free segment of this worker.
 
     A reader gathers a batch's fields straight into them; :func:`into_slot` then
-    hands that batch over without copying it again.
+    hands that batch over without copying it again. While bundles are gathered in arenas
+    (:func:`bundle_arenas`), the arrays are the next batch's place in the bundle's arena.
     """
+    pool = _worker_pool()
+    if pool.arena_batches > 1:
+        arena = pool.arena
+        if arena is None or arena.used >= arena.count:
+            arena = pool.arena = _Arena(pool, rows, row_bytes, pool.arena_batches)
+        if (arena.rows, arena.row_bytes) == (rows, list(row_bytes)):
+            pool.allocated = arena.segment
+            return arena.next_batch()
     sizes = [rows * b for b in row_bytes]
     offsets, end = [], 0
     for size in sizes:
         offsets.append(end)
         end += -(-size // _ALIGN) * _ALIGN
-    pool = _worker_pool()
     segment = pool.take(end)
     owner = (ctypes.c_uint8 * max(end, 1)).from_buffer(segment.block, _HEADER)
     weakref.finalize(owner, _let_go_locally, segment)
@@ -283,10 +389,11 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
-def _in_place(pool: _Pool, leaves: list[Any]) -> tuple[_Segment, list[tuple[Any, ...]]] | None:
-    """The last allocated segment and the leaves' specs in it, when every tensor leaf already lies there."""
+def _in_place(pool: _Pool, leaves: list[Any], whole_arena: bool) -> tuple[_Segment, list[tuple[Any, ...]]] | None:
+    """The last allocated segment and the leaves' specs in it, when every tensor leaf already lies there (an
+    arena's segment only when ``whole_arena``: the batch is that arena's bundle, stacked)."""
     segment, pool.allocated = pool.allocated, None
-    if segment is None:
+    if segment is None or (segment.arena and not whole_arena):  # one batch of an arena: copied out of it
         return None
     specs: list[tuple[Any, ...]] = []
     for leaf in leaves:
@@ -301,12 +408,13 @@ def _in_place(pool: _Pool, leaves: list[Any]) -> tuple[_Segment, list[tuple[Any,
     return segment, specs
 
 
-def into_slot(batch: Any) -> Any:
+def into_slot(batch: Any, whole_arena: bool = False) -> Any:
     """``batch`` in one of this worker's segments, as a :class:`SlotBatch` (a dict stays a dict): copied there,
-    or as it is when its tensors were gathered there (:func:`allocate`)."""
+    or as it is when its tensors were gathered there (:func:`allocate`). ``whole_arena``: ``batch`` is what
+    :func:`arena_stacked` gave (a bundle's arena, handed over whole)."""
     tree, leaves = flatten(batch)
     pool = _worker_pool()
-    placed = _in_place(pool, leaves)
+    placed = _in_place(pool, leaves, whole_arena)
     if placed is not None:
         segment, specs = placed
         ref = _SlotRef.ready(segment, pool)
