@@ -279,6 +279,7 @@ _TORCHRECORD = (
     "torchrecord-batch",
     "torchrecord-loader",
     "torchrecord-packed",
+    "torchrecord-packed-loader",
 )
 IN_MEMORY = "in-memory-limit"
 
@@ -327,6 +328,11 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
         if loader0 and loader2:
             what = f"{workload}: batch mode, RecordLoader 2 workers / 0 workers"
             rows.append(_target_row(what, loader2 / loader0, 1.7 if transform_us else 0.9))
+        packed_loader0 = _at(measurements, workload, "torchrecord-packed-loader", 0)
+        packed_loader2 = _at(measurements, workload, "torchrecord-packed-loader", 2)
+        if packed_loader0 and packed_loader2:
+            what = f"{workload}: batch mode, packed set, RecordLoader 2 workers / 0 workers"
+            rows.append(_target_row(what, packed_loader2 / packed_loader0, 1.7 if transform_us else 0.9))
         sampled0 = _at(measurements, workload, "torchrecord-sample-loader", 0) or sample0
         sampled2 = _at(measurements, workload, "torchrecord-sample-loader", 2)
         if transform_us and sampled0 and sampled2:
@@ -356,7 +362,7 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
 
 PEER_HEADERS = ["workload", "peer", "workers", "samples/s", "torchrecord", "samples/s", "torchrecord / peer"]
 #: the torchrecord loaders a peer is compared with: batch mode, one file or packed, DataLoader or RecordLoader
-_BATCH_MODE = ("torchrecord-batch", "torchrecord-loader", "torchrecord-packed")
+_BATCH_MODE = ("torchrecord-batch", "torchrecord-loader", "torchrecord-packed", "torchrecord-packed-loader")
 
 
 def _is_peer(m: Measurement) -> bool:

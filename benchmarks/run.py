@@ -45,7 +45,8 @@ RATIO_NOTE = (
 
 PEER_NOTE = (
     "torchrecord / peer = torchrecord's samples/s over the peer's, torchrecord being its fastest batch-mode "
-    "loader\n(torchrecord-batch, torchrecord-loader, torchrecord-packed) at the peer's workload and num_workers."
+    "loader\n(torchrecord-batch, torchrecord-loader, torchrecord-packed, torchrecord-packed-loader) at the peer's "
+    "workload and num_workers."
 )
 
 

@@ -29,7 +29,7 @@ class LoaderOptions:
 
     Attributes:
         shuffle_buffer: samples held by the shuffle buffer of torchrecord and WebDataset.
-        samples_per_record: K for the ``torchrecord-packed`` variant; ``0`` takes the K
+        samples_per_record: K for the ``torchrecord-packed`` variants; ``0`` takes the K
             write_record chooses when left to itself (what a user gets).
         transform_us: a per-sample transform that spins this many microseconds, given
             to the torchrecord loaders (0: none): the stand-in for decoding or augmenting.
@@ -73,6 +73,15 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
             samples_per_record=opts.samples_per_record,
             shuffle_buffer=opts.shuffle_buffer,
             transform_us=opts.transform_us,
+        ),
+        # the set write_record makes by default, read the way the docs recommend with workers
+        TorchRecordLoader(
+            "torchrecord-packed-loader",
+            batch_mode=True,
+            samples_per_record=opts.samples_per_record,
+            shuffle_buffer=opts.shuffle_buffer,
+            transform_us=opts.transform_us,
+            record_loader=True,
         ),
         RawLmdbLimit(),
         RawLmdbLimit(fresh=True),
