@@ -49,6 +49,11 @@ _TORCHRECORD_VARIANTS = [
 ]
 
 
+#: the packed torchrecord loaders, batch mode: (name, through RecordLoader); the loader reads the set
+#: write_record makes by default the way the docs recommend with workers
+_PACKED_VARIANTS = [("torchrecord-packed", False), ("torchrecord-packed-loader", True)]
+
+
 def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
     """Every loader by name, in report order: competitors first, then the limits."""
     opts = options or LoaderOptions()
@@ -67,21 +72,16 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
             )
             for name, batch_mode, record_loader in _TORCHRECORD_VARIANTS
         ),
-        TorchRecordLoader(
-            "torchrecord-packed",
-            batch_mode=True,
-            samples_per_record=opts.samples_per_record,
-            shuffle_buffer=opts.shuffle_buffer,
-            transform_us=opts.transform_us,
-        ),
-        # the set write_record makes by default, read the way the docs recommend with workers
-        TorchRecordLoader(
-            "torchrecord-packed-loader",
-            batch_mode=True,
-            samples_per_record=opts.samples_per_record,
-            shuffle_buffer=opts.shuffle_buffer,
-            transform_us=opts.transform_us,
-            record_loader=True,
+        *(
+            TorchRecordLoader(
+                name,
+                batch_mode=True,
+                samples_per_record=opts.samples_per_record,
+                shuffle_buffer=opts.shuffle_buffer,
+                transform_us=opts.transform_us,
+                record_loader=record_loader,
+            )
+            for name, record_loader in _PACKED_VARIANTS
         ),
         RawLmdbLimit(),
         RawLmdbLimit(fresh=True),

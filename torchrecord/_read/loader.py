@@ -200,17 +200,16 @@ class RecordLoader(DataLoader[Any]):
             dataset's ``loader_batch_size`` when it has one). ``collate_fn`` (default
             ``torchrecord.collate``, which gives ``default_collate``'s batches) is given
             them.
-        collate_fn: (in ``loader_kwargs``) in batch mode, applied to each of the dataset's
-            batches in the process that makes it (a worker, before its batches are
-            bundled), as ``DataLoader(batch_size=None)`` applies it; by default
-            :func:`~torchrecord._read.handout.as_tensors`: NumPy arrays become tensors,
-            and a batch keeps its structure (a tuple stays a tuple, where
-            ``default_convert`` makes it a list).
         **loader_kwargs: passed to the DataLoader (``collate_fn``, ``pin_memory``,
             ``multiprocessing_context``, ``prefetch_factor``, ``timeout``,
             ``worker_init_fn``, ``persistent_workers``...); ``shuffle``, ``sampler``,
             ``batch_sampler`` and ``drop_last`` are refused (the dataset orders and cuts
-            the epoch).
+            the epoch). In batch mode a ``collate_fn`` is applied to each of the
+            dataset's batches in the process that makes it (a worker, before its
+            batches are bundled), as ``DataLoader(batch_size=None)`` applies it; by
+            default :func:`~torchrecord._read.handout.as_tensors`: NumPy arrays become
+            tensors, and a batch keeps its structure (a tuple stays a tuple, where
+            ``default_convert`` makes it a list).
 
     Raises:
         ArgumentTypeError: ``dataset`` is not one of torchrecord's reader datasets.
