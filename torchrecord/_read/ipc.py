@@ -231,7 +231,7 @@ def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
     keep_bundles(size)
     if slots.available():
         slots.bundle_arenas(size)  # large batches a reader gathers with slots.allocate: in one arena a bundle
-        slots.end_arena()  # a bundle left unfinished (an epoch cut short) is not continued
+    _end_arena()  # a bundle left unfinished (an epoch cut short) is not continued
     worker = worker_id()
     handed: list[Any] = []  # batches through for_parent, one by one
     small: list[Any] = []  # batches that cross together at the end of the bundle
@@ -252,6 +252,7 @@ def bundled(items: Iterator[Any], size: int) -> Iterator[Bundle]:
 
 
 def _end_arena() -> None:
+    """The next batch ``slots.allocate`` places starts a new arena (where the platform has slots)."""
     if slots.available():
         slots.end_arena()
 

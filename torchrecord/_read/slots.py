@@ -31,6 +31,13 @@ handover's number. A copy dropped in another process, or a stale free of an
 earlier handover, changes nothing. Each handover is one pickle: a batch
 pickled a second time crosses as a plain batch.
 
+Arenas: in a ``RecordLoader`` worker, the large batches of one bundle are gathered side by
+side in one segment (:class:`_Arena`, field by field) and cross together as one stacked batch.
+An arena's segment crosses only whole (:func:`arena_stacked`, then ``into_slot(...,
+whole_arena=True)``): a batch of it that would cross alone is copied out first, so the rule
+above (one receiver a handover, who frees all of it) holds. The arena shares the pool, the
+segments and that rule with the slots, which is why it lives here and this module is long.
+
 Descriptors: a segment is mapped without holding one
 (``torchrecord._read.slot_maps``); the worker keeps its segment's descriptor
 only until the main process took it with the first batch, so kept batches
