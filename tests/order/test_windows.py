@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,9 +11,10 @@ import pytest
 import torch
 
 from tests.helpers import assert_exactly_once
-from torchrecord import RecordDataset
+from torchrecord import RecordDataset, write_record, write_shard
 from torchrecord._order.windows import slice_runs, window_order, window_runs, window_size
-from torchrecord._read.reader import ShareReader
+from torchrecord._read import reader as reader_module
+from torchrecord._read.reader import ShareReader, split_runs
 
 COUNT = 1_003
 
@@ -40,6 +42,19 @@ def test_window_order_is_a_pure_function() -> None:
         kw: dict[str, int] = dict(seed=3, epoch=1, rank=0, worker=2, window=5)
         kw.update(other)
         assert not np.array_equal(a, window_order(100, **kw)), other
+
+
+@pytest.mark.parametrize(
+    ("seed", "epoch", "window"),
+    [(0, 0, 0), (3, 1, 5), (-1, 7, 2), (2**32, 2**32 + 5, 2**33), (2**64 - 1, 0, 1), (-(2**70) + 3, 12, 0)],
+)
+def test_window_order_is_the_generator_of_its_entropy_list(seed: int, epoch: int, window: int) -> None:
+    """The order is ``default_rng(SeedSequence([...]))``'s permutation, as it always was (resumed epochs depend
+    on it), however the entropy is handed to SeedSequence: values of one word, of several, and 0."""
+    entropy = [seed & 0xFFFFFFFFFFFFFFFF, epoch, 1, 2, window, 0x77696E64]
+    want = np.random.default_rng(np.random.SeedSequence(entropy)).permutation(300)
+    got = window_order(300, seed=seed, epoch=epoch, rank=1, worker=2, window=window)
+    assert np.array_equal(got, want)
 
 
 def test_slice_runs_cuts_the_virtual_sequence() -> None:
@@ -161,3 +176,48 @@ def test_shuffle_is_not_just_local_jitter(make_record: Callable[..., str]) -> No
     assert_exactly_once(b, COUNT)
     # far from the stored order: the first 10% of reads touch most of the file
     assert len({x * 10 // COUNT for x in a[: COUNT // 10]}) >= 6
+
+
+def _chunks(ds: RecordDataset, start: int, size: int, worker: int = 0, workers: int = 1) -> list[np.ndarray]:
+    reader = ShareReader(ds.file, ds.share(worker, workers), layout=ds._fixed_layout(), verify=True)
+    return [
+        np.concatenate([column.reshape(len(column), -1).view(np.uint8) for column in chunk], axis=1)
+        for chunk in reader.chunks(size, start)
+    ]
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_windows_read_together_give_what_windows_read_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sharded: bool
+) -> None:
+    """Small windows of the fixed path are read in groups (one walk, one check, one gather a field for several
+    windows), each still permuted on its own: the same chunks, from any start, at any chunk size, from every
+    share, with checksums checked, as one window at a time; and of a sharded set, whose shards close as groups end."""
+    samples = _labelled(COUNT)
+    if sharded:
+        path = tmp_path / "shards"
+        for s in range(3):
+            write_shard(samples, path, shard=s, num_shards=3, seed=1, progress=False, samples_per_record=4)
+    else:
+        path = tmp_path / "one.tr"
+        write_record(samples, path, seed=1, progress=False, samples_per_record=4)
+    ds = RecordDataset(path, shuffle_buffer=40, seed=9, batch_size=8)  # windows of 40 samples
+    ds.set_epoch(2)
+    assert ds.share().window == 40
+    reader = ShareReader(ds.file, ds.share(), layout=ds._fixed_layout())
+    plans = [split_runs(runs, ds.file.shard_offsets) for runs in window_runs(ds.share().runs, 40)]
+    groups = reader._groups(plans)
+    assert [a for a, _ in groups] == sorted({a for a, _ in groups}) and groups[-1][1] == len(plans) == 26
+    assert max(b - a for a, b in groups) == reader_module.MAX_GROUP  # windows of 40 x 16 bytes
+    for a, b in groups:  # no group needs a shard its first window does not
+        assert {s for pieces in plans[a:b] for s, _, _ in pieces} == {s for s, _, _ in plans[a]}
+    cases = [(start, size, 0) for start in (0, 1, 39, 40, 41, 333, 640, COUNT - 1) for size in (7, 50)]
+    cases += [(0, 64, 1), (17, 30, 2)]
+    grouped = {case: _chunks(ds, case[0], case[1], case[2], 3 if case[2] else 1) for case in cases}
+    monkeypatch.setattr(reader_module, "GROUP_BYTES", 0)  # one window a group
+    assert ShareReader(ds.file, ds.share(), layout=ds._fixed_layout())._groups(plans[:3]) == [(0, 1), (1, 2), (2, 3)]
+    for (start, size, worker), chunks in grouped.items():
+        alone = _chunks(ds, start, size, worker, 3 if worker else 1)
+        assert len(chunks) == len(alone), (start, size, worker)
+        for got, want in zip(chunks, alone):
+            assert np.array_equal(got, want), (start, size, worker)

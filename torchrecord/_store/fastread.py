@@ -257,6 +257,24 @@ def _copy_run(field: np.ndarray, first: int, dst: np.ndarray, k: int) -> None:
 Piece = tuple[Walk, int, int, int]
 
 
+def _coordinates(
+    starts: Sequence[int], lengths: Sequence[int], shifts: Sequence[int], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's (window row of its record, row in the record) for pieces of samples [start, start + length),
+    piece after piece, in a few NumPy calls for all pieces (a window of tiny samples has hundreds of pieces)."""
+    if len(starts) == 1:
+        samples = np.arange(starts[0], starts[0] + lengths[0], dtype=np.int64)
+        rec, row = np.divmod(samples, k)
+        rec += shifts[0]
+        return rec, row
+    counts = np.array(lengths, np.int64)
+    piece_at = np.cumsum(counts) - counts  # each piece's first position among the window's samples
+    samples = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(np.array(starts, np.int64) - piece_at, counts)
+    rec, row = np.divmod(samples, k)
+    rec += np.repeat(np.array(shifts, np.int64), counts)
+    return rec, row
+
+
 class FixedWindowReader:
     """Reads windows of a fixed-layout set through its shards' walks, recycling window buffers.
 
@@ -284,18 +302,19 @@ class FixedWindowReader:
         """
         build = _WindowBuilder(self.layout, self._buffer())
         k = self.layout.rows
-        recs: list[np.ndarray] = []
-        rows: list[np.ndarray] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        shifts: list[int] = []  # per piece: the window row of a sample's record is sample // k + shift
         for walk, count, start, stop in pieces:
             first, last = start // k, (stop - 1) // k + 1
             row0 = build.add(first, walk.records(first, last), count, walk.path)
-            samples = np.arange(start, stop, dtype=np.int64)
-            recs.append(samples // k - first + row0)
-            rows.append(samples % k)
+            starts.append(start)
+            lengths.append(stop - start)
+            shifts.append(row0 - first)
         window = build.finish(before_decoding)
         self._recycled.append((window.buffer, weakref.ref(window)))
-        empty = np.zeros(0, np.int64)
-        return window, np.concatenate(recs) if recs else empty, np.concatenate(rows) if rows else empty
+        rec, row = _coordinates(starts, lengths, shifts, k)
+        return window, rec, row
 
     def read_records(self, parts: Sequence[tuple[Walk, int, np.ndarray]]) -> FixedWindow:
         """The window holding whole records: per part (an open walk, samples in its shard, sorted record indices).
