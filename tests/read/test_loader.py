@@ -203,13 +203,16 @@ def test_batch_mode_yields_the_same_structure_at_any_number_of_workers(tmp_path:
     assert [batch[1].tolist() for _, batch in tagged] == [b[1].tolist() for b in plain]
 
 
-def test_batch_mode_at_zero_workers_keeps_the_profiler_span_when_profiling(tmp_path: Path) -> None:
-    """At 0 workers the loader skips torch's per-item profiler span, except while a profiler records."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_mode_keeps_the_profiler_span_when_profiling(tmp_path: Path, workers: int) -> None:
+    """The loader skips torch's per-item profiler span (a batch, or with workers a bundle), except while a
+    profiler records."""
     path = tmp_path / "profiled.tr"
     torchrecord.write_record(IndexedImages(12), path, progress=False)
-    loader = RecordLoader(RecordDataset(path, batch_size=4))
+    loader = RecordLoader(RecordDataset(path, batch_size=4), num_workers=workers)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         batches = list(loader)
     assert len(batches) == 3
     spans = [e for e in prof.events() if e.name.startswith("enumerate(DataLoader)")]
-    assert len(spans) >= 3
+    assert len(spans) >= (3 if workers == 0 else 2)  # with workers: a bundle from each
+    assert [batch[1].tolist() for batch in batches] == [batch[1].tolist() for batch in loader]

@@ -12,6 +12,7 @@ nothing is ever misread.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,7 +113,12 @@ class FixedLayout:
         return _signatures(self.fields)
 
     def header_segments(self) -> list[tuple[int, int, bytes]]:
-        """The non-payload bytes as contiguous ``(start, stop, bytes)`` pieces of a record."""
+        """The non-payload bytes as contiguous ``(start, stop, bytes)`` pieces of a record (do not change it)."""
+        return self._header_segments
+
+    @functools.cached_property
+    def _header_segments(self) -> list[tuple[int, int, bytes]]:
+        # worked out once a layout: every window of records read from the map is checked against them
         cols = self.header_cols
         if len(cols) == 0:
             return []

@@ -20,7 +20,11 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._autograd import _profiler_enabled
 from torch.utils.data import DataLoader, get_worker_info
-from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+from torch.utils.data.dataloader import (
+    _BaseDataLoaderIter,
+    _MultiProcessingDataLoaderIter,
+    _SingleProcessDataLoaderIter,
+)
 
 from torchrecord._read.base import ReaderDataset
 from torchrecord._read.handout import as_tensors
@@ -100,13 +104,13 @@ class _CollateBundle:
         return Bundle(batches, worker_id())
 
 
-class _SingleProcessIter(_SingleProcessDataLoaderIter):
-    """torch's iterator at 0 workers without its per-item profiler span, unless a profiler is on.
+class _WithoutSpan(_BaseDataLoaderIter):
+    """torch's iterator without its per-item profiler span, unless a profiler is on.
 
     ``_BaseDataLoaderIter.__next__`` opens a ``record_function`` span for every item: about 15 us a batch
-    here, as much as a whole batch of tiny samples takes to read. The rest is torch's ``__next__``; its
-    warning about an IterableDataset yielding more than ``len(loader)`` is left out: a ``RecordLoader``'s
-    length is its dataset's own count.
+    here, as much as a whole batch of tiny samples takes to read (with workers, an item is a bundle). The
+    rest is torch's ``__next__``; its warning about an IterableDataset yielding more than ``len(loader)`` is
+    left out: a ``RecordLoader``'s length is its dataset's own count.
     """
 
     def __next__(self) -> Any:
@@ -114,9 +118,17 @@ class _SingleProcessIter(_SingleProcessDataLoaderIter):
             return super().__next__()
         if self._sampler_iter is None:
             self._reset()  # type: ignore[call-arg]
-        data = self._next_data()  # type: ignore[no-untyped-call]
+        data: Any = self._next_data()
         self._num_yielded += 1
         return data
+
+
+class _SingleProcessIter(_WithoutSpan, _SingleProcessDataLoaderIter):
+    """torch's iterator at 0 workers, without the per-item span."""
+
+
+class _MultiProcessIter(_WithoutSpan, _MultiProcessingDataLoaderIter):
+    """torch's iterator with workers, without the per-item span."""
 
 
 class _BundlingInit:
@@ -358,7 +370,8 @@ class RecordLoader(DataLoader[Any]):
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
             return _SingleProcessIter(self)
-        return super()._get_iterator()
+        self.check_worker_number_rationality()  # what DataLoader._get_iterator does first
+        return _MultiProcessIter(self)
 
     def _interleaved(self, round_: list[Bundle]) -> Iterator[Any]:
         """The batches of one round of bundles in the order a DataLoader without bundles yields them: the first

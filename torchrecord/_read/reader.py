@@ -423,6 +423,7 @@ class _ShardWalks:
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
         self._advisors: dict[int, Advisor] = {}
         self._warm: set[int] = set()  # shards found in the page cache: no read-ahead hints
+        self._can_advise = _advise.available()  # asked once, not once a window (it looks for a file)
         self.records_read = 0
         self.plan = [{s for s, _, _ in pieces} for pieces in plan]  # the shards of each window
         order: list[int] = []  # the shards in the order they are needed (a remote set fetches ahead)
@@ -469,7 +470,7 @@ class _ShardWalks:
 
     def advise(self, pieces: Sequence[LocalRun]) -> None:
         """Ask the kernel to read the records of ``pieces`` ahead (shards already open; see ``_advise``)."""
-        if not pieces or not _advise.available():
+        if not pieces or not self._can_advise or self._warm_file:
             return
         runs: dict[int, list[tuple[int, int]]] = {}
         for s, start, stop in pieces:
@@ -490,6 +491,11 @@ class _ShardWalks:
                 except OSError:
                     continue
             advisor.advise(record_runs(sample_runs, self.file(s).samples_per_record))
+
+    @property
+    def _warm_file(self) -> bool:
+        """True for a set of one file found in the page cache: nothing to advise."""
+        return self.set.num_shards == 1 and 0 in self._warm
 
     def file(self, s: int) -> RecordFile:
         self.walk(s)

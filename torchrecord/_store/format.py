@@ -107,9 +107,14 @@ def lmdb_errors(path: str) -> Iterator[None]:
     try:
         yield
     except lmdb.Error as exc:
-        raise CorruptRecordError(
-            f"{path}: LMDB cannot read the file ({exc}); it is damaged: run torchrecord.verify to find the bad records"
-        ) from exc
+        raise lmdb_error(path, exc) from exc
+
+
+def lmdb_error(path: str, exc: BaseException) -> CorruptRecordError:
+    """The error :func:`lmdb_errors` raises for LMDB's error ``exc`` while reading ``path``."""
+    return CorruptRecordError(
+        f"{path}: LMDB cannot read the file ({exc}); it is damaged: run torchrecord.verify to find the bad records"
+    )
 
 
 def encode_key(index: int) -> bytes:

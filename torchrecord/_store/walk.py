@@ -32,7 +32,7 @@ import numpy as np
 
 from torchrecord._core.crc import crc32
 from torchrecord._store.crc_blocks import BlockChecksums
-from torchrecord._store.format import encode_key, lmdb_errors
+from torchrecord._store.format import encode_key, lmdb_error, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
 __all__ = ["PIECE", "RunCheck", "Walk", "check_crc", "check_crcs", "crcs_match", "record_runs"]
@@ -160,9 +160,13 @@ class Walk:
         n = stop - first
         if n <= 0:
             return []
-        with self._reading(f"records {first} to {stop - 1}"):
+        try:  # what _reading does, without its two context managers (this runs once a piece of a window)
             values = self._read(self._cursor, first, stop, self.path)
             check = self._run_check(values, first) if self._crc_cursor is not None else None
+        except lmdb.Error as exc:
+            raise lmdb_error(self.path, exc) from exc
+        except MemoryError:
+            raise self._too_large(f"records {first} to {stop - 1}") from None
         if check is not None:
             if self.deferred is not None:
                 self.deferred.append(check)
@@ -237,10 +241,13 @@ class Walk:
             with lmdb_errors(self.path):
                 yield
         except MemoryError:  # a damaged node can claim a value of gigabytes: py-lmdb cannot copy it
-            raise CorruptRecordError(
-                f"{self.path}: {what}: LMDB returned a value larger than the memory available; the file is "
-                "probably damaged: run torchrecord.verify on it"
-            ) from None
+            raise self._too_large(what) from None
+
+    def _too_large(self, what: str) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"{self.path}: {what}: LMDB returned a value larger than the memory available; the file is "
+            "probably damaged: run torchrecord.verify on it"
+        )
 
     def pieces(self, runs: Sequence[tuple[int, int]], piece: int = PIECE) -> Iterator[tuple[int, list[Any]]]:
         """``(first record, values)`` for pieces of at most ``piece`` records covering each record run (with block
