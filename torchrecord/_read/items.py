@@ -133,10 +133,17 @@ class Items:
     def _batches(self, reader: ShareReader, start: int) -> Iterator[Any]:
         size = self.batch_size
         assert size is not None
+        # what batch() does on the fixed path without the user's functions, without its steps a batch
+        schema = self.schema if reader.fixed and self._plain else None
         for chunk, indices in reader.indexed_chunks(size, start * size):
             if len(indices) < size and self.drop_last:
                 return
-            yield self.batch(chunk, reader.fixed, indices)
+            yield stack_columns(chunk, schema) if schema is not None else self.batch(chunk, reader.fixed, indices)
+
+    @property
+    def _plain(self) -> bool:
+        """No function of the user's between the chunk and the batch."""
+        return self.transform is None and self.collate_fn is None and self.batch_transform is None
 
     def whole_batches(self, reader: ShareReader, sample: int, size: int) -> Iterator[tuple[Any, int]]:
         """Per-sample mode read as whole batches of ``size`` samples from sample ``sample`` (a RecordLoader's
