@@ -19,7 +19,7 @@ import numpy as np
 from torchrecord._core import dtypes as _dtypes
 from torchrecord._core.kinds import check_bools
 from torchrecord._core.layout import FixedLayout
-from torchrecord._read.reader import _ShardWalks
+from torchrecord._read.shard_walks import ShardWalks
 from torchrecord._store.fastread import FixedWindow, FixedWindowReader
 from torchrecord._store.record_set import RecordSet
 
@@ -48,7 +48,7 @@ class RecordBlock:
         records_per_shard = -(-np.diff(offsets) // layout.rows)
         self._base = np.concatenate(([0], np.cumsum(records_per_shard)))  # a record id over all shards
         self.keys = _unique(self._key_row(np.asarray(samples, np.int64))[0])  # sorted: block row j holds keys[j]
-        self._walks = _ShardWalks(file, [], verify=verify, buffers=True)
+        self._walks = ShardWalks(file, [], verify=verify, buffers=True)
         self.records_read = 0
         self._closed = False
         try:
