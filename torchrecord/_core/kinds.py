@@ -153,22 +153,13 @@ def take_split_column(column: Sequence[Any]) -> torch.Tensor | None:
 
 def stack_columns(typed: Sequence[np.ndarray], schema: Schema) -> Any:
     """A batch of typed columns as the sample's structure with one stacked tensor per leaf."""
-    bfloat16 = _BF16_VIEWS.get(id(schema.fields))
-    if bfloat16 is None or bfloat16[0] is not schema.fields:  # once a schema: which leaves are bfloat16
-        if len(_BF16_VIEWS) >= _HELD:
-            _BF16_VIEWS.clear()
-        bfloat16 = _BF16_VIEWS[id(schema.fields)] = (schema.fields, [f.dtype == "bfloat16" for f in schema.fields])
-    leaves = [torch.from_numpy(a) for a in typed]
-    if any(bfloat16[1]):
-        leaves = [leaf.view(torch.bfloat16) if bf else leaf for leaf, bf in zip(leaves, bfloat16[1])]
+    leaves = [as_tensor(a, f.dtype) for a, f in zip(typed, schema.fields)]
     return _builder(schema.tree)(leaves)
 
 
-#: per schema field list (by id, the list kept to tell a new list at a reused id): whether each leaf is bfloat16
-_BF16_VIEWS: dict[int, tuple[list[Any], list[bool]]] = {}
-#: schemas these two remember at most (then they start again: a process that opens many sets keeps few)
+#: trees :func:`_builder` remembers at most (then it starts again: a process that opens many sets keeps few)
 _HELD = 64
-#: per structure tree (by id, the tree kept likewise): its :func:`sample_builder`
+#: per structure tree (by id, the tree kept to tell a new tree at a reused id): its :func:`sample_builder`
 _BUILDERS: dict[int, tuple[Tree, Callable[[list[Any]], Any]]] = {}
 
 

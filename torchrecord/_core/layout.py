@@ -112,21 +112,21 @@ class FixedLayout:
     def signatures(self) -> list[LeafSignature]:
         return _signatures(self.fields)
 
-    def header_segments(self) -> list[tuple[int, int, bytes]]:
-        """The non-payload bytes as contiguous ``(start, stop, bytes)`` pieces of a record (do not change it)."""
+    def header_segments(self) -> tuple[tuple[int, int, bytes], ...]:
+        """The non-payload bytes as contiguous ``(start, stop, bytes)`` pieces of a record."""
         return self._header_segments
 
     @functools.cached_property
-    def _header_segments(self) -> list[tuple[int, int, bytes]]:
+    def _header_segments(self) -> tuple[tuple[int, int, bytes], ...]:
         # worked out once a layout: every window of records read from the map is checked against them
         cols = self.header_cols
         if len(cols) == 0:
-            return []
+            return ()
         cuts = np.flatnonzero(np.diff(cols) != 1) + 1
-        return [
+        return tuple(
             (int(part[0]), int(part[-1]) + 1, values.tobytes())
             for part, values in zip(np.split(cols, cuts), np.split(self.header, cuts))
-        ]
+        )
 
     def canonical(self, value: bytes | memoryview, record: int, rows: int, where: str) -> bytes:
         """Decode a record the slow, checked way and re-encode it in this layout.

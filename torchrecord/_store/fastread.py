@@ -262,11 +262,6 @@ def _coordinates(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's (window row of its record, row in the record) for pieces of samples [start, start + length),
     piece after piece, in a few NumPy calls for all pieces (a window of tiny samples has hundreds of pieces)."""
-    if len(starts) == 1:
-        samples = np.arange(starts[0], starts[0] + lengths[0], dtype=np.int64)
-        rec, row = np.divmod(samples, k)
-        rec += shifts[0]
-        return rec, row
     counts = np.array(lengths, np.int64)
     piece_at = np.cumsum(counts) - counts  # each piece's first position among the window's samples
     samples = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(np.array(starts, np.int64) - piece_at, counts)
