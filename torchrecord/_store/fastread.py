@@ -9,7 +9,10 @@ decompressed) are copied into one recycled window buffer and checked there. Any
 record that differs is decoded the checked slow way and re-encoded, so nothing is
 misread. Batches are then gathered field by field at fixed offsets into fresh,
 contiguous arrays (:meth:`FixedWindow.gather`): a long record's samples are copied
-once, straight from the map into the batch.
+once, straight from the map into the batch. Where each long record lies, once found
+and checked, goes into its file's address book (``address_book``): a later pass in
+the process finds a window whose records the book knows without walking or checking
+them again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from torchrecord._core.layout import FixedLayout
+from torchrecord._store.address_book import AddressBook, book_of
 from torchrecord._store.addresses import address_of, memory_at, view_addresses
 from torchrecord._store.walk import Walk
 
@@ -295,14 +299,25 @@ class FixedWindowReader:
         is called before a record unlike the template is decoded (the walks'
         deferred checksum checks are settled there: nothing is decoded unchecked).
         """
-        build = _WindowBuilder(self.layout, self._buffer())
         k = self.layout.rows
-        starts: list[int] = []
-        lengths: list[int] = []
+        found = None if self.joined else _found_window(pieces, self.layout)
+        if found is not None:  # every record where an earlier pass found and checked it: no walk, no check
+            addresses, found_shifts = found
+            window = FixedWindow(self.layout, None, [], self._buffer(), Mapped([], addresses, self.layout.length))
+            self._recycled.append((window.buffer, weakref.ref(window)))
+            starts, lengths = [p[2] for p in pieces], [p[3] - p[2] for p in pieces]
+            return (window, *_coordinates(starts, lengths, found_shifts, k))
+        build = _WindowBuilder(self.layout, self._buffer())
+        starts = []
+        lengths = []
         shifts: list[int] = []  # per piece: the window row of a sample's record is sample // k + shift
+        books: dict[int, AddressBook | None] = {}  # per walk (by id): where its checked records lie
         for walk, count, start, stop in pieces:
             first, last = start // k, (stop - 1) // k + 1
-            row0 = build.add(first, walk.records(first, last), count, walk.path)
+            book = None
+            if not self.joined:
+                book = books[id(walk)] = books[id(walk)] if id(walk) in books else book_of(walk)
+            row0 = build.add(first, walk.records(first, last), count, walk.path, book)
             starts.append(start)
             lengths.append(stop - start)
             shifts.append(row0 - first)
@@ -339,6 +354,44 @@ class FixedWindowReader:
         return np.empty(self._capacity, np.uint8)
 
 
+def _found_window(pieces: Sequence[Piece], layout: FixedLayout) -> tuple[np.ndarray, list[int]] | None:
+    """The map address of every record of ``pieces`` (row after row) and each piece's shift (its first record's
+    row less its index), when their walks' address books know them all (found and checked on an earlier pass:
+    ``address_book``); None where one is not known, or a walk has no book.
+
+    A few NumPy calls for the whole window, however many pieces it has. Each walk is told of its records
+    (``Walk.found``): they count as read, and a walk with checksums checks them against their stored CRC-32s.
+    """
+    k, length = layout.rows, layout.length
+    firsts = np.array([start // k for _, _, start, _ in pieces], np.int64)
+    counts = np.array([(stop - 1) // k + 1 for _, _, _, stop in pieces], np.int64) - firsts
+    row0s = np.cumsum(counts) - counts
+    records = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(firsts - row0s, counts)
+    walks = list(dict.fromkeys(walk for walk, _, _, _ in pieces))
+    owner = None if len(walks) == 1 else np.repeat([walks.index(walk) for walk, _, _, _ in pieces], counts)
+    addresses = np.zeros(len(records), np.int64)
+    for i, walk in enumerate(walks):
+        book = book_of(walk)
+        if book is None:
+            return None
+        rows = slice(None) if owner is None else owner == i
+        wanted = records[rows]
+        if len(wanted) and int(wanted.max()) >= len(book.addresses):
+            return None
+        addresses[rows] = book.addresses[wanted]
+    if not addresses.all():
+        return None
+    span, at = None, []
+    if any(walk.checks for walk in walks):  # their records as views of the map, for their checksums
+        base = int(addresses.min())
+        span = memory_at(base, int(addresses.max()) + length - base)
+        at = (addresses - base).tolist()
+    for (walk, _, _, _), row0, first, n in zip(pieces, row0s.tolist(), firsts.tolist(), counts.tolist()):
+        values = [span[a : a + length] for a in at[row0 : row0 + n]] if span is not None and walk.checks else None
+        walk.found(first, n, values)
+    return addresses, (row0s - firsts).tolist()
+
+
 class _WindowBuilder:
     """Collects whole records for one window and checks them against the layout.
 
@@ -361,18 +414,25 @@ class _WindowBuilder:
         self.lengths: list[np.ndarray] = []
         #: per piece: (first row, first record index, record count, samples in its shard, its file)
         self.pieces: list[tuple[int, int, int, int, str]] = []
+        #: per piece walked whose records are to be remembered once checked: (first row, first record, count, book)
+        self.learning: list[tuple[int, int, int, AddressBook]] = []
         self.held = 0  # records held
         self.pending: list[Any] = []  # views of the map whose addresses are not read yet (the last rows held)
         self.odd: dict[int, bytes] = {}  # row -> original value of a record of the wrong length
 
-    def add(self, first: int, values: list[Any], count: int, path: str) -> int:
-        """Append the values of records first, first+1, ... of a shard; returns the row of the first one."""
+    def add(self, first: int, values: list[Any], count: int, path: str, book: AddressBook | None = None) -> int:
+        """Append the values of records first, first+1, ... of a shard; returns the row of the first one.
+
+        ``book`` (records read from the map): where the records that pass the checks are remembered.
+        """
         row0 = self.held
         n = len(values)
         if self.joined:
             self._copy_in(values, row0)
         else:
             self.pending.extend(values)
+            if book is not None:
+                self.learning.append((row0, first, n, book))
         self.pieces.append((row0, first, n, count, path))
         self.held += n
         if len(self.pending) >= PENDING_VIEWS:
@@ -449,6 +509,12 @@ class _WindowBuilder:
         mapped = Mapped([], addresses, layout.length)
         whole = np.flatnonzero(lengths == layout.length)  # only these are long enough to compare
         suspects.update(whole[mapped.differing(whole, layout.header_segments())].tolist())
+        for row0, first, n, book in self.learning:  # the records that passed every check, for later passes
+            checked = addresses[row0 : row0 + n].copy()
+            for row in suspects:
+                if row0 <= row < row0 + n:
+                    checked[row - row0] = 0
+            book.learn(first, checked)
         if suspects:  # each replaced by its checked canonical encoding, gathered from where that lies
             if before_decoding is not None:
                 before_decoding()

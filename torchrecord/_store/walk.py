@@ -167,13 +167,35 @@ class Walk:
             raise lmdb_error(self.path, exc) from exc
         except MemoryError:
             raise self._too_large(f"records {first} to {stop - 1}") from None
+        self._count(n, check)
+        return values
+
+    @property
+    def checks(self) -> bool:
+        """True when this walk checks every record against its stored CRC-32."""
+        return self._crc_cursor is not None
+
+    def found(self, first: int, count: int, values: Sequence[Any] | None = None) -> None:
+        """Records [first, first + count) were found without a step of the cursor (``address_book``: where an
+        earlier walk of this snapshot found them, keys checked). With checksums, ``values`` are theirs, checked
+        (or deferred) as :meth:`records` checks them. They count as read."""
+        check = None
+        if self._crc_cursor is not None:
+            if values is None or len(values) != count:
+                raise AssertionError(
+                    "a walk with checksums needs the values of the records found"
+                )  # an internal invariant
+            with self._reading(f"the checksums of records {first} to {first + count - 1}"):
+                check = self._run_check(list(values), first)
+        self._count(count, check)
+
+    def _count(self, n: int, check: RunCheck | None) -> None:
         if check is not None:
             if self.deferred is not None:
                 self.deferred.append(check)
             else:
                 check.settle()
         self.records_read += n
-        return values
 
     def _run_check(self, values: list[Any], first: int) -> RunCheck:
         """The check of records [first, first + len(values)): with block checksums, each whole block among

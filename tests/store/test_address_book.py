@@ -1,0 +1,132 @@
+"""Address books (``torchrecord._store.address_book``): a second pass over a set in the same process finds its
+long records where the first pass found and checked them, without a cursor step a record; it reads the same
+batches, still checks checksums, and starts afresh when the file holds a new snapshot.
+
+Records of 20 KiB are read from LMDB's map (longer than ``fastread.JOIN_LIMIT``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from torchrecord import RecordDataset, write_record, write_shard
+from torchrecord._store import address_book
+from torchrecord._store.walk import Walk
+from torchrecord.errors import ChecksumError
+
+COUNT = 121
+WIDTH = 20 << 10  # bytes of a sample's image: every record is read from the map
+
+
+def _samples() -> list[dict[str, Any]]:
+    return [{"x": np.full(WIDTH, i % 251, np.uint8), "label": i} for i in range(COUNT)]
+
+
+@pytest.fixture
+def walked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """The (first, stop) of every run of records read by a cursor walk."""
+    runs: list[tuple[int, int]] = []
+    original = Walk.records
+
+    def recording(self: Walk, first: int, stop: int) -> list[Any]:
+        runs.append((first, stop))
+        return original(self, first, stop)
+
+    monkeypatch.setattr(Walk, "records", recording)
+    address_book._BOOKS.clear()  # no book left by an earlier test
+    yield runs
+
+
+def _epoch(path: Path, epoch: int, **kwargs: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    ds = RecordDataset(path, batch_size=8, shuffle_buffer=32, seed=2, **kwargs)
+    ds.set_epoch(epoch)
+    return [(b["label"].numpy().copy(), b["x"].numpy().copy()) for b in ds]
+
+
+def _write(tmp_path: Path, sharded: bool, k: int) -> Path:
+    if not sharded:
+        write_record(_samples(), tmp_path / "set.tr", seed=1, progress=False, samples_per_record=k)
+        return tmp_path / "set.tr"
+    path = tmp_path / "shards"
+    for s in range(3):
+        write_shard(_samples(), path, shard=s, num_shards=3, seed=1, progress=False, samples_per_record=k)
+    return path
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("check", [None, "checksums"])
+def test_a_second_pass_walks_only_records_the_first_could_not_vouch_for(
+    tmp_path: Path, walked: list[tuple[int, int]], sharded: bool, k: int, check: str | None
+) -> None:
+    """The second epoch reads the same batches as a process without books, walking no window but those holding
+    a shard's short last record (never kept: it is re-encoded on every read)."""
+    path = _write(tmp_path, sharded, k)
+    _epoch(path, 0, check=check)
+    assert walked, "the first pass walks"
+    walked.clear()
+    second = _epoch(path, 1, check=check)
+    counts = np.diff(RecordDataset(path).file.shard_offsets).tolist()
+    short_last = [c // k for c in counts if c % k]  # each shard's short last record
+    # a window holding one is walked whole (windows of 32 samples here, one a group): no other
+    assert any(first <= r < stop for first, stop in walked for r in short_last) or not short_last
+    assert sum(stop - first for first, stop in walked) <= len(short_last) * (32 // k + 2), walked
+    if k == 1:
+        assert walked == []
+    address_book._BOOKS.clear()
+    without = _epoch(path, 1, check=check)
+    assert len(second) == len(without) == -(-COUNT // 8)
+    for (label, x), (label_0, x_0) in zip(second, without):
+        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
+        assert np.array_equal(x[:, 0], label % 251)
+
+
+def test_checksums_are_checked_on_every_pass(tmp_path: Path, walked: list[tuple[int, int]]) -> None:
+    """A record damaged in place after the first pass (its payload: the layout still fits) is refused on the
+    second, which finds it through the book."""
+    path = tmp_path / "set.tr"
+    raw = write_record(_samples(), path, seed=1, progress=False, samples_per_record=1).raw(7)
+    _epoch(path, 0, check="checksums")
+    data = path.read_bytes()
+    at = data.index(raw) + len(raw) // 2
+    assert data.count(raw) == 1
+    with open(path, "r+b") as file:  # in place: the pages this process has mapped change
+        file.seek(at)
+        file.write(bytes([data[at] ^ 0x10]))
+    walked.clear()
+    with pytest.raises(ChecksumError, match=rf"{path}: record 7\b"):
+        _epoch(path, 1, check="checksums")
+    assert walked == [], "the second pass found its records in the book"
+
+
+_REPLACE = """
+import lmdb, sys
+from torchrecord._store import format as f
+env = lmdb.open(sys.argv[1], subdir=False, lock=False, max_dbs=f.MAX_DBS)
+db = env.open_db(f.RECORDS_DB)
+with env.begin(write=True) as txn:
+    txn.put(f.encode_key(5), txn.get(f.encode_key(9), db=db), db=db)
+env.close()
+"""
+
+
+def test_a_new_snapshot_of_the_file_starts_a_new_book(tmp_path: Path, walked: list[tuple[int, int]]) -> None:
+    """A commit to the file after the first pass (record 5 now holds record 9's bytes, written elsewhere in the
+    file, as LMDB never overwrites a committed page) is seen by the second: its book is of the old snapshot."""
+    samples = _samples()
+    path = tmp_path / "set.tr"
+    write_record(samples, path, seed=1, progress=False, samples_per_record=1, shuffle=False)
+    first = {int(label): x for labels, xs in _epoch(path, 0) for label, x in zip(labels, xs)}
+    assert np.array_equal(first[5], samples[5]["x"])
+    subprocess.run([sys.executable, "-c", _REPLACE, str(path)], check=True)  # another process: LMDB's rule
+    walked.clear()
+    labels = np.concatenate([labels for labels, _ in _epoch(path, 1)])
+    assert walked, "the new snapshot is walked"
+    assert sorted(labels.tolist()) == sorted([*range(5), 9, *range(6, COUNT)])

@@ -1,0 +1,68 @@
+"""Where a file's checked records lie in LMDB's map, kept across a process's passes over the file.
+
+The fixed-layout path (``fastread``) finds a window's long records with a cursor walk, a step a record with
+its key checked, and checks every record against the layout's template where it lies. A record's place in
+the map does not change while its environment is open and every walk reads the same snapshot: the file is
+mapped once, read-only, and LMDB never changes a page of a committed snapshot (a writer's commit makes a
+new snapshot, with another transaction id). So a record found and checked once is remembered here by its
+address, and a later pass in the same process (the next epoch at 0 workers, or in a persistent worker)
+takes the addresses of a piece's records from here: one array lookup a piece instead of a cursor step and
+a key check a record, and no second template check.
+
+A book is kept per environment (a weak key: it goes with the environment, whose map the addresses point
+into) for its records database, in the process that made it, for the snapshot it was made under: a walk of
+another snapshot starts a new book. Only where a record lies is kept: a walk that checks checksums still
+reads each record's stored CRC-32 and checks the record against it on every pass (``Walk.found``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import lmdb
+import numpy as np
+
+from torchrecord._store.walk import Walk
+
+__all__ = ["AddressBook", "book_of"]
+
+
+class AddressBook:
+    """The map address of each record of one snapshot of a records database that was found and checked."""
+
+    def __init__(self, records: int, snapshot: int) -> None:
+        self.snapshot = snapshot
+        self.pid = os.getpid()
+        self.addresses = np.zeros(records, np.int64)  # 0: not found and checked yet
+
+    def find(self, first: int, stop: int) -> np.ndarray | None:
+        """The addresses of records [first, stop) if every one is known, else None."""
+        found = self.addresses[first:stop]
+        if len(found) != stop - first or not found.all():
+            return None
+        return found
+
+    def learn(self, first: int, addresses: np.ndarray) -> None:
+        """Remember records first, first + 1, ... at ``addresses`` (a 0 leaves that record unknown)."""
+        self.addresses[first : first + len(addresses)] = addresses
+
+
+#: environment -> the book of its records database (dropped with the environment)
+_BOOKS: weakref.WeakKeyDictionary[lmdb.Environment, AddressBook] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # readers walk files from several threads (MixedDataset's read-ahead)
+
+
+def book_of(walk: Walk) -> AddressBook | None:
+    """The address book of the records ``walk`` reads (an open walk of a records database with zero-copy
+    values), or None where a book cannot serve it (values copied out of the map)."""
+    txn = walk.txn
+    if txn is None or not walk.buffers:
+        return None
+    snapshot = int(txn.id())
+    with _LOCK:
+        book = _BOOKS.get(walk.env)
+        if book is None or book.snapshot != snapshot or book.pid != os.getpid():
+            book = _BOOKS[walk.env] = AddressBook(int(txn.stat(walk.db)["entries"]), snapshot)
+    return book
