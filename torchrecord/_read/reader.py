@@ -31,7 +31,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
 from torchrecord._read.shard_walks import LocalRun, ShardWalks
 from torchrecord._store.checks_ahead import one_ahead
-from torchrecord._store.fastread import JOIN_LIMIT, FixedWindowReader, joins
+from torchrecord._store.fastread import FixedWindowReader, joins, read_as_views
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import record_runs
@@ -120,12 +120,12 @@ class ShareReader:
         window_plans = [split_runs(runs, self.offsets) for runs in window_runs]
         groups = self._groups(window_plans)
         plan = [[piece for pieces in window_plans[a:b] for piece in pieces] for a, b in groups]
-        # zero-copy views only pay for long records: for short ones, bytes objects are cheaper to make (and
-        # untracked by the garbage collector; see fastread.JOIN_LIMIT). Compressed sets: views, decompressed
-        # straight from the map into the window. Records the wire path reads are views too
+        # zero-copy views only pay for long records (fastread.read_as_views): for short ones, bytes objects are
+        # cheaper to make (and untracked by the garbage collector; see fastread.JOIN_LIMIT). Compressed sets:
+        # views, decompressed straight from the map into the window. Records the wire path reads are views too
         layout = self.layout
         if layout is not None:
-            buffers = layout.length >= JOIN_LIMIT or layout.expander is not None
+            buffers = read_as_views(layout)
         else:
             buffers = WireDecoder.of(self.file.schema) is not None
         # checksums of long records from the map: each window read one ahead, its CRC-32s computed on a

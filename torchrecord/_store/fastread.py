@@ -31,7 +31,17 @@ from torchrecord._store.address_book import AddressBook, book_of
 from torchrecord._store.addresses import address_of, memory_at, view_addresses
 from torchrecord._store.walk import Walk
 
-__all__ = ["FixedWindow", "FixedWindowReader", "JOIN_LIMIT", "Mapped", "PENDING_VIEWS", "ROW_COPY", "joins"]
+__all__ = [
+    "FixedWindow",
+    "FixedWindowReader",
+    "JOIN_LIMIT",
+    "Mapped",
+    "PENDING_VIEWS",
+    "ROW_COPY",
+    "VIEW_LIMIT",
+    "joins",
+    "read_as_views",
+]
 
 #: Records at least this long are checked and gathered where they lie in LMDB's map; shorter ones are read
 #: as bytes and joined into one window buffer first. For short records the walk's zero-copy views cost more
@@ -42,9 +52,22 @@ JOIN_LIMIT = 16 << 10
 Run = tuple[int, int]
 
 
+#: Records at least this long are read as views of the map even where they are joined (shorter than
+#: :data:`JOIN_LIMIT`): a view dies once its record is copied into the window buffer, and where it lay goes into
+#: the address book, so that a later pass copies a window's records from the map in one call, without a walk
+#: (tiny vectors packed 112 a record: 7.6 KB).
+VIEW_LIMIT = 4 << 10
+
+
 def joins(layout: FixedLayout) -> bool:
     """True when records are copied (or decompressed) into the window buffer; False: read from the map."""
     return layout.length < JOIN_LIMIT or layout.expander is not None
+
+
+def read_as_views(layout: FixedLayout) -> bool:
+    """True when the walk hands records out as views of the map (not bytes): long ones, and compressed ones
+    (decompressed straight from the map)."""
+    return layout.length >= VIEW_LIMIT or layout.expander is not None
 
 
 #: Views of the map whose addresses are read in one call at most (see ``_WindowBuilder``).
@@ -269,7 +292,8 @@ def _coordinates(
     counts = np.array(lengths, np.int64)
     piece_at = np.cumsum(counts) - counts  # each piece's first position among the window's samples
     samples = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(np.array(starts, np.int64) - piece_at, counts)
-    rec, row = np.divmod(samples, k)
+    rec = samples // k  # a third of the time of np.divmod
+    row = samples - rec * k
     rec += np.repeat(np.array(shifts, np.int64), counts)
     return rec, row
 
@@ -287,6 +311,8 @@ class FixedWindowReader:
         self.joined = joins(layout)
         k = layout.rows
         self._capacity = (-(-capacity // k) + 2) * layout.length if self.joined else 0
+        #: where records are found and kept in address books: read as views, and not compressed
+        self._books = read_as_views(layout) and layout.expander is None
         self._recycled: list[tuple[np.ndarray, weakref.ref[FixedWindow]]] = []
 
     def read(
@@ -299,11 +325,14 @@ class FixedWindowReader:
         is called before a record unlike the template is decoded (the walks'
         deferred checksum checks are settled there: nothing is decoded unchecked).
         """
-        k = self.layout.rows
-        found = None if self.joined else _found_window(pieces, self.layout)
+        layout, k = self.layout, self.layout.rows
+        found = _found_window(pieces, layout) if self._books else None
         if found is not None:  # every record where an earlier pass found and checked it: no walk, no check
             addresses, found_shifts = found
-            window = FixedWindow(self.layout, None, [], self._buffer(), Mapped([], addresses, self.layout.length))
+            if self.joined:  # copied from the map into the window buffer, all in one call
+                window = FixedWindow(layout, *_copy_records(addresses, layout.length, self._buffer()))
+            else:
+                window = FixedWindow(layout, None, [], self._buffer(), Mapped([], addresses, layout.length))
             self._recycled.append((window.buffer, weakref.ref(window)))
             starts, lengths = [p[2] for p in pieces], [p[3] - p[2] for p in pieces]
             return (window, *_coordinates(starts, lengths, found_shifts, k))
@@ -315,7 +344,7 @@ class FixedWindowReader:
         for walk, count, start, stop in pieces:
             first, last = start // k, (stop - 1) // k + 1
             book = None
-            if not self.joined:
+            if self._books:
                 book = books[id(walk)] = books[id(walk)] if id(walk) in books else book_of(walk)
             row0 = build.add(first, walk.records(first, last), count, walk.path, book)
             starts.append(start)
@@ -352,6 +381,20 @@ class FixedWindowReader:
                 del self._recycled[i]
                 return buffer
         return np.empty(self._capacity, np.uint8)
+
+
+def _copy_records(addresses: np.ndarray, length: int, buffer: np.ndarray) -> tuple[np.ndarray, None, np.ndarray]:
+    """The records at ``addresses`` (``length`` bytes each) copied into ``buffer`` (grown if short), in one
+    call: ``(joined rows, None, the buffer)``, :class:`FixedWindow`'s arguments for a joined window."""
+    n = len(addresses)
+    if n * length > len(buffer):
+        buffer = np.empty(max(n * length, 2 * len(buffer)), np.uint8)
+    joined = buffer[: n * length].reshape(n, length)
+    base = int(addresses.min())
+    span = memory_at(base, int(addresses.max()) + length - base)
+    rows = np.ndarray((len(span) - length + 1,), np.dtype((np.void, length)), span, 0, (1,))
+    joined.view(rows.dtype).reshape(n)[...] = rows[addresses - base]  # a fancy index (np.take would copy the view)
+    return joined, None, buffer
 
 
 def _found_window(pieces: Sequence[Piece], layout: FixedLayout) -> tuple[np.ndarray, list[int]] | None:
@@ -414,8 +457,9 @@ class _WindowBuilder:
         self.lengths: list[np.ndarray] = []
         #: per piece: (first row, first record index, record count, samples in its shard, its file)
         self.pieces: list[tuple[int, int, int, int, str]] = []
-        #: per piece walked whose records are to be remembered once checked: (first row, first record, count, book)
-        self.learning: list[tuple[int, int, int, AddressBook]] = []
+        #: per piece walked whose records are kept in a book once checked: (first row, first record, count, book,
+        #: their addresses: None for views kept until :meth:`finish`)
+        self.learning: list[tuple[int, int, int, AddressBook, np.ndarray | None]] = []
         self.held = 0  # records held
         self.pending: list[Any] = []  # views of the map whose addresses are not read yet (the last rows held)
         self.odd: dict[int, bytes] = {}  # row -> original value of a record of the wrong length
@@ -429,10 +473,12 @@ class _WindowBuilder:
         n = len(values)
         if self.joined:
             self._copy_in(values, row0)
+            if book is not None and n:  # where the views lay (they die here)
+                self.learning.append((row0, first, n, book, view_addresses(values)[0]))
         else:
             self.pending.extend(values)
             if book is not None:
-                self.learning.append((row0, first, n, book))
+                self.learning.append((row0, first, n, book, None))
         self.pieces.append((row0, first, n, count, path))
         self.held += n
         if len(self.pending) >= PENDING_VIEWS:
@@ -494,6 +540,7 @@ class _WindowBuilder:
             joined = joined.reshape(self.held, layout.length)
             bad = np.flatnonzero((joined[:, layout.header_cols] != layout.header).any(axis=1))
             suspects.update(int(r) for r in bad)
+            self._learn(None, suspects)
             if suspects:
                 if before_decoding is not None:
                     before_decoding()
@@ -509,12 +556,7 @@ class _WindowBuilder:
         mapped = Mapped([], addresses, layout.length)
         whole = np.flatnonzero(lengths == layout.length)  # only these are long enough to compare
         suspects.update(whole[mapped.differing(whole, layout.header_segments())].tolist())
-        for row0, first, n, book in self.learning:  # the records that passed every check, for later passes
-            checked = addresses[row0 : row0 + n].copy()
-            for row in suspects:
-                if row0 <= row < row0 + n:
-                    checked[row - row0] = 0
-            book.learn(first, checked)
+        self._learn(addresses, suspects)
         if suspects:  # each replaced by its checked canonical encoding, gathered from where that lies
             if before_decoding is not None:
                 before_decoding()
@@ -525,6 +567,19 @@ class _WindowBuilder:
                 addresses[row] = address_of(kept[-1])
             mapped = Mapped(kept, addresses, layout.length)
         return FixedWindow(layout, None, list(mapped.views), self.buffer, mapped)
+
+    def _learn(self, addresses: np.ndarray | None, suspects: set[int]) -> None:
+        """Keep where the records that passed every check lie in their books (``addresses``: of every row held,
+        for pieces whose views were kept), for later passes; a suspect is not kept."""
+        for row0, first, n, book, found in self.learning:
+            if found is None:
+                assert addresses is not None  # views kept: the mapped path's rows
+                found = addresses[row0 : row0 + n]
+            checked = found.copy()
+            for row in suspects:
+                if row0 <= row < row0 + n:
+                    checked[row - row0] = 0
+            book.learn(first, checked)
 
     def _canonical(self, row: int, value: Any) -> bytes:
         record, count, path = self._piece_of(row)
