@@ -18,7 +18,6 @@ reads each record's stored CRC-32 and checks the record against it on every pass
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 
 import lmdb
@@ -37,21 +36,15 @@ class AddressBook:
         self.pid = os.getpid()
         self.addresses = np.zeros(records, np.int64)  # 0: not found and checked yet
 
-    def find(self, first: int, stop: int) -> np.ndarray | None:
-        """The addresses of records [first, stop) if every one is known, else None."""
-        found = self.addresses[first:stop]
-        if len(found) != stop - first or not found.all():
-            return None
-        return found
-
     def learn(self, first: int, addresses: np.ndarray) -> None:
         """Remember records first, first + 1, ... at ``addresses`` (a 0 leaves that record unknown)."""
         self.addresses[first : first + len(addresses)] = addresses
 
 
-#: environment -> the book of its records database (dropped with the environment)
+#: environment -> the book of its records database (dropped with the environment). No lock: threads reading
+#: one file (MixedDataset's read-ahead) that both start its book keep one of the two, and a lock held by
+#: another thread at a fork would stay held in the child.
 _BOOKS: weakref.WeakKeyDictionary[lmdb.Environment, AddressBook] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()  # readers walk files from several threads (MixedDataset's read-ahead)
 
 
 def book_of(walk: Walk) -> AddressBook | None:
@@ -61,8 +54,7 @@ def book_of(walk: Walk) -> AddressBook | None:
     if txn is None or not walk.buffers:
         return None
     snapshot = int(txn.id())
-    with _LOCK:
-        book = _BOOKS.get(walk.env)
-        if book is None or book.snapshot != snapshot or book.pid != os.getpid():
-            book = _BOOKS[walk.env] = AddressBook(int(txn.stat(walk.db)["entries"]), snapshot)
+    book = _BOOKS.get(walk.env)
+    if book is None or book.snapshot != snapshot or book.pid != os.getpid():
+        book = _BOOKS[walk.env] = AddressBook(int(txn.stat(walk.db)["entries"]), snapshot)
     return book
