@@ -144,3 +144,18 @@ def test_a_new_snapshot_of_the_file_starts_a_new_book(
     labels = np.concatenate([labels for labels, _ in _epoch(path, 1)])
     assert walked, "the new snapshot is walked"
     assert sorted(labels.tolist()) == sorted([*range(5), 9, *range(6, COUNT)])
+
+
+def test_a_database_over_the_limit_gets_an_empty_book(
+    tmp_path: Path, walked: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A book costs 8 bytes a record: past ``BOOK_LIMIT`` records nothing is kept, and every pass walks."""
+    monkeypatch.setattr(address_book, "BOOK_LIMIT", COUNT - 1)
+    path = _write(tmp_path, False, 1, MAPPED)
+    first = _epoch(path, 0)
+    walked.clear()
+    second = _epoch(path, 0)
+    assert sum(stop - first for first, stop in walked) == COUNT
+    assert all(len(book.addresses) == 0 for book in address_book._BOOKS.values())
+    for (label, x), (label_0, x_0) in zip(second, first):
+        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)

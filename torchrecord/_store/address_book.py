@@ -13,6 +13,10 @@ A book is kept per environment (a weak key: it goes with the environment, whose 
 into) for its records database, in the process that made it, for the snapshot it was made under: a walk of
 another snapshot starts a new book. Only where a record lies is kept: a walk that checks checksums still
 reads each record's stored CRC-32 and checks the record against it on every pass (``Walk.found``).
+
+A book costs 8 bytes a record, in the pages its records touch. A database of more than :data:`BOOK_LIMIT`
+records (at least 64 GiB of records of 4 KiB or more: a set larger than memory, whose reads wait on the disk
+rather than on the walk) gets an empty book: every pass walks it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ import numpy as np
 
 from torchrecord._store.walk import Walk
 
-__all__ = ["AddressBook", "book_of"]
+__all__ = ["AddressBook", "BOOK_LIMIT", "book_of"]
+
+#: Records a book is kept for at most (128 MiB of addresses).
+BOOK_LIMIT = 1 << 24
 
 
 class AddressBook:
@@ -37,8 +44,11 @@ class AddressBook:
         self.addresses = np.zeros(records, np.int64)  # 0: not found and checked yet
 
     def learn(self, first: int, addresses: np.ndarray) -> None:
-        """Remember records first, first + 1, ... at ``addresses`` (a 0 leaves that record unknown)."""
-        self.addresses[first : first + len(addresses)] = addresses
+        """Remember records first, first + 1, ... at ``addresses`` (a 0 leaves that record unknown); records
+        past the book's end (an empty book, or a file holding more records than its database counted) are not
+        kept."""
+        if first + len(addresses) <= len(self.addresses):
+            self.addresses[first : first + len(addresses)] = addresses
 
 
 #: environment -> the book of its records database (dropped with the environment). No lock: threads reading
@@ -56,5 +66,6 @@ def book_of(walk: Walk) -> AddressBook | None:
     snapshot = int(txn.id())
     book = _BOOKS.get(walk.env)
     if book is None or book.snapshot != snapshot or book.pid != os.getpid():
-        book = _BOOKS[walk.env] = AddressBook(int(txn.stat(walk.db)["entries"]), snapshot)
+        records = int(txn.stat(walk.db)["entries"])
+        book = _BOOKS[walk.env] = AddressBook(records if records <= BOOK_LIMIT else 0, snapshot)
     return book
