@@ -13,6 +13,10 @@ once, straight from the map into the batch. Where each long record lies, once fo
 and checked, goes into its file's address book (``address_book``): a later pass in
 the process finds a window whose records the book knows without walking or checking
 them again.
+
+The module is long (about 580 lines) because it is one mechanism: the window's records found
+(:class:`_WindowBuilder`, or an address book), where they lie (:class:`Mapped`) and the gather
+from them (:class:`FixedWindow`) share their layout arithmetic and invariants.
 """
 
 from __future__ import annotations
@@ -328,11 +332,11 @@ class FixedWindowReader:
         layout, k = self.layout, self.layout.rows
         found = _found_window(pieces, layout) if self._books else None
         if found is not None:  # every record where an earlier pass found and checked it: no walk, no check
-            addresses, found_shifts = found
+            mapped, found_shifts = found
             if self.joined:  # copied from the map into the window buffer, all in one call
-                window = FixedWindow(layout, *_copy_records(addresses, layout.length, self._buffer()))
+                window = FixedWindow(layout, *_copy_records(mapped, layout.length, self._buffer()))
             else:
-                window = FixedWindow(layout, None, [], self._buffer(), Mapped([], addresses, layout.length))
+                window = FixedWindow(layout, None, [], self._buffer(), mapped)
             self._recycled.append((window.buffer, weakref.ref(window)))
             starts, lengths = [p[2] for p in pieces], [p[3] - p[2] for p in pieces]
             return (window, *_coordinates(starts, lengths, found_shifts, k))
@@ -383,24 +387,22 @@ class FixedWindowReader:
         return np.empty(self._capacity, np.uint8)
 
 
-def _copy_records(addresses: np.ndarray, length: int, buffer: np.ndarray) -> tuple[np.ndarray, None, np.ndarray]:
-    """The records at ``addresses`` (``length`` bytes each) copied into ``buffer`` (grown if short), in one
+def _copy_records(mapped: Mapped, length: int, buffer: np.ndarray) -> tuple[np.ndarray, None, np.ndarray]:
+    """The records ``mapped`` locates (``length`` bytes each) copied into ``buffer`` (grown if short), in one
     call: ``(joined rows, None, the buffer)``, :class:`FixedWindow`'s arguments for a joined window."""
-    n = len(addresses)
+    n = len(mapped.offsets)
     if n * length > len(buffer):
         buffer = np.empty(max(n * length, 2 * len(buffer)), np.uint8)
     joined = buffer[: n * length].reshape(n, length)
-    base = int(addresses.min())
-    span = memory_at(base, int(addresses.max()) + length - base)
-    rows = np.ndarray((len(span) - length + 1,), np.dtype((np.void, length)), span, 0, (1,))
-    joined.view(rows.dtype).reshape(n)[...] = rows[addresses - base]  # a fancy index (np.take would copy the view)
+    rows = mapped.rows(length)
+    joined.view(rows.dtype).reshape(n)[...] = rows[mapped.offsets]  # a fancy index (np.take would copy the view)
     return joined, None, buffer
 
 
-def _found_window(pieces: Sequence[Piece], layout: FixedLayout) -> tuple[np.ndarray, list[int]] | None:
-    """The map address of every record of ``pieces`` (row after row) and each piece's shift (its first record's
-    row less its index), when their walks' address books know them all (found and checked on an earlier pass:
-    ``address_book``); None where one is not known, or a walk has no book.
+def _found_window(pieces: Sequence[Piece], layout: FixedLayout) -> tuple[Mapped, list[int]] | None:
+    """Where every record of ``pieces`` lies (row after row, as :class:`Mapped`) and each piece's shift (its first
+    record's row less its index), when their walks' address books know them all (found and checked on an
+    earlier pass: ``address_book``); None where one is not known, or a walk has no book.
 
     A few NumPy calls for the whole window, however many pieces it has. Each walk is told of its records
     (``Walk.found``): they count as read, and a walk with checksums checks them against their stored CRC-32s.
@@ -424,15 +426,12 @@ def _found_window(pieces: Sequence[Piece], layout: FixedLayout) -> tuple[np.ndar
         addresses[rows] = book.addresses[wanted]
     if not addresses.all():
         return None
-    span, at = None, []
-    if any(walk.checks for walk in walks):  # their records as views of the map, for their checksums
-        base = int(addresses.min())
-        span = memory_at(base, int(addresses.max()) + length - base)
-        at = (addresses - base).tolist()
+    mapped = Mapped([], addresses, length)
+    at = mapped.offsets.tolist() if any(walk.checks for walk in walks) else []  # views, for their checksums
     for (walk, _, _, _), row0, first, n in zip(pieces, row0s.tolist(), firsts.tolist(), counts.tolist()):
-        values = [span[a : a + length] for a in at[row0 : row0 + n]] if span is not None and walk.checks else None
+        values = [mapped.memory[a : a + length] for a in at[row0 : row0 + n]] if walk.checks else None
         walk.found(first, n, values)
-    return addresses, (row0s - firsts).tolist()
+    return mapped, (row0s - firsts).tolist()
 
 
 class _WindowBuilder:
