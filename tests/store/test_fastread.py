@@ -26,7 +26,8 @@ from tests.helpers import assert_exactly_once
 from torchrecord._core.codec import encode_payloads
 from torchrecord._proto import torchrecord_pb2 as pb
 from torchrecord._store import fastread
-from torchrecord._store.fastread import JOIN_LIMIT
+from torchrecord._store.addresses import address_of
+from torchrecord._store.fastread import JOIN_LIMIT, ROW_COPY, Mapped
 from torchrecord._write.fastwrite import FastEncoder
 from torchrecord._write.sources import normalize
 from torchrecord.errors import ChecksumError, CorruptRecordError
@@ -357,3 +358,31 @@ def test_records_are_gathered_straight_from_the_map(tmp_path: Path, per_record: 
         assert torch.equal(image, torch.full((3, side, side), label % 251, dtype=torch.uint8))
     long = torchrecord.RecordFile(path).fixed_layout().length >= JOIN_LIMIT
     assert seen and all((m is not None) == long for m in seen)  # long records: every window from the map
+
+
+@pytest.mark.parametrize("size", [8, 3072, ROW_COPY + 16])
+@pytest.mark.parametrize("into_given", [False, True])
+def test_a_take_from_the_map_copies_the_same_bytes_on_one_thread_or_several(size: int, into_given: bool) -> None:
+    """On one thread ``Mapped.take`` gathers with torch (straight into the batch), on several with NumPy (no
+    torch operation that could start OpenMP threads): both copy exactly the asked samples' bytes."""
+    rng = np.random.default_rng(size)
+    per_record, offset, records = 3, 40, 9
+    length = offset + per_record * size + 24  # a header before the field, a tail after it
+    memory = rng.integers(0, 256, records * length + 100, dtype=np.uint8)
+    order = rng.permutation(records)  # records lie anywhere in the span, not in row order
+    addresses = address_of(memory) + 50 + order.astype(np.int64) * length
+    rec = rng.integers(0, records, 25)
+    row = rng.integers(0, per_record, 25)
+    starts = 50 + order[rec] * length + offset + row * size
+    expected = np.stack([memory[s : s + size] for s in starts])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            mapped = Mapped([memory], addresses, length)
+            dst = np.full((25, size), 7, np.uint8) if into_given else None
+            got = mapped.take(rec, row, offset, size, dst)
+            assert got.shape == (25, size) and np.array_equal(got, expected), count
+            assert dst is None or got is dst
+    finally:
+        torch.set_num_threads(threads)

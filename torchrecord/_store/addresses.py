@@ -33,16 +33,17 @@ def address_of(buffer: Any) -> int:
 class _Memory:
     """An address and a length offered to NumPy as an array (the array interface): no ctypes type per size."""
 
-    def __init__(self, address: int, size: int) -> None:
-        self.__array_interface__ = {"data": (address, True), "shape": (size,), "typestr": "|u1", "version": 3}
+    def __init__(self, address: int, size: int, read_only: bool) -> None:
+        self.__array_interface__ = {"data": (address, read_only), "shape": (size,), "typestr": "|u1", "version": 3}
 
 
-def memory_at(address: int, size: int) -> np.ndarray:
-    """A read-only uint8 view of ``size`` bytes of this process's memory at ``address`` (not copied).
+def memory_at(address: int, size: int, *, read_only: bool = True) -> np.ndarray:
+    """A uint8 view of ``size`` bytes of this process's memory at ``address`` (not copied).
 
-    The caller keeps whatever owns those bytes alive while the view is used.
+    The caller keeps whatever owns those bytes alive while the view is used. ``read_only=False`` only drops
+    NumPy's flag (for ``torch.from_numpy``, which warns on read-only arrays); it makes no memory writable.
     """
-    memory: np.ndarray = np.asarray(_Memory(address, size))
+    memory: np.ndarray = np.asarray(_Memory(address, size, read_only))
     return memory
 
 
