@@ -190,12 +190,13 @@ def test_bundle_arguments_are_checked(tmp_path: Path) -> None:
     assert RecordLoader(RecordDataset(path), num_workers=2, batch_size=4).bundle == 256
     big = _write(tmp_path, 40, LARGE)  # 12 KB samples
     assert RecordLoader(RecordDataset(big), num_workers=2, batch_size=5).bundle == 256
-    assert RecordLoader(RecordDataset(big), num_workers=2, batch_size=6).bundle == 8  # 72 KB: slots, at most 8
+    assert RecordLoader(RecordDataset(big), num_workers=2, batch_size=6).bundle == 32  # 72 KB: slots, at most 32
     # a transform may grow each batch: small stored batches keep about 256 KiB a bundle, at most 64
     grown = RecordDataset(big, batch_size=5, transform=lambda sample: sample)
     assert RecordLoader(grown, num_workers=2).bundle == 5  # 61 KB batches
     assert RecordLoader(RecordDataset(path, batch_size=4, batch_transform=lambda b: b), num_workers=2).bundle == 64
-    assert RecordLoader(RecordDataset(big, batch_size=16), num_workers=2).bundle == 8  # slots, 16 MiB: the cap
+    assert RecordLoader(RecordDataset(big, batch_size=16), num_workers=2).bundle == 32  # 192 KB: at most 32
+    assert RecordLoader(RecordDataset(big, batch_size=100), num_workers=2).bundle == 14  # 1.2 MB: 16 MiB, the cap
     assert RecordLoader(RecordDataset(path, batch_size=4), num_workers=0).bundle == 1
     # a set without a fixed layout: the batch size is unknown, no bundles by default
     var = tmp_path / "var.tr"
