@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from torchrecord import RecordDataset, write_record, write_shard
 from torchrecord._read import reader as reader_module
@@ -38,6 +39,18 @@ def width(request: pytest.FixtureRequest) -> int:
 
 def _samples(width: int = WIDTH) -> list[dict[str, Any]]:
     return [{"x": np.full(width, i % 251, np.uint8), "label": i} for i in range(COUNT)]
+
+
+@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """torch's threads while the test reads: on one, records and samples are copied from the map with torch
+    (``fastread.Mapped.copy``), on more with NumPy; both must give the same bytes."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    try:
+        yield request.param
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -75,7 +88,7 @@ def _write(tmp_path: Path, sharded: bool, k: int, width: int) -> Path:
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("check", [None, "checksums"])
 def test_a_second_pass_walks_only_records_the_first_could_not_vouch_for(
-    tmp_path: Path, walked: list[tuple[int, int]], sharded: bool, k: int, check: str | None, width: int
+    tmp_path: Path, walked: list[tuple[int, int]], sharded: bool, k: int, check: str | None, width: int, threads: int
 ) -> None:
     """The second epoch reads the same batches as a process without books, walking no window but those holding
     a shard's short last record (never kept: it is re-encoded on every read)."""

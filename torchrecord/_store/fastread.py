@@ -147,8 +147,11 @@ class Mapped:
         if size < ROW_COPY and dst is None:  # the fancy index's result is the batch: no second copy
             fresh: np.ndarray = self.rows(size)[where].view(np.uint8).reshape(len(where), size)
             return fresh
-        if dst is None:
-            dst = np.empty((len(where), size), np.uint8)
+        return self.copy(where, size, np.empty((len(where), size), np.uint8) if dst is None else dst)
+
+    def copy(self, where: np.ndarray, size: int, dst: np.ndarray) -> np.ndarray:
+        """Copy the ``size`` bytes at each offset ``where`` of the span into the rows of ``dst`` (a C-contiguous
+        (len(where), size) uint8 array). Returns it."""
         if _one_thread():  # one copy a sample, straight into dst
             torch.index_select(self.tensor_rows(size), 0, torch.from_numpy(where), out=torch.from_numpy(dst))
         elif size >= ROW_COPY:
@@ -418,9 +421,7 @@ def _copy_records(mapped: Mapped, length: int, buffer: np.ndarray) -> tuple[np.n
     n = len(mapped.offsets)
     if n * length > len(buffer):
         buffer = np.empty(max(n * length, 2 * len(buffer)), np.uint8)
-    joined = buffer[: n * length].reshape(n, length)
-    rows = mapped.rows(length)
-    joined.view(rows.dtype).reshape(n)[...] = rows[mapped.offsets]  # a fancy index (np.take would copy the view)
+    joined = mapped.copy(mapped.offsets, length, buffer[: n * length].reshape(n, length))
     return joined, None, buffer
 
 
