@@ -2,6 +2,9 @@
 
 ``python -m benchmarks.checks --workloads small-images tiny-vectors --scale 0.2``
 
+One sample a record by default; ``--samples-per-record 0`` writes the sets as ``write_record`` packs them
+when left to itself (what a user gets: small images 25 a record, tiny vectors 112).
+
 For each workload (the same generated samples as ``benchmarks.run``, written with
 ``write_record``), side by side in interleaved rounds, medians over the rounds:
 
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torchrecord
-from benchmarks.loaders.torchrecord_loader import record_key, write_records
+from benchmarks.loaders.torchrecord_loader import library_samples_per_record, record_key, write_records
 from benchmarks.workloads import WORKLOADS, load_workload
 from torchrecord._core import crc as _crc_module
 from torchrecord._core.crc import CRC32_BACKEND
@@ -102,17 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.2, help="multiply every workload's size (default 0.2)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median; default 5)")
     parser.add_argument("--data-dir", default="/tmp/torchrecord-bench", help="cache of generated data")
+    parser.add_argument(
+        "--samples-per-record",
+        type=int,
+        default=1,
+        help="samples a record (default 1; 0: as write_record packs them when left to itself)",
+    )
     args = parser.parse_args(argv)
     for name in args.workloads:
         data = load_workload(WORKLOADS[name], args.scale, Path(args.data_dir))
-        dest = data.root / f"checks-{record_key()}"
+        per_record = args.samples_per_record or library_samples_per_record(data)
+        dest = data.root / f"checks-{record_key(per_record)}"
         path = dest / "data.tr"
         if not path.exists():
             dest.mkdir(parents=True, exist_ok=True)
-            write_records(data, dest)
+            write_records(data, dest, per_record)
         size = path.stat().st_size
         print(
-            f"{name}: {data.count:,} samples, {size / 1e6:,.1f} MB, batch {data.batch_size}; "
+            f"{name}: {data.count:,} samples, {per_record} a record, {size / 1e6:,.1f} MB, batch {data.batch_size}; "
             f"{args.rounds} rounds, medians"
         )
         file = str(path)
