@@ -14,7 +14,7 @@ and checked, goes into its file's address book (``address_book``): a later pass 
 the process finds a window whose records the book knows without walking or checking
 them again.
 
-The module is long (about 580 lines) because it is one mechanism: the window's records found
+The module is long (about 610 lines) because it is one mechanism: the window's records found
 (:class:`_WindowBuilder`, or an address book), where they lie (:class:`Mapped`) and the gather
 from them (:class:`FixedWindow`) share their layout arithmetic and invariants.
 """
@@ -102,7 +102,6 @@ class Mapped:
         self.views = views  # buffers outside the map that offsets point into
         self.offsets = addresses - base
         self.memory = memory_at(base, span)
-        self._base, self._span = base, span
         self._rows: dict[int, np.ndarray] = {}
         self._tensor_rows: dict[int, torch.Tensor] = {}
 
@@ -121,8 +120,9 @@ class Mapped:
         """:meth:`rows` as a (count, size) uint8 tensor, for ``torch.index_select`` (only ever read)."""
         view = self._tensor_rows.get(size)
         if view is None:
-            memory = torch.from_numpy(memory_at(self._base, self._span, read_only=False))
-            view = self._tensor_rows[size] = memory.as_strided((self._span - size + 1, size), (1, 1))
+            span = len(self.memory)
+            memory = torch.from_numpy(memory_at(self.memory.ctypes.data, span, read_only=False))
+            view = self._tensor_rows[size] = memory.as_strided((span - size + 1, size), (1, 1))
         return view
 
     def differing(self, records: np.ndarray, segments: Sequence[tuple[int, int, bytes]]) -> np.ndarray:
