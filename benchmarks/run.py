@@ -3,9 +3,9 @@
 For each workload: load (or generate and cache) its samples, build every
 loader's format from them (cached), time cold epochs of ``--cold-loaders`` for
 the ``--cold-workloads`` (files evicted before each epoch, checked with
-mincore, each epoch in a fresh process), time ``--epochs`` interleaved warm
-epochs of every configuration (each loader at each ``--workers`` setting; the
-limits once, in-process), print a table and each peer against torchrecord at
+mincore, each epoch in a fresh process), run ``--warmup-epochs`` untimed and
+then time ``--epochs`` interleaved warm epochs of every configuration (each
+loader at each ``--workers`` setting; the limits once, in-process), print a table and each peer against torchrecord at
 the same workers, then time writes (per-sample source, TensorDataset, K > 1,
 against a raw LMDB append). At the end, print the summary, the peers against
 torchrecord, and issue 17's, 28's and 40's figures against their targets, and
@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a per-sample transform spinning this many microseconds in the torchrecord loaders (0: none)",
     )
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per configuration (median; >= 3)")
+    p.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=1,
+        help="untimed epochs of every configuration first (persistent workers start there; 0: none)",
+    )
     p.add_argument("--batch-size", type=int, default=None, help="override every workload's batch size")
     p.add_argument("--shuffle-buffer", type=int, default=2048, help="torchrecord and WebDataset buffer")
     p.add_argument(
@@ -109,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.epochs < 1:
         p.error("--epochs must be at least 1")
+    if args.warmup_epochs < 0:
+        p.error("--warmup-epochs must be at least 0")
     return args
 
 
@@ -200,8 +208,11 @@ def _run_workload(
     configs, skipped = _prepare(data, args.loaders, args, rebuilt)
     # cold first: nothing of these files is mapped in this process yet (a mapped page cannot be evicted)
     colds = _run_cold(data, args, rebuilt) if name in (args.cold_workloads or []) else []
-    _log(f"  timing {args.epochs} interleaved epochs of {len(configs)} configurations, batch {data.batch_size}")
-    run_rounds(configs, args.epochs, _log)
+    _log(
+        f"  timing {args.epochs} interleaved epochs of {len(configs)} configurations, batch {data.batch_size}, "
+        f"after {args.warmup_epochs} untimed"
+    )
+    run_rounds(configs, args.epochs, _log, warmup=args.warmup_epochs)
     measurements = [m for m, _ in configs]
     del configs
     gc.collect()
@@ -319,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "scale": args.scale,
         "workers": args.workers,
         "epochs": args.epochs,
+        "warmup_epochs": args.warmup_epochs,
         "batch_size": args.batch_size or "per workload",
         "shuffle_buffer": args.shuffle_buffer,
         "torch_threads": args.threads,

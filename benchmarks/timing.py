@@ -2,7 +2,10 @@
 
 Round r runs epoch r of every configuration before any runs epoch r+1, so a
 change in background load during the run hits every loader alike; each
-configuration's figure is the median over its epochs.
+configuration's figure is the median over its epochs. Warm-up rounds come first
+and are not timed: a loader with persistent workers starts them there, and
+every loader finds the page cache (and its own caches) as a training run's
+later epochs do.
 """
 
 from __future__ import annotations
@@ -63,12 +66,19 @@ def time_epoch(epochs: Epochs, index: int) -> tuple[float, int]:
     return seconds, count
 
 
-def run_rounds(configs: list[tuple[Measurement, Epochs]], rounds: int, log: Callable[[str], None] = print) -> None:
-    """Run ``rounds`` epochs of every configuration, interleaved, recording each in its Measurement."""
+def run_rounds(
+    configs: list[tuple[Measurement, Epochs]], rounds: int, log: Callable[[str], None] = print, warmup: int = 0
+) -> None:
+    """Run ``warmup`` untimed epochs, then ``rounds`` timed epochs, of every configuration, interleaved, recording
+    each timed one in its Measurement. Epoch indices run on across the warm-up (each epoch has its own order)."""
     width = max((len(m.label) for m, _ in configs), default=0)
-    for r in range(rounds):
+    for r in range(warmup):
         for measurement, epochs in configs:
             seconds, count = time_epoch(epochs, r)
+            log(f"  warm-up {r + 1}/{warmup}  {measurement.label:<{width}}  {seconds:7.2f} s  (not timed)")
+    for r in range(rounds):
+        for measurement, epochs in configs:
+            seconds, count = time_epoch(epochs, warmup + r)
             measurement.seconds.append(seconds)
             measurement.samples.append(count)
             flag = "" if count == measurement.expected else f"  (expected {measurement.expected})"

@@ -29,6 +29,7 @@ from torchrecord._core.layout import FixedLayout
 from torchrecord._core.wire import WireDecoder
 from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
+from torchrecord._read.orders_ahead import OrdersAhead, orders_ahead_pay
 from torchrecord._read.shard_walks import LocalRun, ShardWalks
 from torchrecord._store.checks_ahead import one_ahead
 from torchrecord._store.fastread import FixedWindowReader, joins, read_as_views
@@ -132,17 +133,18 @@ class ShareReader:
         # helper thread while the window before is handed out (torchrecord._store.checks_ahead)
         ahead = int(self.verify and layout is not None and not joins(layout))
         walks = ShardWalks(self.file, plan, verify=self.verify, buffers=buffers, defer_checks=bool(ahead))
+        orders = self._orders(first_window, groups, window_runs, total - start)
         try:
             if plan and self.advise:
                 for pieces in plan[: 1 + ahead]:
                     walks.advise(pieces)
-            windows = self._fixed_windows(walks) if self.layout is not None else self._generic_windows(walks)
+            windows = self._fixed_windows(walks, orders) if self.layout is not None else self._generic_windows(walks)
             position = start  # the position of the chunk being assembled
             chunk = _Chunk(self, min(size, total - position), out, position)
             skip = start - first_window * share.window
             takers: Iterator[_Taken] = (
-                windows(first_window + a, pieces, [_indices(runs) for runs in window_runs[a:b]])
-                for (a, b), pieces in zip(groups, plan)
+                windows(first_window + a, pieces, [_indices(runs) for runs in window_runs[a:b]], g)
+                for g, ((a, b), pieces) in enumerate(zip(groups, plan))
             )
             if ahead:
                 takers = one_ahead(takers)
@@ -173,7 +175,25 @@ class ShareReader:
             if chunk.held:  # cannot happen: the windows cover the share exactly
                 yield chunk.result()
         finally:
+            if isinstance(orders, OrdersAhead):
+                orders.close()
             self.records_read += walks.close()
+
+    def _orders(
+        self, first_window: int, groups: Sequence[Run], window_runs: Sequence[Sequence[Run]], samples: int
+    ) -> Callable[[int], np.ndarray | None]:
+        """The fixed path's order of each group of windows, by group (from 0): made on a helper thread ahead of
+        the reader where that pays (``torchrecord._read.orders_ahead``), else when asked for."""
+        starts = [first_window + a for a, _ in groups]
+        sizes = [[sum(b - a for a, b in runs) for runs in window_runs[a:b]] for a, b in groups]
+
+        def make(g: int) -> np.ndarray | None:
+            return self._group_order(starts[g], sizes[g])
+
+        layout = self.layout
+        if layout is not None and self.share.shuffle and orders_ahead_pay(samples, sum(layout.sample_bytes)):
+            return OrdersAhead(make, len(groups))
+        return make
 
     def _groups(self, plans: Sequence[Sequence[LocalRun]]) -> list[Run]:
         """The windows read together, as ranges [a, b) of ``plans`` (the pieces of each window from the first
@@ -222,19 +242,19 @@ class ShareReader:
         return min(taker.remaining // size, GATHER_BYTES // max(1, size * layout.length // layout.rows))
 
     # -- the two paths --------------------------------------------------------
-    def _fixed_windows(self, walks: ShardWalks) -> Any:
+    def _fixed_windows(self, walks: ShardWalks, orders: Callable[[int], np.ndarray | None]) -> Any:
         layout = self.layout
         assert layout is not None
         # sized by the samples this reader will hold at once, never by a claim (a batch_size of 10**7
         # on a set of 2,000 samples makes a window of 10**7 positions, of which 2,000 are filled)
         reader = FixedWindowReader(layout, min(self.share.window * self._windows_per_group(), self.share.total))
 
-        def window(j: int, pieces: Sequence[LocalRun], parts: Sequence[np.ndarray]) -> _Taken:
+        def window(j: int, pieces: Sequence[LocalRun], parts: Sequence[np.ndarray], g: int) -> _Taken:
             win, rec, row = reader.read(
                 [(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces], walks.settle_deferred
             )
             indices = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            order = self._group_order(j, [len(part) for part in parts])
+            order = orders(g)  # the group's windows from window j, each permuted on its own
             if order is not None:
                 rec, row, indices = rec[order], row[order], indices[order]
             checks = walks.checks_ahead(rec)  # None unless its checksums are deferred (computed on a helper)
@@ -264,7 +284,7 @@ class ShareReader:
     def _generic_windows(self, walks: ShardWalks) -> Any:
         k = self.file.samples_per_record
 
-        def window(j: int, pieces: Sequence[LocalRun], parts: Sequence[np.ndarray]) -> _Taken:
+        def window(j: int, pieces: Sequence[LocalRun], parts: Sequence[np.ndarray], g: int) -> _Taken:
             (indices,) = parts  # one window at a time (ShareReader._groups)
             items: list[tuple[RecordFile, int, Any]] = []
             for s, start, stop in pieces:
