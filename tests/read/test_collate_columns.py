@@ -151,3 +151,43 @@ def test_batch_mode_with_a_transform_takes_the_columns_it_passed_through(path: s
     for a, b in zip(ours, plain, strict=True):
         assert torch.equal(a[3], b[3] / 2) and a[3].dtype == torch.float64  # made by the transform: collated
         _same(a[:3] + a[4:], b[:3] + b[4:])
+
+
+def test_small_batches_gathered_several_at_once_are_views_with_each_fields_dtype(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch mode, plain: small batches a window serves whole are gathered together and split as tensor views
+    of one tensor a field (``ShareReader.indexed_chunks(tensors=True)``); each holds its own samples, with
+    every field's dtype (bfloat16 as its bits), and a batch changed in place leaves the next one as it was."""
+    from torchrecord._read.reader import ShareReader
+
+    path = str(tmp_path / "several.tr")
+    write_record([_sample(i % 200) + (i,) for i in range(3000)], path)
+    several: list[int] = []
+    real = ShareReader._chunks_at_once
+
+    def counted(self: ShareReader, *args: Any) -> int:
+        n = real(self, *args)
+        several.append(n)
+        return n
+
+    monkeypatch.setattr(ShareReader, "_chunks_at_once", counted)
+    batches = list(RecordDataset(path, batch_size=B, shuffle_buffer=512, seed=4))
+    assert max(several) > 1  # the path under test ran
+    seen = []
+    for vec, half, i, f, flag, index in batches:
+        assert (vec.dtype, half.dtype, i.dtype, f.dtype, flag.dtype) == (
+            torch.float32,
+            torch.bfloat16,
+            torch.int64,
+            torch.float64,
+            torch.bool,
+        )
+        want = torch.stack([_sample(int(j) % 200)[0] for j in index])
+        assert torch.equal(vec, want) and torch.equal(half, want.to(torch.bfloat16))
+        assert torch.equal(i, index % 200) and torch.equal(flag, (index % 200) % 3 == 0)
+        seen.extend(index.tolist())
+    assert sorted(seen) == list(range(3000))
+    first, second = batches[0][0], batches[1][0].clone()
+    first.fill_(-1)
+    assert torch.equal(batches[1][0], second)

@@ -151,9 +151,10 @@ def take_split_column(column: Sequence[Any]) -> torch.Tensor | None:
     return whole if split.pop(key, None) is entry else None  # once: a second collation stacks a copy
 
 
-def stack_columns(typed: Sequence[np.ndarray], schema: Schema) -> Any:
-    """A batch of typed columns as the sample's structure with one stacked tensor per leaf."""
-    leaves = [as_tensor(a, f.dtype) for a, f in zip(typed, schema.fields)]
+def stack_columns(typed: Sequence[np.ndarray | torch.Tensor], schema: Schema) -> Any:
+    """A batch of typed columns (or columns made tensors already, as ``as_tensor`` makes them) as the sample's
+    structure with one stacked tensor per leaf."""
+    leaves = [a if isinstance(a, torch.Tensor) else as_tensor(a, f.dtype) for a, f in zip(typed, schema.fields)]
     return _builder(schema.tree)(leaves)
 
 

@@ -31,9 +31,10 @@ def as_tensors(batch: Any) -> Any:
     if kind is torch.Tensor:
         return batch
     if kind is tuple or kind is list:
-        if all(type(leaf) is torch.Tensor for leaf in batch):
-            return batch
-        return kind(as_tensors(part) for part in batch)
+        for leaf in batch:  # a loop, not all() over a generator: this runs once a batch
+            if type(leaf) is not torch.Tensor:
+                return kind(as_tensors(part) for part in batch)
+        return batch
     if kind is dict:
         if all(type(leaf) is torch.Tensor for leaf in batch.values()):
             return batch

@@ -135,7 +135,7 @@ class Items:
         assert size is not None
         # what batch() does on the fixed path without the user's functions, without its steps a batch
         schema = self.schema if reader.fixed and self._plain else None
-        for chunk, indices in reader.indexed_chunks(size, start * size):
+        for chunk, indices in reader.indexed_chunks(size, start * size, tensors=schema is not None):
             if len(indices) < size and self.drop_last:
                 return
             yield stack_columns(chunk, schema) if schema is not None else self.batch(chunk, reader.fixed, indices)

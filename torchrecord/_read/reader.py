@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from torchrecord._core import dtypes as _dtypes
-from torchrecord._core.kinds import check_bools
+from torchrecord._core.kinds import as_tensor, check_bools
 from torchrecord._core.layout import FixedLayout
 from torchrecord._core.wire import WireDecoder
 from torchrecord._order import windows as _order
@@ -99,7 +100,7 @@ class ShareReader:
             yield chunk
 
     def indexed_chunks(
-        self, size: int, start: int = 0, out: Sequence[np.ndarray | None] | None = None
+        self, size: int, start: int = 0, out: Sequence[np.ndarray | None] | None = None, *, tensors: bool = False
     ) -> Iterator[tuple[list[Any], np.ndarray]]:
         """Like :meth:`chunks`, each chunk with the set's sample index of each of its samples (int64).
 
@@ -108,6 +109,10 @@ class ShareReader:
         sample bytes] per field, None to leave a field out) receives every chunk
         in its rows, in place of fresh arrays; the chunks are views of it (None
         for the fields left out). :func:`torchrecord.load` reads into its result so.
+        ``tensors`` (fixed path): chunks gathered several at once come as views of
+        one tensor a field (``as_tensor``: one conversion a gather, not one a chunk),
+        for a caller that makes tensors of them anyway (``stack_columns``); other
+        chunks stay typed arrays.
         """
         if out is not None and self.layout is None:
             raise ArgumentError("out= needs the fixed-layout path")
@@ -161,8 +166,14 @@ class ShareReader:
                     if several > 1:  # whole chunks of this window, gathered and typed together
                         arrays, indices = taker.take(several * size)
                         columns = self.typed(arrays)
-                        for a in range(0, several * size, size):
-                            yield [c[a : a + size] for c in columns], indices[a : a + size]
+                        if tensors:  # each field one tensor, split into the chunks' views in one call
+                            assert layout is not None
+                            parts = [torch.split(as_tensor(c, f.dtype), size) for c, f in zip(columns, layout.fields)]
+                            for j, a in enumerate(range(0, several * size, size)):
+                                yield [part[j] for part in parts], indices[a : a + size]
+                        else:
+                            for a in range(0, several * size, size):
+                                yield [c[a : a + size] for c in columns], indices[a : a + size]
                         position += several * size
                         chunk = _Chunk(self, min(size, total - position), out, position)
                         continue
