@@ -162,7 +162,7 @@ def test_small_batches_gathered_several_at_once_are_views_with_each_fields_dtype
     from torchrecord._read.reader import ShareReader
 
     path = str(tmp_path / "several.tr")
-    write_record([_sample(i % 200) + (i,) for i in range(3000)], path)
+    write_record([(*_sample(i % 200), i) for i in range(3000)], path)
     several: list[int] = []
     real = ShareReader._chunks_at_once
 
