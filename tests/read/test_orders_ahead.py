@@ -8,6 +8,8 @@ on real record sets.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -147,7 +149,7 @@ def test_in_a_dataloader_worker_the_spare_cpu_is_one_beyond_the_workers_and_the_
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
-def test_a_fork_waits_for_a_running_helper() -> None:
+def test_a_fork_waits_for_a_helper_making_an_order() -> None:
     started, finished = threading.Event(), threading.Event()
 
     def make(g: int) -> np.ndarray:
@@ -164,3 +166,42 @@ def test_a_fork_waits_for_a_running_helper() -> None:
     _, status = os.waitpid(pid, 0)
     ahead.close()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+_FORK_FROM_THE_READER = """
+import os, threading, time
+import numpy as np
+from torchrecord._read.orders_ahead import AHEAD, OrdersAhead
+
+made = []
+def make(g):
+    made.append(g)
+    return np.arange(g, g + 3)
+
+ahead = OrdersAhead(make, 10)
+assert list(ahead(0)) == [0, 1, 2]
+deadline = time.monotonic() + 5
+while len(made) < 1 + AHEAD and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.1)  # the helper now waits for this thread to take the next order
+pid = os.fork()  # from the reader's own thread
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+assert [list(ahead(g)) for g in range(1, 10)] == [[g, g + 1, g + 2] for g in range(1, 10)]
+ahead.close()
+assert sorted(made) == list(range(10))
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_fork_from_the_readers_thread_stops_a_waiting_helper_and_the_reader_goes_on() -> None:
+    """The helper waits for its reader to catch up; the reader's own thread forks (a DataLoader with workers
+    started inside the loop): the fork stops the helper rather than wait for it forever, and the reader makes
+    the rest of the orders itself. In a subprocess, so that a hang fails the test instead of stopping it."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_FROM_THE_READER], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -16,9 +16,12 @@ vectors packed, 0 workers, 59-66 ms an epoch with the helper against 65-68 witho
 small images packed (3 KB samples), 36-40 ms against 35-37 (the order is 3% of
 their epoch; the thread's hand-offs cost more); 2 workers, 72-77 ms against 72-74.
 
-Threads and fork: a fork waits for every running helper to finish
-(``os.register_at_fork``), so a child never inherits one half-way through an order;
-the helper makes at most :data:`AHEAD` groups ahead of the reader and stops when the
+Threads and fork: before a fork every running helper is stopped after the order it is
+making, and waited for (``os.register_at_fork``), so a child never inherits one
+half-way through an order; the reader it served makes the rest of its orders itself.
+(A helper waiting for its reader to catch up would otherwise wait forever when that
+reader's own thread forks: a DataLoader with workers started inside the loop.) The
+helper makes at most :data:`AHEAD` groups ahead of the reader and stops when the
 reading ends.
 """
 
@@ -42,18 +45,21 @@ AHEAD_SAMPLES = 1 << 15
 #: Samples of more bytes make their orders in the reading thread (the order is a small part of their cost).
 AHEAD_SAMPLE_BYTES = 1 << 10
 
-_helpers: set[threading.Thread] = set()
+_running: set[OrdersAhead] = set()
+_running_lock = threading.Lock()
 
 
-def _wait_for_helpers() -> None:
-    """Before a fork: let every running helper finish, so that the child inherits none half-way."""
-    for helper in list(_helpers):
-        helper.join()
-        _helpers.discard(helper)
+def _stop_helpers() -> None:
+    """Before a fork: stop every running helper after the order it is making and wait for it, so that the child
+    inherits none half-way (a helper waiting for its reader, which is this forking thread, would never end)."""
+    with _running_lock:
+        running = list(_running)
+    for ahead in running:
+        ahead.close()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(before=_wait_for_helpers)
+    os.register_at_fork(before=_stop_helpers)
 
 
 def orders_ahead_pay(samples: int, sample_bytes: int) -> bool:
@@ -84,7 +90,8 @@ class OrdersAhead:
         self._stop = False
         self._turn = threading.Condition()
         self._helper = threading.Thread(target=self._run, name="torchrecord-orders", daemon=True)
-        _helpers.add(self._helper)
+        with _running_lock:
+            _running.add(self)
         self._helper.start()
 
     def _run(self) -> None:
@@ -106,7 +113,6 @@ class OrdersAhead:
             with turn:
                 self._ended = True
                 turn.notify_all()
-            _helpers.discard(threading.current_thread())
 
     def __call__(self, g: int) -> np.ndarray | None:
         """Group ``g``'s order (waiting for the helper as far as needed). Groups are taken in order."""
@@ -121,9 +127,11 @@ class OrdersAhead:
         return self._make(g)
 
     def close(self) -> None:
-        """Stop the helper (after the order it is making) and wait for it."""
+        """Stop the helper (after the order it is making) and wait for it; the orders not made yet are then
+        made when asked for, in the asking thread."""
         with self._turn:
             self._stop = True
             self._turn.notify_all()
         self._helper.join()
-        _helpers.discard(self._helper)
+        with _running_lock:
+            _running.discard(self)
