@@ -185,9 +185,13 @@ while len(made) < 1 + AHEAD and time.monotonic() < deadline:
     time.sleep(0.01)
 time.sleep(0.1)  # the helper now waits for this thread to take the next order
 pid = os.fork()  # from the reader's own thread
-if pid == 0:
-    os._exit(0)
-os.waitpid(pid, 0)
+if pid == 0:  # the child reads with a helper of its own
+    child = OrdersAhead(lambda g: np.arange(g, g + 3), 4)
+    ok = [list(child(g)) for g in range(4)] == [[g, g + 1, g + 2] for g in range(4)]
+    child.close()
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
 assert [list(ahead(g)) for g in range(1, 10)] == [[g, g + 1, g + 2] for g in range(1, 10)]
 ahead.close()
 assert sorted(made) == list(range(10))

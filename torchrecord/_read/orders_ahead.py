@@ -58,8 +58,15 @@ def _stop_helpers() -> None:
         ahead.close()
 
 
+def _forget_helpers() -> None:
+    """In a forked child: a lock of its own (the parent's may have been held by another of its threads)."""
+    global _running_lock
+    _running_lock = threading.Lock()
+    _running.clear()
+
+
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(before=_stop_helpers)
+    os.register_at_fork(before=_stop_helpers, after_in_child=_forget_helpers)
 
 
 def orders_ahead_pay(samples: int, sample_bytes: int) -> bool:
