@@ -165,15 +165,7 @@ class ShareReader:
                     several = self._chunks_at_once(chunk, taker, size)
                     if several > 1:  # whole chunks of this window, gathered and typed together
                         arrays, indices = taker.take(several * size)
-                        columns = self.typed(arrays)
-                        if tensors:  # each field one tensor, split into the chunks' views in one call
-                            assert layout is not None
-                            parts = [torch.split(as_tensor(c, f.dtype), size) for c, f in zip(columns, layout.fields)]
-                            for j, a in enumerate(range(0, several * size, size)):
-                                yield [part[j] for part in parts], indices[a : a + size]
-                        else:
-                            for a in range(0, several * size, size):
-                                yield [c[a : a + size] for c in columns], indices[a : a + size]
+                        yield from self._split(self.typed(arrays), indices, size, tensors)
                         position += several * size
                         chunk = _Chunk(self, min(size, total - position), out, position)
                         continue
@@ -189,6 +181,20 @@ class ShareReader:
             if isinstance(orders, OrdersAhead):
                 orders.close()
             self.records_read += walks.close()
+
+    def _split(
+        self, columns: list[Any], indices: np.ndarray, size: int, tensors: bool
+    ) -> Iterator[tuple[list[Any], np.ndarray]]:
+        """Typed columns of several whole chunks gathered together, cut into chunks of ``size``: views of the
+        arrays, or (``tensors``) of one tensor a field, split in one call a field."""
+        if tensors:
+            assert self.layout is not None
+            parts = [torch.split(as_tensor(c, f.dtype), size) for c, f in zip(columns, self.layout.fields)]
+            for j, a in enumerate(range(0, len(indices), size)):
+                yield [part[j] for part in parts], indices[a : a + size]
+            return
+        for a in range(0, len(indices), size):
+            yield [c[a : a + size] for c in columns], indices[a : a + size]
 
     def _orders(
         self, first_window: int, groups: Sequence[Run], window_runs: Sequence[Sequence[Run]], samples: int
