@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from torchrecord import RecordDataset, write_record, write_shard
-from torchrecord._read import reader as reader_module
 from torchrecord._store import address_book, fastread
 from torchrecord._store.walk import Walk
 from torchrecord.errors import ChecksumError
@@ -90,7 +89,7 @@ def _write(tmp_path: Path, sharded: bool, k: int, width: int) -> Path:
 def test_a_second_pass_walks_only_records_the_first_could_not_vouch_for(
     tmp_path: Path, walked: list[tuple[int, int]], sharded: bool, k: int, check: str | None, width: int, threads: int
 ) -> None:
-    """The second epoch reads the same batches as a process without books, walking no window but those holding
+    """The second epoch reads the same batches as a process without books, walking no piece but those holding
     a shard's short last record (never kept: it is re-encoded on every read)."""
     path = _write(tmp_path, sharded, k, width)
     _epoch(path, 0, check=check)
@@ -99,12 +98,39 @@ def test_a_second_pass_walks_only_records_the_first_could_not_vouch_for(
     second = _epoch(path, 1, check=check)
     counts = np.diff(RecordDataset(path).file.shard_offsets).tolist()
     short_last = [c // k for c in counts if c % k]  # each shard's short last record
-    # the group of windows holding one is walked whole (windows of 32 samples here): no other
-    group = max(1, min(reader_module.MAX_GROUP, reader_module.GROUP_BYTES // (32 * width)))
-    assert any(first <= r < stop for first, stop in walked for r in short_last) or not short_last
-    assert sum(stop - first for first, stop in walked) <= len(short_last) * group * (32 // k + 2), walked
+    assert len(walked) <= len(short_last), walked  # each walk a piece holding one: the rest is in the books
+    assert all(any(first <= r < stop for r in short_last) for first, stop in walked), walked
     if k == 1:
         assert walked == []
+    address_book._BOOKS.clear()
+    without = _epoch(path, 1, check=check)
+    assert len(second) == len(without) == -(-COUNT // 8)
+    for (label, x), (label_0, x_0) in zip(second, without):
+        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
+        assert np.array_equal(x[:, 0], label % 251)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("check", [None, "checksums"])
+def test_a_window_the_books_know_in_part_walks_only_the_pieces_they_do_not(
+    tmp_path: Path, walked: list[tuple[int, int]], sharded: bool, check: str | None, width: int
+) -> None:
+    """A persistent worker reads another share each epoch, so its books fill over several: a window whose
+    records they know in part walks only the pieces holding a record they do not know (and learns those),
+    and reads the same batches as a process without books."""
+    path = _write(tmp_path, sharded, 1, width)
+    _epoch(path, 0, check=check)
+    books = list(address_book._BOOKS.values())
+    for book in books:
+        assert book.addresses.all()
+        book.addresses[: len(book.addresses) // 3] = 0  # the first third of each file's records
+    walked.clear()
+    second = _epoch(path, 1, check=check)
+    lost = [len(book.addresses) // 3 for book in books]
+    assert all(first < max(lost) for first, _ in walked), walked  # a walked piece holds a record lost
+    assert sum(min(stop, max(lost)) - first for first, stop in walked) >= sum(lost)  # each lost one walked
+    assert sum(stop - first for first, stop in walked) < COUNT * 2 // 3, walked  # not the pieces known whole
+    assert all(book.addresses.all() for book in address_book._BOOKS.values()), "walked records are learned"
     address_book._BOOKS.clear()
     without = _epoch(path, 1, check=check)
     assert len(second) == len(without) == -(-COUNT // 8)

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import lmdb
 import numpy as np
 
 from torchrecord._store.walk import Walk
 
-__all__ = ["AddressBook", "BOOK_LIMIT", "book_of"]
+__all__ = ["AddressBook", "BOOK_LIMIT", "Booked", "book_of", "booked"]
 
 #: Records a book is kept for at most (128 MiB of addresses).
 BOOK_LIMIT = 1 << 24
@@ -69,3 +71,50 @@ def book_of(walk: Walk) -> AddressBook | None:
         records = int(txn.stat(walk.db)["entries"])
         book = _BOOKS[walk.env] = AddressBook(records if records <= BOOK_LIMIT else 0, snapshot)
     return book
+
+
+class Booked(NamedTuple):
+    """What the books know of a window's pieces (sample runs of shards), record after record, piece after piece.
+
+    ``addresses`` holds each record's address (0 where its book does not know it yet); piece ``i``'s records
+    are ``firsts[i]``, ``firsts[i] + 1``, ..., ``counts[i]`` of them, from ``row0s[i]`` on in ``addresses``.
+    """
+
+    firsts: np.ndarray
+    counts: np.ndarray
+    row0s: np.ndarray
+    addresses: np.ndarray
+
+    def known_pieces(self) -> list[bool]:
+        """For each piece: True when its book knows every one of its records."""
+        if not len(self.firsts):
+            return []
+        known: list[bool] = np.logical_and.reduceat(self.addresses != 0, self.row0s).tolist()
+        return known
+
+
+def booked(pieces: Sequence[tuple[Walk, int, int, int]], k: int) -> Booked | None:
+    """The books' addresses of the records holding ``pieces`` ((walk, samples in its shard, start, stop) in
+    shard samples; ``k`` samples a record), in a few NumPy calls however many pieces; None where a walk has no
+    book (values copied out of the map)."""
+    firsts = np.array([start // k for _, _, start, _ in pieces], np.int64)
+    counts = np.array([(stop - 1) // k + 1 for _, _, _, stop in pieces], np.int64) - firsts
+    row0s = np.cumsum(counts) - counts
+    records = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(firsts - row0s, counts)
+    walks = list(dict.fromkeys(walk for walk, _, _, _ in pieces))
+    owner = None if len(walks) == 1 else np.repeat([walks.index(walk) for walk, _, _, _ in pieces], counts)
+    addresses = np.zeros(len(records), np.int64)
+    for i, walk in enumerate(walks):
+        book = book_of(walk)
+        if book is None:
+            return None
+        rows = slice(None) if owner is None else owner == i
+        wanted = records[rows]
+        if len(wanted) and int(wanted.max()) >= len(book.addresses):  # none past a book's end (an empty book)
+            inside = wanted < len(book.addresses)
+            part = np.zeros(len(wanted), np.int64)
+            part[inside] = book.addresses[wanted[inside]]
+            addresses[rows] = part
+        else:
+            addresses[rows] = book.addresses[wanted]
+    return Booked(firsts, counts, row0s, addresses)

@@ -12,9 +12,11 @@ contiguous arrays (:meth:`FixedWindow.gather`): a long record's samples are copi
 once, straight from the map into the batch. Where each long record lies, once found
 and checked, goes into its file's address book (``address_book``): a later pass in
 the process finds a window whose records the book knows without walking or checking
-them again.
+them again, and walks only the pieces of a window holding a record it does not know
+(a persistent DataLoader worker reads another share each epoch, so its book fills
+over several).
 
-The module is long (about 610 lines) because it is one mechanism: the window's records found
+The module is long (about 650 lines) because it is one mechanism: the window's records found
 (:class:`_WindowBuilder`, or an address book), where they lie (:class:`Mapped`) and the gather
 from them (:class:`FixedWindow`) share their layout arithmetic and invariants.
 """
@@ -32,7 +34,7 @@ import torch
 from numpy.lib.stride_tricks import as_strided
 
 from torchrecord._core.layout import FixedLayout
-from torchrecord._store.address_book import AddressBook, book_of
+from torchrecord._store.address_book import AddressBook, Booked, book_of, booked
 from torchrecord._store.addresses import address_of, memory_at, view_addresses
 from torchrecord._store.walk import Walk
 
@@ -358,9 +360,9 @@ class FixedWindowReader:
         deferred checksum checks are settled there: nothing is decoded unchecked).
         """
         layout, k = self.layout, self.layout.rows
-        found = _found_window(pieces, layout) if self._books else None
-        if found is not None:  # every record where an earlier pass found and checked it: no walk, no check
-            mapped, found_shifts = found
+        known = booked(pieces, k) if self._books else None
+        if known is not None and known.addresses.all():  # every record where an earlier pass found and checked it
+            mapped, found_shifts = _found_window(pieces, layout, known)
             if self.joined:  # copied from the map into the window buffer, all in one call
                 window = FixedWindow(layout, *_copy_records(mapped, layout.length, self._buffer()))
             else:
@@ -369,21 +371,24 @@ class FixedWindowReader:
             starts, lengths = [p[2] for p in pieces], [p[3] - p[2] for p in pieces]
             return (window, *_coordinates(starts, lengths, found_shifts, k))
         build = _WindowBuilder(self.layout, self._buffer())
-        starts = []
-        lengths = []
-        shifts: list[int] = []  # per piece: the window row of a sample's record is sample // k + shift
+        # pieces the books know whole are not walked: added after the walked ones (a window's rows need not
+        # follow its pieces), so that the walks' deferred checks stay in row order
+        whole = known.known_pieces() if known is not None else [False] * len(pieces)
+        shifts = [0] * len(pieces)  # per piece: the window row of a sample's record is sample // k + shift
         books: dict[int, AddressBook | None] = {}  # per walk (by id): where its checked records lie
-        for walk, count, start, stop in pieces:
+        for i, (walk, count, start, stop) in enumerate(pieces):
+            if whole[i]:
+                continue
             first, last = start // k, (stop - 1) // k + 1
             book = None
             if self._books:
                 book = books[id(walk)] = books[id(walk)] if id(walk) in books else book_of(walk)
-            row0 = build.add(first, walk.records(first, last), count, walk.path, book)
-            starts.append(start)
-            lengths.append(stop - start)
-            shifts.append(row0 - first)
+            shifts[i] = build.add(first, walk.records(first, last), count, walk.path, book) - first
+        if known is not None and any(whole):
+            _add_known(build, pieces, known, whole, shifts)
         window = build.finish(before_decoding)
         self._recycled.append((window.buffer, weakref.ref(window)))
+        starts, lengths = [p[2] for p in pieces], [p[3] - p[2] for p in pieces]
         rec, row = _coordinates(starts, lengths, shifts, k)
         return window, rec, row
 
@@ -425,39 +430,37 @@ def _copy_records(mapped: Mapped, length: int, buffer: np.ndarray) -> tuple[np.n
     return joined, None, buffer
 
 
-def _found_window(pieces: Sequence[Piece], layout: FixedLayout) -> tuple[Mapped, list[int]] | None:
+def _found_window(pieces: Sequence[Piece], layout: FixedLayout, known: Booked) -> tuple[Mapped, list[int]]:
     """Where every record of ``pieces`` lies (row after row, as :class:`Mapped`) and each piece's shift (its first
     record's row less its index), when their walks' address books know them all (found and checked on an
-    earlier pass: ``address_book``); None where one is not known, or a walk has no book.
+    earlier pass: ``address_book``; ``known``, every address non-zero).
 
     A few NumPy calls for the whole window, however many pieces it has. Each walk is told of its records
     (``Walk.found``): they count as read, and a walk with checksums checks them against their stored CRC-32s.
     """
-    k, length = layout.rows, layout.length
-    firsts = np.array([start // k for _, _, start, _ in pieces], np.int64)
-    counts = np.array([(stop - 1) // k + 1 for _, _, _, stop in pieces], np.int64) - firsts
-    row0s = np.cumsum(counts) - counts
-    records = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(firsts - row0s, counts)
-    walks = list(dict.fromkeys(walk for walk, _, _, _ in pieces))
-    owner = None if len(walks) == 1 else np.repeat([walks.index(walk) for walk, _, _, _ in pieces], counts)
-    addresses = np.zeros(len(records), np.int64)
-    for i, walk in enumerate(walks):
-        book = book_of(walk)
-        if book is None:
-            return None
-        rows = slice(None) if owner is None else owner == i
-        wanted = records[rows]
-        if len(wanted) and int(wanted.max()) >= len(book.addresses):
-            return None
-        addresses[rows] = book.addresses[wanted]
-    if not addresses.all():
-        return None
-    mapped = Mapped([], addresses, length)
-    at = mapped.offsets.tolist() if any(walk.checks for walk in walks) else []  # views, for their checksums
-    for (walk, _, _, _), row0, first, n in zip(pieces, row0s.tolist(), firsts.tolist(), counts.tolist()):
+    length = layout.length
+    mapped = Mapped([], known.addresses, length)
+    at = mapped.offsets.tolist() if any(walk.checks for walk, _, _, _ in pieces) else []  # views, for checksums
+    row0s, firsts = known.row0s, known.firsts
+    for (walk, _, _, _), row0, first, n in zip(pieces, row0s.tolist(), firsts.tolist(), known.counts.tolist()):
         values = [mapped.memory[a : a + length] for a in at[row0 : row0 + n]] if walk.checks else None
         walk.found(first, n, values)
     return mapped, (row0s - firsts).tolist()
+
+
+def _add_known(
+    build: _WindowBuilder, pieces: Sequence[Piece], known: Booked, whole: Sequence[bool], shifts: list[int]
+) -> None:
+    """Add to ``build`` the pieces whose records the books know (``whole``), without a walk: each walk is told of
+    them (``Walk.found``, with their values where it checks checksums); sets their ``shifts``."""
+    length = build.layout.length
+    row0s, firsts, counts = known.row0s.tolist(), known.firsts.tolist(), known.counts.tolist()
+    for i in [i for i, w in enumerate(whole) if w]:
+        walk, count, _, _ = pieces[i]
+        addresses = known.addresses[row0s[i] : row0s[i] + counts[i]]
+        values = [memory_at(a, length) for a in addresses.tolist()] if walk.checks else None
+        walk.found(firsts[i], counts[i], values)
+        shifts[i] = build.add_known(firsts[i], addresses, count, walk.path) - firsts[i]
 
 
 class _WindowBuilder:
@@ -488,6 +491,8 @@ class _WindowBuilder:
         self.held = 0  # records held
         self.pending: list[Any] = []  # views of the map whose addresses are not read yet (the last rows held)
         self.odd: dict[int, bytes] = {}  # row -> original value of a record of the wrong length
+        #: joined windows: (first row, addresses) of records a book knows, copied from the map at :meth:`finish`
+        self.known: list[tuple[int, np.ndarray]] = []
 
     def add(self, first: int, values: list[Any], count: int, path: str, book: AddressBook | None = None) -> int:
         """Append the values of records first, first+1, ... of a shard; returns the row of the first one.
@@ -522,15 +527,47 @@ class _WindowBuilder:
         self.addresses.append(addresses)
         self.lengths.append(lengths)
 
+    def add_known(self, first: int, addresses: np.ndarray, count: int, path: str) -> int:
+        """Append records first, first+1, ... of a shard that an address book knows (found and checked on an
+        earlier pass) at ``addresses``, without a walk; returns the row of the first one."""
+        row0 = self.held
+        n = len(addresses)
+        if self.joined:
+            self._grow(row0 + n)
+            self.known.append((row0, addresses))
+        else:
+            self._locate_pending()  # the views before these rows
+            self.addresses.append(addresses)
+            self.lengths.append(np.full(n, self.layout.length, np.int64))
+        self.pieces.append((row0, first, n, count, path))
+        self.held += n
+        return row0
+
+    def _grow(self, rows: int) -> None:
+        """Make the buffer hold at least ``rows`` records, keeping those held."""
+        length = self.layout.length
+        if rows * length > len(self.buffer):
+            # at least doubled: a window of many short pieces (StreamDataset's runs of frames in
+            # records of many samples) grew it piece by piece, copying it whole each time (quadratic)
+            grown = np.empty(max(rows * length, 2 * len(self.buffer)), np.uint8)
+            grown[: self.held * length] = self.buffer[: self.held * length]
+            self.buffer = grown
+
+    def _copy_known(self, joined: np.ndarray) -> None:
+        """Copy the records the books know into their rows of ``joined``, from the map in one call."""
+        if not self.known:
+            return
+        rows = np.concatenate([np.arange(row0, row0 + len(a)) for row0, a in self.known])
+        mapped = Mapped([], np.concatenate([a for _, a in self.known]), self.layout.length)
+        if int(rows[-1]) - int(rows[0]) == len(rows) - 1:  # one run of rows (added after the walked ones)
+            mapped.copy(mapped.offsets, self.layout.length, joined[int(rows[0]) : int(rows[-1]) + 1])
+        else:
+            joined[rows] = mapped.copy(mapped.offsets, self.layout.length, np.empty_like(joined[rows]))
+
     def _copy_in(self, values: list[Any], row0: int) -> None:
         length = self.layout.length
         n = len(values)
-        if (row0 + n) * length > len(self.buffer):
-            # at least doubled: a window of many short pieces (StreamDataset's runs of frames in
-            # records of many samples) grew it piece by piece, copying it whole each time (quadratic)
-            grown = np.empty(max((row0 + n) * length, 2 * len(self.buffer)), np.uint8)
-            grown[: row0 * length] = self.buffer[: row0 * length]
-            self.buffer = grown
+        self._grow(row0 + n)
         out = self.buffer.data
         pos = row0 * length
         expand = self.layout.expander  # compressed fields: decompressed straight into the slot
@@ -563,6 +600,7 @@ class _WindowBuilder:
         if self.joined:
             joined = np.frombuffer(self.buffer, np.uint8, count=self.held * layout.length)
             joined = joined.reshape(self.held, layout.length)
+            self._copy_known(joined)
             bad = np.flatnonzero((joined[:, layout.header_cols] != layout.header).any(axis=1))
             suspects.update(int(r) for r in bad)
             self._learn(None, suspects)
