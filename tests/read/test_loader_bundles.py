@@ -259,6 +259,55 @@ def test_batches_that_do_not_stack_cross_as_a_list() -> None:
     assert ipc.stacked([{**b, "x": b["x"].requires_grad_()} for b in _batches(3, 4)]) is None
 
 
+def _flat(kind: str, j: int, rows: int = 4) -> Any:
+    """A flat batch (the usual one: its items are its tensors) of ``kind``."""
+    x, y = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) + j, torch.arange(rows) + 10 * j
+    return {"x": x, "y": y} if kind == "dict" else (x, y) if kind == "tuple" else [x, y]
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "dict"])
+def test_flat_batches_stack_by_column_and_come_back_as_they_left(kind: str) -> None:
+    import pickle
+
+    batches = [_flat(kind, j) for j in range(4)]
+    packed = ipc.stacked(batches)
+    assert packed is not None and packed.count == 4
+    back = pickle.loads(pickle.dumps(ipc.Bundle(packed, 0))).batches
+    for got, want in zip(back, batches):
+        assert type(got) is type(want)
+        pairs = zip(got.values(), want.values()) if kind == "dict" else zip(got, want)
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in pairs)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "dict"])
+def test_flat_batches_that_do_not_stack_are_refused_as_flattening_refuses_them(kind: str) -> None:
+    def other(batch: Any) -> list[Any]:
+        return [_flat(kind, 0), _flat(kind, 1), batch]
+
+    third = _flat(kind, 2)
+    key = "y" if kind == "dict" else 1
+    swap: Any = dict(third) if kind == "dict" else list(third)
+    variants = []
+    for leaf in (
+        third[key].to(torch.int32),  # another dtype
+        third[key][:3],  # another shape
+        third[key].tolist(),  # a list of numbers: a leaf, not a tensor
+        {"nested": third[key]},  # a structure
+        torch.nn.Parameter(third[key].float()),  # a subclass (and needing grad)
+    ):
+        swap[key] = leaf
+        variants.append(swap if kind == "dict" else type(third)(swap))
+        swap = dict(third) if kind == "dict" else list(third)
+    if kind == "dict":
+        variants.append({"y": third["y"], "x": third["x"]})  # the same keys in another order
+    else:
+        variants.append(list(third) if kind == "tuple" else tuple(third))  # another kind of sequence
+        variants.append(type(third)([*third, third[0]]))  # another length
+    for variant in variants:
+        assert ipc.stacked(other(variant)) is None, variant
+    assert ipc.stacked(other(third)) is not None
+
+
 def _per_sample_labels(batches: list[Any]) -> list[list[int]]:
     return [labels.tolist() for _, labels in batches]
 

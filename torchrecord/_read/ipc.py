@@ -173,16 +173,26 @@ def stacked(batches: list[Any]) -> Stacked | None:
     tree, first = flatten(batches[0])
     if not first or not all(_stackable(leaf) for leaf in first):
         return None
-    columns: list[list[torch.Tensor]] = [[leaf] for leaf in first]
-    for batch in batches[1:]:
-        other, leaves = flatten(batch)
-        if other != tree or len(leaves) != len(first):
-            return None
-        for column, leaf in zip(columns, leaves):
+    flat = _flat_columns(batches, first)
+    if flat is not None:  # the usual batch, a flat tuple, list or dict of tensors: a column in one step
+        columns = flat
+        for column in columns:
             head = column[0]
-            if not _stackable(leaf) or leaf.dtype != head.dtype or leaf.shape != head.shape:
+            spec = (head.dtype, head.shape, True, False)
+            for leaf in column:
+                if type(leaf) is not torch.Tensor or (leaf.dtype, leaf.shape, leaf.is_cpu, leaf.requires_grad) != spec:
+                    return None  # what the loop below decides for such a leaf
+    else:
+        columns = [[leaf] for leaf in first]
+        for batch in batches[1:]:
+            other, leaves = flatten(batch)
+            if other != tree or len(leaves) != len(first):
                 return None
-            column.append(leaf)
+            for column, leaf in zip(columns, leaves):
+                head = column[0]
+                if not _stackable(leaf) or leaf.dtype != head.dtype or leaf.shape != head.shape:
+                    return None
+                column.append(leaf)
     count = len(batches)
     in_place = slots.arena_stacked(columns) if slots.available() else None
     if in_place is not None:  # gathered in the bundle's arena: its batches stacked already, handed over whole
@@ -196,6 +206,30 @@ def stacked(batches: list[Any]) -> Stacked | None:
         else:
             out.append(torch.stack(column, out=place((count, *head.shape), head.dtype)))
     return Stacked(tree, count, for_parent(out))
+
+
+def _flat_columns(batches: list[Any], first: list[Any]) -> list[list[Any]] | None:
+    """Each leaf of every batch, by leaf, when every batch is, like the first, a tuple, list or dict (the same
+    keys, in the same order) whose items are its leaves (``first``); else None (and the caller flattens each
+    batch). An item that is no leaf (a nested structure, a list of numbers) differs from the first batch's
+    tensor, so the caller's checks of each leaf refuse it as flattening would."""
+    head = batches[0]
+    kind = type(head)
+    if kind is tuple or kind is list:
+        items = list(head)
+        if len(items) != len(first) or any(a is not b for a, b in zip(items, first)):
+            return None
+        if any(type(batch) is not kind or len(batch) != len(items) for batch in batches):
+            return None
+        return [list(column) for column in zip(*batches)]
+    if kind is dict:
+        keys = list(head)
+        if len(keys) != len(first) or any(head[key] is not leaf for key, leaf in zip(keys, first)):
+            return None
+        if any(type(batch) is not dict or list(batch) != keys for batch in batches):
+            return None
+        return [[batch[key] for batch in batches] for key in keys]
+    return None
 
 
 def _stackable(leaf: Any) -> bool:
