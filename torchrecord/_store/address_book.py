@@ -7,7 +7,9 @@ mapped once, read-only, and LMDB never changes a page of a committed snapshot (a
 new snapshot, with another transaction id). So a record found and checked once is remembered here by its
 address, and a later pass in the same process (the next epoch at 0 workers, or in a persistent worker)
 takes the addresses of a piece's records from here: one array lookup a piece instead of a cursor step and
-a key check a record, and no second template check.
+a key check a record, and no second template check. A window the book knows in part walks only the pieces
+holding a record it does not know (:func:`booked`; a persistent worker reads another share each epoch, so
+its book fills over several).
 
 A book is kept per environment (a weak key: it goes with the environment, whose map the addresses point
 into) for its records database, in the process that made it, for the snapshot it was made under: a walk of
