@@ -23,6 +23,7 @@ from torchrecord._read.loader import auto_bundle
 from torchrecord.errors import ArgumentError
 
 SMALL, LARGE = 4, 64  # image side: 48-byte samples (a batch crosses by value), 12 KB ones (a batch in a slot)
+MEDIUM = 16  # 768-byte samples: a batch of 4 crosses by value alone, a bundle of 256 of them in a slot
 
 
 def _write(tmp_path: Path, count: int, size: int) -> Path:
@@ -177,6 +178,77 @@ def test_an_arena_crosses_only_whole() -> None:
     finally:
         slots.bundle_arenas(0)
         slots.end_arena()
+
+
+@pytest.mark.skipif(not slots.available(), reason="no memfd_create: no slots")
+def test_batches_gathered_together_take_their_places_in_the_arena_one_after_another() -> None:
+    """``allocate_batches`` gives whole batches' places in the bundle's arena, never past its end; a bundle of
+    batches gathered that way, split into batches, crosses stacked in the arena itself."""
+    slots.bundle_arenas(5)
+    try:
+        slots.end_arena()
+        first = slots.allocate_batches(4, [8, 16], 3)
+        assert first is not None and first[1] == 3
+        assert [a.shape for a in first[0]] == [(12, 8), (12, 16)]
+        assert slots.allocate_batches(2, [8, 16], 1) is None  # the arena being filled holds batches of 4 rows
+        second = slots.allocate_batches(4, [8, 16], 3)
+        assert second is not None and second[1] == 2  # the room left
+        arena = slots._worker_pool().arena
+        assert arena is not None and arena.used == arena.count == 5
+        batches = []
+        for arrays, n in (first, second):
+            for field, array in enumerate(arrays):
+                array[...] = (torch.arange(len(array)) // 4 + 10 * field).numpy()[:, None]
+            parts = [torch.split(torch.from_numpy(a), 4) for a in arrays]
+            batches.extend(tuple(part[j] for part in parts) for j in range(n))
+        views = slots.arena_stacked([[b[f] for b in batches] for f in range(2)])
+        assert views is not None and [v.shape for v in views] == [(5, 4, 8), (5, 4, 16)]
+        assert [int(v) for v in views[0][:, 0, 0]] == [0, 1, 2, 0, 1] and int(views[1][4, 3, 15]) == 11
+        assert slots.into_slot(views, whole_arena=True)._ref.segment is arena.segment  # no copy
+        again = slots.allocate_batches(4, [8, 16], 9)  # the arena is full: the next bundle's, capped at its size
+        assert again is not None and again[1] == 5 and slots._worker_pool().arena is not arena
+    finally:
+        slots.bundle_arenas(0)
+        slots.end_arena()
+    assert slots.allocate_batches(4, [8, 16], 3) is None  # bundles not gathered in arenas
+
+
+def test_small_batches_go_to_the_arena_only_where_their_bundle_crosses_in_a_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not slots.available():
+        assert ipc.arena_places(4, [768], 8) is None
+        return
+    slots.bundle_arenas(256)
+    try:
+        slots.end_arena()
+        assert ipc.arena_places(4, [768], 8) is not None  # 256 batches of 3 KB: 786 KB, in a slot
+        slots.end_arena()
+        assert ipc.arena_places(4, [48], 8) is None  # 256 batches of 192 B: 49 KB, by value
+        monkeypatch.setenv(ipc.HANDOVER_ENV, "value")
+        assert ipc.arena_places(4, [768], 8) is None  # every batch by value, as asked
+    finally:
+        slots.bundle_arenas(0)
+        slots.end_arena()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_small_batches_gathered_in_their_bundles_arena_are_the_batches_a_dataloader_yields(
+    tmp_path: Path, context: str
+) -> None:
+    """Small batches whose bundle crosses in a slot are gathered several at once straight into the bundle's
+    arena (``ipc.arena_places``): every batch a plain DataLoader yields, in its order, and the batches kept
+    from earlier epochs intact while persistent workers fill their arenas again."""
+    path = _write(tmp_path, 1603, MEDIUM)  # 401 batches of 4: several gathers an arena, a short last batch
+    settings = {"batch_size": 4, "shuffle_buffer": 16, "seed": 3}
+    plain_ds = RecordDataset(path, **settings)
+    plain = DataLoader(plain_ds, batch_size=None, num_workers=2, persistent_workers=True)
+    want = _epochs(plain, plain_ds, range(3))
+    ds = RecordDataset(path, **settings)
+    loader = RecordLoader(ds, num_workers=2, persistent_workers=True, multiprocessing_context=context)
+    assert loader.bundle == 256 and 256 * 4 * 3 * MEDIUM * MEDIUM > ipc.BY_VALUE_LIMIT
+    got = _epochs(loader, ds, range(3))
+    _assert_same(got, want)
 
 
 def test_bundle_arguments_are_checked(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.plan import Part, Reader
 from torchrecord._order.share import Share, SharePlan
 from torchrecord._read.base import ReaderDataset, in_worker
-from torchrecord._read.ipc import slot_allocator
+from torchrecord._read.ipc import arena_places, slot_allocator
 from torchrecord._read.items import SAMPLE_CHUNK
 from torchrecord._read.reader import ShareReader
 from torchrecord._read.state import Start
@@ -289,10 +289,14 @@ class RecordDataset(ReaderDataset):
         plain = self.transform is None and self.collate_fn is None
         fused = self._fused_now()
         batch = self.batch_size if fused is None else fused
+        places = None  # small batches gathered several at once: straight into their bundle's arena
         if layout is not None and batch is not None and in_worker() and plain:
             allocate = slot_allocator(batch * sum(layout.sample_bytes))
+            places = arena_places if allocate is None else None
         share = self._of_set(part)
-        reader = ShareReader(self.file, share, layout=layout, verify=checks_crc(self.check), allocate=allocate)
+        reader = ShareReader(
+            self.file, share, layout=layout, verify=checks_crc(self.check), allocate=allocate, places=places
+        )
         items = self._items(self.file.path, self.file.schema, self._sample_chunk or self.loader_batch_size)
         if fused is not None:
             return items.whole_batches(reader, start.yielded, fused)

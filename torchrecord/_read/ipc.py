@@ -42,6 +42,7 @@ __all__ = [
     "HANDOVER_ENV",
     "PACK_LIMIT",
     "Stacked",
+    "arena_places",
     "bundled",
     "by_value",
     "for_parent",
@@ -308,6 +309,17 @@ def slot_allocator(batch_bytes: int) -> Callable[[int, list[int]], list[np.ndarr
     """Where a worker should gather a batch of ``batch_bytes`` so that :func:`for_parent` need not copy it:
     :func:`torchrecord._read.slots.allocate` when the batch will cross in a slot, else None (fresh arrays)."""
     return slots.allocate if _in_a_slot(batch_bytes) else None
+
+
+def arena_places(rows: int, row_bytes: list[int], count: int) -> tuple[list[np.ndarray], int] | None:
+    """Where a worker should gather up to ``count`` small batches at once (``rows`` rows of ``row_bytes``
+    bytes a field) so that their bundle crosses stacked without a copy: places in the bundle's arena
+    (:func:`torchrecord._read.slots.allocate_batches`) when bundles are gathered in arenas and a bundle of such
+    batches crosses in a slot; else None (fresh arrays, stacked into a slot when the bundle is complete)."""
+    bundle = slots.arena_batches() if slots.available() else 0
+    if bundle <= 1 or not _in_a_slot(bundle * rows * sum(row_bytes)):
+        return None
+    return slots.allocate_batches(rows, row_bytes, count)
 
 
 def slot_room(sizes: list[int]) -> Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None:

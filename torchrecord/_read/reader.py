@@ -42,6 +42,8 @@ from torchrecord.errors import ArgumentError
 __all__ = ["LocalRun", "ShareReader", "split_runs"]
 
 Run = tuple[int, int]
+#: ``places(rows, row_bytes, count)``: room for up to ``count`` chunks gathered together, and how many it holds
+Places = Callable[[int, list[int], int], "tuple[list[np.ndarray], int] | None"]
 #: Bytes of samples gathered in one call at most when several chunks are gathered at once
 #: (:meth:`ShareReader._chunks_at_once`); each chunk is then a view of that gather.
 GATHER_BYTES = 1 << 20
@@ -66,6 +68,10 @@ class ShareReader:
         allocate: where the fixed path gathers each chunk: ``allocate(rows, row_bytes)``
             gives one uint8 array [rows, b] per field (a DataLoader worker's
             shared-memory slot, ``torchrecord._read.slots.allocate``); None: fresh arrays.
+        places: where whole chunks gathered several at once go (``allocate`` None):
+            ``places(rows, row_bytes, count)`` gives uint8 arrays [n * rows, b] for n <= count chunks
+            and n (a worker's bundle arena, ``torchrecord._read.ipc.arena_places``), or None for
+            fresh arrays.
     """
 
     def __init__(
@@ -77,10 +83,12 @@ class ShareReader:
         verify: bool = False,
         advise: bool = True,
         allocate: Callable[[int, list[int]], list[np.ndarray]] | None = None,
+        places: Places | None = None,
     ) -> None:
         self.file, self.share, self.layout, self.verify = file, share, layout, verify
         self.advise = advise
         self.allocate = allocate
+        self.places = places
         self.offsets = file.shard_offsets
         self.records_read = 0
 
@@ -164,7 +172,7 @@ class ShareReader:
                 while taker.remaining:
                     several = self._chunks_at_once(chunk, taker, size)
                     if several > 1:  # whole chunks of this window, gathered and typed together
-                        arrays, indices = taker.take(several * size)
+                        arrays, indices, several = self._take_several(taker, several, size)
                         yield from self._split(self.typed(arrays), indices, size, tensors)
                         position += several * size
                         chunk = _Chunk(self, min(size, total - position), out, position)
@@ -181,6 +189,19 @@ class ShareReader:
             if isinstance(orders, OrdersAhead):
                 orders.close()
             self.records_read += walks.close()
+
+    def _take_several(self, taker: _Taken, several: int, size: int) -> tuple[list[Any], np.ndarray, int]:
+        """The next ``several`` whole chunks of ``taker`` gathered together (into :attr:`places` where it has room,
+        perhaps for fewer): their arrays, their indices and how many chunks they hold."""
+        placed = None
+        if self.places is not None:
+            assert self.layout is not None
+            placed = self.places(size, list(self.layout.sample_bytes), several)
+        if placed is None:
+            arrays, indices = taker.take(several * size)
+            return arrays, indices, several
+        out, several = placed
+        return list(out), taker.take_into(several * size, out, 0), several
 
     def _split(
         self, columns: list[Any], indices: np.ndarray, size: int, tensors: bool
@@ -249,9 +270,9 @@ class ShareReader:
         """How many whole chunks to gather from ``taker`` in one call per field (0 or 1: one as usual).
 
         Several when chunks are small (tiny samples): one gather and one typing for all of them, then each
-        chunk a slice, saves the per-chunk Python that dominates them. Only for fresh arrays (no ``out=``,
-        no slot), from a chunk not begun, and at most :data:`GATHER_BYTES` at once, so that a batch kept
-        alive keeps little else alive with it.
+        chunk a slice, saves the per-chunk Python that dominates them. Only where no ``out=`` and no slot a
+        chunk is asked for (a worker's bundle arena may take them: ``places``), from a chunk not begun, and at
+        most :data:`GATHER_BYTES` at once, so that a batch kept alive keeps little else alive with it.
         """
         layout = self.layout
         if layout is None or chunk.held or chunk.n != size or chunk.out is not None or self.allocate is not None:

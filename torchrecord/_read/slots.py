@@ -68,6 +68,8 @@ from torchrecord._read.slot_maps import mapped_keys, mapped_segments
 __all__ = [
     "SlotBatch",
     "allocate",
+    "allocate_batches",
+    "arena_batches",
     "arena_stacked",
     "available",
     "bundle_arenas",
@@ -180,10 +182,15 @@ class _Arena:
 
     def next_batch(self) -> list[np.ndarray]:
         """The uint8 arrays [rows, b] of the next batch's fields."""
+        return self.next_batches(1)
+
+    def next_batches(self, count: int) -> list[np.ndarray]:
+        """The uint8 arrays [count * rows, b] of the next ``count`` batches' fields (a field's batches lie one
+        after another)."""
         j, rows = self.used, self.rows
-        self.used += 1
+        self.used += count
         return [
-            self.base[o + j * rows * b : o + (j + 1) * rows * b].reshape(rows, b)
+            self.base[o + j * rows * b : o + (j + count) * rows * b].reshape(count * rows, b)
             for o, b in zip(self.offsets, self.row_bytes)
         ]
 
@@ -357,6 +364,31 @@ def allocate(rows: int, row_bytes: list[int]) -> list[np.ndarray]:
     base = np.frombuffer(owner, dtype=np.uint8)  # type: ignore[call-overload]
     pool.allocated = segment
     return [base[o : o + size].reshape(rows, b) for o, size, b in zip(offsets, sizes, row_bytes)]
+
+
+def arena_batches() -> int:
+    """Batches a bundle's arena holds (:func:`bundle_arenas`; 0 where bundles are not gathered in arenas)."""
+    pool = _pool if _pool is not None and _pool.pid == slot_maps.pid() else None
+    return pool.arena_batches if pool is not None else 0
+
+
+def allocate_batches(rows: int, row_bytes: list[int], count: int) -> tuple[list[np.ndarray], int] | None:
+    """Room for up to ``count`` whole batches of ``rows`` rows in the arena of the bundle being built, gathered
+    together: uint8 arrays [n * rows, b] for each ``b`` of ``row_bytes``, and n (at most what the arena has
+    left). None where bundles are not gathered in arenas, or the arena being filled holds batches of another
+    shape. Their bundle then crosses stacked without a copy (:func:`arena_stacked`).
+    """
+    pool = _worker_pool()
+    if pool.arena_batches <= 1:
+        return None
+    arena = pool.arena
+    if arena is None or arena.used >= arena.count:
+        arena = pool.arena = _Arena(pool, rows, row_bytes, pool.arena_batches)
+    elif (arena.rows, arena.row_bytes) != (rows, list(row_bytes)):
+        return None
+    n = min(count, arena.count - arena.used)
+    pool.allocated = arena.segment
+    return arena.next_batches(n), n
 
 
 def room(sizes: list[int]) -> Callable[[tuple[int, ...], torch.dtype], torch.Tensor]:

@@ -198,6 +198,8 @@ class FixedWindow:
         #: per field, the window's bytes as ``size``-byte items at every byte offset (None: an empty field or
         #: no record); :meth:`take` gathers samples by byte offset from them
         self._rows: list[np.ndarray | None] = []
+        self._whole = np.empty(0, np.uint8)
+        self._tensor_rows: dict[int, torch.Tensor] = {}
         if joined is not None:
             n = len(joined)
             self.fields = [
@@ -214,6 +216,7 @@ class FixedWindow:
                 for off, size in zip(layout.offsets, layout.sample_bytes)
             ]
             flat = whole.reshape(-1)
+            self._whole = flat  # the window's bytes, for torch views (:meth:`_gather_into`)
             self._rows = [
                 np.ndarray((len(flat) - size + 1,), np.dtype((np.void, size)), flat, 0, (1,)) if size and n else None
                 for size in layout.sample_bytes
@@ -241,6 +244,18 @@ class FixedWindow:
         taken: np.ndarray = rows[where].view(np.uint8).reshape(len(rec), size)
         return taken
 
+    def _gather_into(self, field: int, rec: np.ndarray, row: np.ndarray, dst: np.ndarray) -> None:
+        """Field ``field``'s bytes of samples ``(rec, row)`` of a joined window copied into ``dst`` (C-contiguous
+        (len(rec), size) uint8) with one ``torch.index_select`` by byte offset (only where torch runs on one
+        thread: :func:`_one_thread`)."""
+        size = self.layout.sample_bytes[field]
+        view = self._tensor_rows.get(size)
+        if view is None:
+            flat = torch.from_numpy(self._whole)
+            view = self._tensor_rows[size] = flat.as_strided((len(self._whole) - size + 1, size), (1, 1))
+        where = rec * self.layout.length + (self.layout.offsets[field] + row * size)
+        torch.index_select(view, 0, torch.from_numpy(where), out=torch.from_numpy(dst))
+
     def gather(
         self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray | None] | None = None, at: int = 0
     ) -> list[Any]:
@@ -261,13 +276,16 @@ class FixedWindow:
                 out, at = [np.empty((n, size), np.uint8) for size in self.layout.sample_bytes], 0
             k = self.layout.rows
             first = _consecutive(rec * k + row) if n else None
-            for field, items, dst in zip(self.fields, self._items, out):
+            one_thread = _one_thread()
+            for f, (field, items, dst) in enumerate(zip(self.fields, self._items, out)):
                 if dst is None:  # a field the caller does not want
                     continue
                 if first is not None:  # consecutive samples (an unshuffled read): strided copies, in place
                     _copy_run(field, first, dst[at : at + n], k)
                 elif items is None:
                     dst[at : at + n] = field[rec, row]
+                elif one_thread and self._rows[f] is not None:  # one copy a sample, straight into dst
+                    self._gather_into(f, rec, row, dst[at : at + n])
                 else:  # a fancy index gathers into a temporary first
                     dst[at : at + n].view(items.dtype)[:, 0] = items[rec, row]
             return list(out)
