@@ -16,7 +16,7 @@ them again, and walks only the pieces of a window holding a record it does not k
 (a persistent DataLoader worker reads another share each epoch, so its book fills
 over several).
 
-The module is long (about 650 lines) because it is one mechanism: the window's records found
+The module is long (about 670 lines) because it is one mechanism: the window's records found
 (:class:`_WindowBuilder`, or an address book), where they lie (:class:`Mapped`) and the gather
 from them (:class:`FixedWindow`) share their layout arithmetic and invariants.
 """
@@ -122,9 +122,8 @@ class Mapped:
         """:meth:`rows` as a (count, size) uint8 tensor, for ``torch.index_select`` (only ever read)."""
         view = self._tensor_rows.get(size)
         if view is None:
-            span = len(self.memory)
-            memory = torch.from_numpy(memory_at(self.memory.ctypes.data, span, read_only=False))
-            view = self._tensor_rows[size] = memory.as_strided((span - size + 1, size), (1, 1))
+            memory = memory_at(self.memory.ctypes.data, len(self.memory), read_only=False)
+            view = self._tensor_rows[size] = _byte_rows(memory, size)
         return view
 
     def differing(self, records: np.ndarray, segments: Sequence[tuple[int, int, bytes]]) -> np.ndarray:
@@ -163,6 +162,12 @@ class Mapped:
         else:  # through a temporary
             dst.view(np.dtype((np.void, size))).reshape(len(dst))[...] = self.rows(size)[where]
         return dst
+
+
+def _byte_rows(memory: np.ndarray, size: int) -> torch.Tensor:
+    """A 1-d uint8 array as ``size``-byte rows starting at every byte offset: a (len - size + 1, size) tensor
+    view (rows overlap), to gather rows by byte offset with one ``torch.index_select``."""
+    return torch.from_numpy(memory).as_strided((len(memory) - size + 1, size), (1, 1))
 
 
 def _one_thread() -> bool:
@@ -251,8 +256,7 @@ class FixedWindow:
         size = self.layout.sample_bytes[field]
         view = self._tensor_rows.get(size)
         if view is None:
-            flat = torch.from_numpy(self._whole)
-            view = self._tensor_rows[size] = flat.as_strided((len(self._whole) - size + 1, size), (1, 1))
+            view = self._tensor_rows[size] = _byte_rows(self._whole, size)
         where = rec * self.layout.length + (self.layout.offsets[field] + row * size)
         torch.index_select(view, 0, torch.from_numpy(where), out=torch.from_numpy(dst))
 
