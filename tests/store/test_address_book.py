@@ -198,3 +198,46 @@ def test_a_database_over_the_limit_gets_an_empty_book(
     assert all(len(book.addresses) == 0 for book in address_book._BOOKS.values())
     for (label, x), (label_0, x_0) in zip(second, first):
         assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("check", [None, "checksums"])
+def test_a_window_known_whole_is_looked_up_sample_by_sample_without_a_walk_or_its_pieces(
+    tmp_path: Path, walked: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch, sharded: bool, check: str | None
+) -> None:
+    """Records read from the map, a second pass: a window whose records the books know every one of (no
+    checksums to compute; of one shard or several) is read by ``FixedWindowReader.read_known``, a lookup of each
+    sample's record, without :meth:`FixedWindowReader.read`'s look at its pieces; it gives the batches a process
+    without books reads. With checksums every window goes through ``read``."""
+    path = _write(tmp_path, sharded, 2, MAPPED)
+    _epoch(path, 0, check=check)
+    calls = {"read": 0, "read_known": 0}
+
+    def counting(name: str) -> Any:
+        original = getattr(fastread.FixedWindowReader, name)
+
+        def counted(self: fastread.FixedWindowReader, *args: Any) -> Any:
+            result = original(self, *args)
+            calls[name] += result is not None
+            return result
+
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(fastread.FixedWindowReader, name, counting(name))
+    walked.clear()
+    ds = RecordDataset(path, batch_size=8, shuffle_buffer=32, seed=2, check=check)
+    ds.set_epoch(1)
+    second = [(b["label"].numpy().copy(), b["x"].numpy().copy()) for b in ds]
+    counts = np.diff(ds.file.shard_offsets).tolist()
+    if check is None:
+        assert calls["read_known"] > calls["read"]
+        assert calls["read"] <= sum(c % 2 for c in counts)  # a window holding a shard's short last record
+    else:
+        assert calls["read_known"] == 0 and calls["read"] > 0
+    address_book._BOOKS.clear()
+    without = _epoch(path, 1, check=check)
+    assert len(second) == len(without) == -(-COUNT // 8)
+    for (label, x), (label_0, x_0) in zip(second, without):
+        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
+        assert np.array_equal(x[:, 0], label % 251)

@@ -155,6 +155,9 @@ class ShareReader:
             position = start  # the position of the chunk being assembled
             chunk = _Chunk(self, min(size, total - position), out, position)
             skip = start - first_window * share.window
+            fixed = layout is not None
+            # a whole chunk one window serves, gathered into fresh arrays (no out=, no slot): taken at once
+            plain = out is None and self.allocate is None and (not fixed or self._most_at_once(size) < 2)
             takers: Iterator[_Taken] = (
                 windows(first_window + a, pieces, [_indices(runs) for runs in window_runs[a:b]], g)
                 for g, ((a, b), pieces) in enumerate(zip(groups, plan))
@@ -170,6 +173,12 @@ class ShareReader:
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
+                    if plain and not chunk.held and chunk.n == size <= taker.remaining:  # a chunk of one window
+                        arrays, indices = taker.take(size)
+                        yield (self.typed(arrays) if fixed else arrays), indices
+                        position += size
+                        chunk = _Chunk(self, min(size, total - position), out, position)
+                        continue
                     several = self._chunks_at_once(chunk, taker, size)
                     if several > 1:  # whole chunks of this window, gathered and typed together
                         arrays, indices, several = self._take_several(taker, several, size)
@@ -274,10 +283,15 @@ class ShareReader:
         chunk is asked for (a worker's bundle arena may take them: ``places``), from a chunk not begun, and at
         most :data:`GATHER_BYTES` at once, so that a batch kept alive keeps little else alive with it.
         """
-        layout = self.layout
-        if layout is None or chunk.held or chunk.n != size or chunk.out is not None or self.allocate is not None:
+        if self.layout is None or chunk.held or chunk.n != size or chunk.out is not None or self.allocate is not None:
             return 0
-        return min(taker.remaining // size, GATHER_BYTES // max(1, size * layout.length // layout.rows))
+        return min(taker.remaining // size, self._most_at_once(size))
+
+    def _most_at_once(self, size: int) -> int:
+        """Whole chunks of ``size`` samples that :data:`GATHER_BYTES` holds (fixed path)."""
+        layout = self.layout
+        assert layout is not None
+        return GATHER_BYTES // max(1, size * layout.length // layout.rows)
 
     # -- the two paths --------------------------------------------------------
     def _fixed_windows(self, walks: ShardWalks, orders: Callable[[int], np.ndarray | None]) -> Any:
@@ -288,23 +302,36 @@ class ShareReader:
         reader = FixedWindowReader(layout, min(self.share.window * self._windows_per_group(), self.share.total))
 
         def window(j: int, pieces: Sequence[LocalRun], parts: Sequence[np.ndarray], g: int) -> _Taken:
-            win, rec, row = reader.read(
-                [(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces], walks.settle_deferred
-            )
             indices = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            walked = [(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces]
+            known = reader.read_known(walked, self._in_shards(pieces, indices))
+            win, rec, row = known if known is not None else reader.read(walked, walks.settle_deferred)
             order = orders(g)  # the group's windows from window j, each permuted on its own
             if order is not None:
                 rec, row, indices = rec[order], row[order], indices[order]
             checks = walks.checks_ahead(rec)  # None unless its checksums are deferred (computed on a helper)
+            places = win.places(rec, row)  # a window read from the map: where its samples lie, once
 
             def gather(sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0) -> list[Any]:
                 if checks is not None:
                     checks.settle(rec[sel])  # no byte is handed out before its record's CRC-32 matched
+                if places is not None:
+                    return win.gather_at(places, sel, out, at)
                 return win.gather(rec[sel], row[sel], out, at)
 
             return _Taken(len(rec), gather, indices)
 
         return window
+
+    def _in_shards(self, pieces: Sequence[LocalRun], indices: np.ndarray) -> np.ndarray:
+        """``indices`` (the set's, of ``pieces``' samples in order) as indices in each sample's shard."""
+        shards = {s for s, _, _ in pieces}
+        if len(shards) <= 1:
+            first = int(self.offsets[pieces[0][0]]) if pieces else 0
+            return indices - first if first else indices
+        starts = self.offsets[[s for s, _, _ in pieces]]
+        local: np.ndarray = indices - np.repeat(starts, [b - a for _, a, b in pieces])
+        return local
 
     def _group_order(self, j: int, sizes: Sequence[int]) -> np.ndarray | None:
         """The order of a group of windows from window ``j`` (``sizes`` positions each): each window's own
@@ -435,7 +462,14 @@ def _indices(runs: Sequence[Run]) -> np.ndarray:
     """The sample indices of runs, in run order."""
     if not runs:
         return np.zeros(0, np.int64)
-    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
+    if len(runs) == 1:
+        return np.arange(runs[0][0], runs[0][1], dtype=np.int64)
+    bounds = np.array(runs, np.int64)
+    counts = bounds[:, 1] - bounds[:, 0]
+    # a few calls however many runs: each sample's position among them, shifted to where its run starts
+    shifts = np.repeat(bounds[:, 0] - (np.cumsum(counts) - counts), counts)
+    indices: np.ndarray = np.arange(int(counts.sum()), dtype=np.int64) + shifts
+    return indices
 
 
 def split_runs(runs: Sequence[Run], offsets: np.ndarray) -> list[LocalRun]:

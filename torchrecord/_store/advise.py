@@ -92,14 +92,12 @@ def cached_pages(path: str, sample: int | None = None) -> tuple[int, int] | None
                         return int((state & 1).sum()), pages
                     spread = np.linspace(0, pages - 1, sample).astype(np.int64)  # sorted; np.unique would
                     chosen = spread[np.r_[True, spread[1:] != spread[:-1]]].tolist()  # import numpy.ma: 22 ms
-                    state = np.zeros(1, np.uint8)
-                    cached = 0
-                    for page in chosen:
-                        address = ctypes.c_void_p(base + page * mmap.PAGESIZE)
-                        if mincore(address, mmap.PAGESIZE, state.ctypes.data) != 0:
+                    state = np.zeros(len(chosen), np.uint8)
+                    at = state.ctypes.data  # page i's state goes to state[i] (asked once: a ctypes object)
+                    for i, page in enumerate(chosen):
+                        if mincore(base + page * mmap.PAGESIZE, mmap.PAGESIZE, at + i) != 0:
                             return None
-                        cached += int(state[0]) & 1
-                    return cached, len(chosen)
+                    return int((state & 1).sum()), len(chosen)
                 finally:
                     del view  # the map cannot close while an array still exports it
         finally:

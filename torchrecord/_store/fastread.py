@@ -14,9 +14,12 @@ and checked, goes into its file's address book (``address_book``): a later pass 
 the process finds a window whose records the book knows without walking or checking
 them again, and walks only the pieces of a window holding a record it does not know
 (a persistent DataLoader worker reads another share each epoch, so its book fills
-over several).
+over several). A window read from the map whose books know it whole, without checksums
+to compute, is a lookup of each sample's record (:meth:`FixedWindowReader.read_known`),
+and its batches are gathered at offsets worked out once for the window
+(:meth:`FixedWindow.places`).
 
-The module is long (about 670 lines) because it is one mechanism: the window's records found
+The module is long (about 750 lines) because it is one mechanism: the window's records found
 (:class:`_WindowBuilder`, or an address book), where they lie (:class:`Mapped`) and the gather
 from them (:class:`FixedWindow`) share their layout arithmetic and invariants.
 """
@@ -144,7 +147,11 @@ class Mapped:
 
         ``dst`` is a C-contiguous (len(rec), size) uint8 array, or None for a fresh one. Returns it.
         """
-        where = self.offsets[rec] + (offset + row * size)
+        return self.take_at(self.offsets[rec] + (offset + row * size), size, dst)
+
+    def take_at(self, where: np.ndarray, size: int, dst: np.ndarray | None) -> np.ndarray:
+        """Copy the ``size`` bytes at each offset ``where`` of the span into ``dst`` (as :meth:`take`), or into a
+        fresh array (None). Returns it."""
         if size < ROW_COPY and dst is None:  # the fancy index's result is the batch: no second copy
             fresh: np.ndarray = self.rows(size)[where].view(np.uint8).reshape(len(where), size)
             return fresh
@@ -259,6 +266,30 @@ class FixedWindow:
             view = self._tensor_rows[size] = _byte_rows(self._whole, size)
         where = rec * self.layout.length + (self.layout.offsets[field] + row * size)
         torch.index_select(view, 0, torch.from_numpy(where), out=torch.from_numpy(dst))
+
+    def places(self, rec: np.ndarray, row: np.ndarray) -> list[np.ndarray] | None:
+        """Per field, where samples ``(rec, row)`` lie in the map (offsets in :attr:`mapped`'s span), for
+        :meth:`gather_at`: worked out once a window rather than once a batch. None unless the window is read
+        from the map."""
+        mapped = self.mapped
+        if mapped is None:
+            return None
+        at = mapped.offsets[rec]
+        return [at + (offset + row * size) for offset, size in zip(self.layout.offsets, self.layout.sample_bytes)]
+
+    def gather_at(
+        self, places: Sequence[np.ndarray], sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0
+    ) -> list[Any]:
+        """:meth:`gather` of the samples at ``places[f][sel]`` (:meth:`places`) of a window read from the map."""
+        mapped = self.mapped
+        assert mapped is not None
+        sizes = self.layout.sample_bytes
+        if out is None:
+            return [mapped.take_at(where[sel], size, None) for where, size in zip(places, sizes)]
+        for where, size, dst in zip(places, sizes, out):
+            if dst is not None and size:
+                mapped.take_at(where[sel], size, dst[at : at + len(where[sel])])
+        return list(out)
 
     def gather(
         self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray | None] | None = None, at: int = 0
@@ -414,6 +445,40 @@ class FixedWindowReader:
         rec, row = _coordinates(starts, lengths, shifts, k)
         return window, rec, row
 
+    def read_known(
+        self, pieces: Sequence[Piece], samples: np.ndarray
+    ) -> tuple[FixedWindow, np.ndarray, np.ndarray] | None:
+        """:meth:`read` of a window read from the map whose walks check no checksums and whose records their
+        address books know every one of; ``samples`` are the pieces' samples, in order, each in its own shard's
+        indices. None where that is not so (:meth:`read` then reads it).
+
+        A handful of NumPy calls over the window's samples, none a piece: each sample's record is looked up
+        in its book, and the window is a :class:`Mapped` of one row a sample (its record's address).
+        """
+        if self.joined or not self._books or not pieces or any(p[0].checks for p in pieces):
+            return None
+        k = self.layout.rows
+        records = samples // k
+        walks = list(dict.fromkeys(p[0] for p in pieces))
+        if len(walks) == 1:
+            addresses = _looked_up(walks[0], records)
+        else:  # each walk's samples looked up in its own book
+            owner = np.repeat([walks.index(p[0]) for p in pieces], [p[3] - p[2] for p in pieces])
+            addresses = np.zeros(len(records), np.int64)
+            for i, walk in enumerate(walks):
+                mine = owner == i
+                found = _looked_up(walk, records[mine])
+                if found is None:
+                    return None
+                addresses[mine] = found
+        if addresses is None or not addresses.all():
+            return None
+        for walk, _, start, stop in pieces:  # counted as read (a walk without checksums checks nothing more)
+            walk.found(start // k, (stop - 1) // k + 1 - start // k)
+        window = FixedWindow(self.layout, None, [], self._buffer(), Mapped([], addresses, self.layout.length))
+        self._recycled.append((window.buffer, weakref.ref(window)))
+        return window, np.arange(len(samples)), samples - records * k
+
     def read_records(self, parts: Sequence[tuple[Walk, int, np.ndarray]]) -> FixedWindow:
         """The window holding whole records: per part (an open walk, samples in its shard, sorted record indices).
 
@@ -440,6 +505,16 @@ class FixedWindowReader:
                 del self._recycled[i]
                 return buffer
         return np.empty(self._capacity, np.uint8)
+
+
+def _looked_up(walk: Walk, records: np.ndarray) -> np.ndarray | None:
+    """The addresses ``walk``'s book holds for ``records`` (0: not known), or None where it has no book or the
+    records run past it (an empty book)."""
+    book = book_of(walk)
+    if book is None or (len(records) and int(records.max()) >= len(book.addresses)):
+        return None
+    addresses: np.ndarray = book.addresses[records]
+    return addresses
 
 
 def _copy_records(mapped: Mapped, length: int, buffer: np.ndarray) -> tuple[np.ndarray, None, np.ndarray]:
