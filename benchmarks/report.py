@@ -282,6 +282,7 @@ _TORCHRECORD = (
     "torchrecord-packed-loader",
 )
 IN_MEMORY = "in-memory-limit"
+IN_MEMORY_DATALOADER = "in-memory-limit-dataloader"
 
 
 def _at(ms: Sequence[Measurement], workload: str, loader: str, workers: int | None) -> float | None:
@@ -321,7 +322,6 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
         batch2 = _at(measurements, workload, "torchrecord-batch", 2)
         sample0 = _at(measurements, workload, "torchrecord", 0)
         sample2 = _at(measurements, workload, "torchrecord", 2)
-        memory = _at(measurements, workload, IN_MEMORY, None)
         # RecordLoader (bundles) against the same batch mode at 0 workers, where it is a plain DataLoader
         loader0 = _at(measurements, workload, "torchrecord-loader", 0) or batch0
         loader2 = _at(measurements, workload, "torchrecord-loader", 2)
@@ -346,18 +346,38 @@ def handover_targets(measurements: Sequence[Measurement], transform_us: float) -
             continue
         if batch0 and batch2:
             rows.append(_target_row(f"{workload}: batch mode, 2 workers / 0 workers", batch2 / batch0, 0.9))
-        if batch0 and memory:
-            rows.append(_target_row(f"{workload}: batch mode, 0 workers / in-memory gather", batch0 / memory, 0.8))
-        packed0 = _at(measurements, workload, "torchrecord-packed", 0)
-        if packed0 and memory:  # the set write_record makes by default for small samples
-            what = f"{workload}: batch mode, packed set, 0 workers / in-memory gather"
-            rows.append(_target_row(what, packed0 / memory, 0.8))
+        rows.extend(_memory_rows(measurements, workload))
         if batch0 and sample0:
             rows.append(_target_row(f"{workload}: per-sample / batch mode, 0 workers", sample0 / batch0, 0.5))
         if batch0 and _at(measurements, workload, "torchrecord-sample-loader", 0):
             what = f"{workload}: per-sample RecordLoader / batch mode, 0 workers"
             rows.append(_target_row(what, sampled0 / batch0, 0.5))
     return [r for r in rows if r is not None]
+
+
+def _memory_rows(measurements: Sequence[Measurement], workload: str) -> list[list[str] | None]:
+    """Batch mode at 0 workers against the in-memory gather, like for like: a plain DataLoader against the gather
+    read through the same DataLoader (when measured; else the bare gather), RecordLoader against the bare gather
+    (its iterator leaves out torch's per-batch profiler span). One file, and the set packed as write_record packs
+    it by default."""
+    memory = _at(measurements, workload, IN_MEMORY, None)
+    through = _at(measurements, workload, IN_MEMORY_DATALOADER, None)
+    rows: list[list[str] | None] = []
+    for packing, suffix in (("", "batch"), ("packed set, ", "packed")):
+        plain0 = _at(measurements, workload, f"torchrecord-{suffix}", 0)
+        reference = through or memory
+        if plain0 and reference:
+            what = f"{workload}: batch mode, {packing}DataLoader 0 workers / in-memory gather" + (
+                " through DataLoader" if through else ""
+            )
+            rows.append(_target_row(what, plain0 / reference, 0.8))
+        loader0 = _at(
+            measurements, workload, "torchrecord-loader" if suffix == "batch" else "torchrecord-packed-loader", 0
+        )
+        if loader0 and memory:
+            what = f"{workload}: batch mode, {packing}RecordLoader 0 workers / in-memory gather"
+            rows.append(_target_row(what, loader0 / memory, 0.8))
+    return rows
 
 
 PEER_HEADERS = ["workload", "peer", "workers", "samples/s", "torchrecord", "samples/s", "torchrecord / peer"]

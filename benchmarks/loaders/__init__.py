@@ -87,5 +87,6 @@ def registry(options: LoaderOptions | None = None) -> dict[str, Loader]:
         RawLmdbLimit(fresh=True),
         RawLmdbLimit(packed=True, samples_per_record=opts.samples_per_record),
         InMemoryLimit(),
+        InMemoryLimit(through_dataloader=True),
     ]
     return {loader.name: loader for loader in loaders}

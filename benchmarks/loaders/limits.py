@@ -22,6 +22,9 @@ from benchmarks.workloads import WorkloadData
 
 __all__ = ["InMemoryLimit", "RawLmdbLimit"]
 
+#: the in-memory gather read through a plain ``DataLoader(batch_size=None)`` at 0 workers
+IN_MEMORY_DATALOADER = "in-memory-limit-dataloader"
+
 
 class _RawEpochs(Epochs):
     """Copy every value of the records database, in stored order, into a reused batch buffer.
@@ -156,15 +159,41 @@ class _MemoryEpochs(Epochs):
             yield self.features.index_select(0, chunk), self.labels.index_select(0, chunk)
 
 
-class InMemoryLimit(Loader):
-    """All samples in one tensor, batches gathered by a random permutation: no storage at all."""
+class _Gathered(torch.utils.data.IterableDataset[Any]):
+    """One epoch of the in-memory gather as an IterableDataset (for a DataLoader)."""
 
-    name = "in-memory-limit"
-    description = "1 process: one tensor in RAM indexed by randperm batches"
+    def __init__(self, epochs: _MemoryEpochs, index: int) -> None:
+        self.epochs, self.index = epochs, index
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.epochs._batches(self.index)
+
+
+class _MemoryThroughLoader(_MemoryEpochs):
+    def epoch(self, index: int) -> Iterable[Any]:
+        return torch.utils.data.DataLoader(_Gathered(self, index), batch_size=None)
+
+
+class InMemoryLimit(Loader):
+    """All samples in one tensor, batches gathered by a random permutation: no storage at all.
+
+    ``through_dataloader``: the same batches yielded by an IterableDataset through a plain
+    ``DataLoader(batch_size=None)`` at 0 workers, the reference for a loader read that way (torch's
+    iterator costs about 15 us a batch whatever the batch: its per-item profiler span and fetcher).
+    """
+
     uses_workers = False
     is_limit = True
+
+    def __init__(self, through_dataloader: bool = False) -> None:
+        self.through_dataloader = through_dataloader
+        self.name = IN_MEMORY_DATALOADER if through_dataloader else "in-memory-limit"
+        self.description = "1 process: one tensor in RAM indexed by randperm batches" + (
+            ", yielded through DataLoader(batch_size=None)" if through_dataloader else ""
+        )
 
     def open(self, data: WorkloadData, path: Path | None, num_workers: int) -> Epochs:
         features = torch.from_numpy(data.features)
         labels = torch.from_numpy(data.labels)
-        return _MemoryEpochs(features, labels, data.batch_size)
+        epochs = _MemoryThroughLoader if self.through_dataloader else _MemoryEpochs
+        return epochs(features, labels, data.batch_size)

@@ -241,3 +241,51 @@ def test_a_window_known_whole_is_looked_up_sample_by_sample_without_a_walk_or_it
     for (label, x), (label_0, x_0) in zip(second, without):
         assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
         assert np.array_equal(x[:, 0], label % 251)
+
+
+def _walk_log(log: Path) -> np.ndarray:
+    """How many times each record was walked, from the lines ``first stop`` of ``log``."""
+    walked = np.zeros(COUNT, np.int64)
+    for line in log.read_text().splitlines() if log.exists() else []:
+        first, stop = map(int, line.split())
+        walked[first:stop] += 1
+    return walked
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_persistent_workers_books_learn_every_record_in_its_second_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    """A persistent DataLoader worker reads another share each epoch: its second pass walks every record of the
+    file it did not know (found in the page cache), so that no later epoch walks any. A worker that reads once
+    (not persistent) walks only its share. Every epoch holds every sample once. Recorded from the (forked)
+    workers in a file: a line a run of records walked."""
+    path = _write(tmp_path, False, 1, MAPPED)
+    log = tmp_path / "walked.log"
+    original = Walk.records
+
+    def recording(self: Walk, first: int, stop: int) -> list[Any]:
+        with open(log, "a") as file:
+            file.write(f"{first} {stop}\n")
+        return original(self, first, stop)
+
+    monkeypatch.setattr(Walk, "records", recording)
+    address_book._BOOKS.clear()
+    ds = RecordDataset(path, batch_size=8, shuffle_buffer=32, seed=2)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, persistent_workers=persistent, multiprocessing_context="fork"
+    )
+    walks = []
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        batches = [(b["label"].numpy().copy(), b["x"].numpy().copy()) for b in loader]
+        walks.append(_walk_log(log))
+        assert sorted(np.concatenate([label for label, _ in batches]).tolist()) == list(range(COUNT))
+        for label, x in batches:
+            assert np.array_equal(x[:, 0], label % 251)
+    if not persistent:
+        assert all((w == e + 1).all() for e, w in enumerate(walks)), "each record walked once an epoch"
+        return
+    assert (walks[0] == 1).all(), "the first epoch walks each worker's share"
+    assert (walks[1] == 2).all(), "by the end of the second, each worker walked every record once"
+    assert np.array_equal(walks[1], walks[3]), "no record walked after the second epoch"

@@ -32,6 +32,7 @@ from torchrecord._order import windows as _order
 from torchrecord._order.share import Share
 from torchrecord._read.orders_ahead import OrdersAhead, orders_ahead_pay
 from torchrecord._read.shard_walks import LocalRun, ShardWalks
+from torchrecord._store.advise import resident
 from torchrecord._store.checks_ahead import one_ahead
 from torchrecord._store.fastread import FixedWindowReader, joins, read_as_views
 from torchrecord._store.record_file import RecordFile
@@ -301,8 +302,16 @@ class ShareReader:
         # on a set of 2,000 samples makes a window of 10**7 positions, of which 2,000 are filled)
         reader = FixedWindowReader(layout, min(self.share.window * self._windows_per_group(), self.share.total))
 
+        learned: set[int] = set()  # shards whose books were offered every record
+        this_pass = object()
+        learns = self._learns_whole_shards()
+
         def window(j: int, pieces: Sequence[LocalRun], parts: Sequence[np.ndarray], g: int) -> _Taken:
             indices = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            for s in {s for s, _, _ in pieces} - learned:
+                learned.add(s)
+                if learns and reader.learns_all(walks.walk(s), this_pass) and resident(walks.file(s).path):
+                    reader.learn_all(walks.walk(s), walks.count(s))
             walked = [(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces]
             known = reader.read_known(walked, self._in_shards(pieces, indices))
             win, rec, row = known if known is not None else reader.read(walked, walks.settle_deferred)
@@ -322,6 +331,13 @@ class ShareReader:
             return _Taken(len(rec), gather, indices)
 
         return window
+
+    def _learns_whole_shards(self) -> bool:
+        """Whether the address books learn every record of a shard in this process's second pass over it
+        (``FixedWindowReader.learns_all``): where this reader reads another share of the set each epoch (a
+        DataLoader worker, or a rank, reading shuffled). Only shards found in the page cache
+        (``advise.resident``): a shard read from the disk would be read twice."""
+        return self.share.shuffle and self.share.total < int(self.offsets[-1])
 
     def _in_shards(self, pieces: Sequence[LocalRun], indices: np.ndarray) -> np.ndarray:
         """``indices`` (the set's, of ``pieces``' samples in order) as indices in each sample's shard."""

@@ -46,6 +46,8 @@ class AddressBook:
         self.snapshot = snapshot
         self.pid = os.getpid()
         self.addresses = np.zeros(records, np.int64)  # 0: not found and checked yet
+        self.learned_all = False  # every record was walked once (``FixedWindowReader.learn_all``)
+        self.first_pass: object = None  # the pass that made it (set by its reader: ``FixedWindowReader.learns_all``)
 
     def learn(self, first: int, addresses: np.ndarray) -> None:
         """Remember records first, first + 1, ... at ``addresses`` (a 0 leaves that record unknown); records

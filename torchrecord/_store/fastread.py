@@ -479,6 +479,39 @@ class FixedWindowReader:
         self._recycled.append((window.buffer, weakref.ref(window)))
         return window, np.arange(len(samples)), samples - records * k
 
+    def learn_all(self, walk: Walk, count: int) -> None:
+        """Walk every record of ``walk``'s shard (``count`` samples) its book does not know yet, once a book, so
+        that it knows them all: each found and checked as a window's are (:meth:`read`), a window's worth of
+        records at a time, none gathered from.
+
+        A reader of another share each epoch (a persistent DataLoader worker) fills its book over many epochs,
+        each walking the records it meets for the first time; learned whole in its second pass, every later one
+        is a lookup (:meth:`read_known`). Only for a walk without checksums (they would be computed for nothing).
+        """
+        book = book_of(walk)
+        assert book is not None
+        book.learned_all = True
+        k = self.layout.rows
+        at_once = max(1, self._capacity // self.layout.length) if self.joined else PENDING_VIEWS  # a window's
+        unknown = np.flatnonzero(book.addresses == 0)
+        breaks = np.flatnonzero(np.diff(unknown) != 1) + 1
+        for run in np.split(unknown, breaks) if len(unknown) else []:
+            for first in range(int(run[0]), int(run[-1]) + 1, at_once):
+                stop = min(int(run[-1]) + 1, first + at_once)
+                self.read([(walk, count, first * k, min(stop * k, count))])
+
+    def learns_all(self, walk: Walk, this_pass: object) -> bool:
+        """True when ``walk``'s book should learn every record (:meth:`learn_all`) in ``this_pass`` (a token of the
+        caller's pass over the set): records kept in books, no checksums, a book (not an empty one) that has not
+        learned them all yet, made by an earlier pass of this process. A process that reads once (a DataLoader
+        worker that is not persistent, a one-epoch job) never pays for records it will not read."""
+        book = book_of(walk) if self._books and not walk.checks else None
+        if book is None or book.learned_all or not len(book.addresses):
+            return False
+        if book.first_pass is None:
+            book.first_pass = this_pass
+        return book.first_pass is not this_pass
+
     def read_records(self, parts: Sequence[tuple[Walk, int, np.ndarray]]) -> FixedWindow:
         """The window holding whole records: per part (an open walk, samples in its shard, sorted record indices).
 
