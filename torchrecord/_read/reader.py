@@ -156,9 +156,8 @@ class ShareReader:
             position = start  # the position of the chunk being assembled
             chunk = _Chunk(self, min(size, total - position), out, position)
             skip = start - first_window * share.window
-            fixed = layout is not None
-            # a whole chunk one window serves, gathered into fresh arrays (no out=, no slot): taken at once
-            plain = out is None and self.allocate is None and (not fixed or self._most_at_once(size) < 2)
+            # chunks one window serves whole, gathered into fresh arrays (no out=, no slot): _whole_chunks
+            plain = out is None and self.allocate is None and (layout is None or self._most_at_once(size) < 2)
             takers: Iterator[_Taken] = (
                 windows(first_window + a, pieces, [_indices(runs) for runs in window_runs[a:b]], g)
                 for g, ((a, b), pieces) in enumerate(zip(groups, plan))
@@ -174,10 +173,10 @@ class ShareReader:
                 if skip:
                     taker.offset, skip = skip, 0
                 while taker.remaining:
-                    if plain and not chunk.held and chunk.n == size <= taker.remaining:  # a chunk of one window
-                        arrays, indices = taker.take(size)
-                        yield (self.typed(arrays) if fixed else arrays), indices
-                        position += size
+                    whole = min(taker.remaining, total - position) // size if plain and not chunk.held else 0
+                    if whole:  # whole chunks of this window, one after another
+                        yield from self._whole_chunks(taker, size, whole)
+                        position += whole * size
                         chunk = _Chunk(self, min(size, total - position), out, position)
                         continue
                     several = self._chunks_at_once(chunk, taker, size)
@@ -199,6 +198,17 @@ class ShareReader:
             if isinstance(orders, OrdersAhead):
                 orders.close()
             self.records_read += walks.close()
+
+    def _whole_chunks(self, taker: _Taken, size: int, count: int) -> Iterator[tuple[list[Any], np.ndarray]]:
+        """The next ``count`` chunks of ``size`` samples of ``taker``, each gathered into fresh arrays (typed
+        columns on the fixed path, typed as they are gathered where the window can: ``_Taken.typed``)."""
+        if taker.typed is not None:
+            for _ in range(count):
+                yield taker.take_typed(size)
+            return
+        for _ in range(count):
+            arrays, indices = taker.take(size)
+            yield (self.typed(arrays) if self.layout is not None else arrays), indices
 
     def _take_several(self, taker: _Taken, several: int, size: int) -> tuple[list[Any], np.ndarray, int]:
         """The next ``several`` whole chunks of ``taker`` gathered together (into :attr:`places` where it has room,
@@ -308,12 +318,12 @@ class ShareReader:
 
         def window(j: int, pieces: Sequence[LocalRun], parts: Sequence[np.ndarray], g: int) -> _Taken:
             indices = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            for s in {s for s, _, _ in pieces} - learned:
+            for s in {s for s, _, _ in pieces} - learned if learns else ():
                 learned.add(s)
-                if learns and reader.learns_all(walks.walk(s), this_pass) and resident(walks.file(s).path):
+                if reader.learns_all(walks.walk(s), this_pass) and resident(walks.file(s).path):
                     reader.learn_all(walks.walk(s), walks.count(s))
             walked = [(walks.walk(s), walks.count(s), a, b) for s, a, b in pieces]
-            known = reader.read_known(walked, self._in_shards(pieces, indices))
+            known = reader.read_known(walked, self._in_shards(pieces, indices)) if reader.looks_up else None
             win, rec, row = known if known is not None else reader.read(walked, walks.settle_deferred)
             order = orders(g)  # the group's windows from window j, each permuted on its own
             if order is not None:
@@ -328,7 +338,12 @@ class ShareReader:
                     return win.gather_at(places, sel, out, at)
                 return win.gather(rec[sel], row[sel], out, at)
 
-            return _Taken(len(rec), gather, indices)
+            def typed(sel: slice) -> list[Any]:  # a window from the map, no checksums, no bools: typed at once
+                assert places is not None
+                return win.gather_typed(places, sel, self._shapes)
+
+            plain = places is not None and checks is None and not self._has_bools
+            return _Taken(len(rec), gather, indices, typed if plain else None)
 
         return window
 
@@ -480,12 +495,9 @@ def _indices(runs: Sequence[Run]) -> np.ndarray:
         return np.zeros(0, np.int64)
     if len(runs) == 1:
         return np.arange(runs[0][0], runs[0][1], dtype=np.int64)
-    bounds = np.array(runs, np.int64)
-    counts = bounds[:, 1] - bounds[:, 0]
-    # a few calls however many runs: each sample's position among them, shifted to where its run starts
-    shifts = np.repeat(bounds[:, 0] - (np.cumsum(counts) - counts), counts)
-    indices: np.ndarray = np.arange(int(counts.sum()), dtype=np.int64) + shifts
-    return indices
+    # an arange a run: on the few runs of a window, faster than one vectorized build (4.7 against 15.9 us on
+    # two runs; even at 20)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
 
 
 def split_runs(runs: Sequence[Run], offsets: np.ndarray) -> list[LocalRun]:
@@ -504,8 +516,12 @@ def split_runs(runs: Sequence[Run], offsets: np.ndarray) -> list[LocalRun]:
 class _Taken:
     """A permuted window handed out front to back: ``take(n)`` gives the next n samples and their indices."""
 
-    def __init__(self, n: int, get: Any, indices: np.ndarray) -> None:
+    def __init__(
+        self, n: int, get: Any, indices: np.ndarray, typed: Callable[[slice], list[Any]] | None = None
+    ) -> None:
         self.n, self.get, self.indices, self.offset = n, get, indices, 0
+        #: where the window can: its samples gathered as typed columns (the fixed path's ``typed`` of ``get``)
+        self.typed = typed
 
     @property
     def remaining(self) -> int:
@@ -515,6 +531,13 @@ class _Taken:
         sel = slice(self.offset, self.offset + n)
         self.offset += n
         return self.get(sel), self.indices[sel]
+
+    def take_typed(self, n: int) -> tuple[list[Any], np.ndarray]:
+        """:meth:`take` of a window that types as it gathers (:attr:`typed`): typed columns and indices."""
+        assert self.typed is not None
+        sel = slice(self.offset, self.offset + n)
+        self.offset += n
+        return self.typed(sel), self.indices[sel]
 
     def take_into(self, n: int, out: Sequence[np.ndarray | None], at: int) -> np.ndarray:
         """Gather the next n samples into ``out`` from row ``at`` (fixed path); returns their indices."""

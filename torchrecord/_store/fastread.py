@@ -291,6 +291,22 @@ class FixedWindow:
                 mapped.take_at(where[sel], size, dst[at : at + len(where[sel])])
         return list(out)
 
+    def gather_typed(
+        self, places: Sequence[np.ndarray], sel: slice, shapes: Sequence[tuple[tuple[int, ...], Any]]
+    ) -> list[np.ndarray]:
+        """:meth:`gather_at` into fresh arrays, each field typed as it is gathered: ``shapes`` holds each field's
+        sample shape and NumPy dtype (no bools: their bytes need a check)."""
+        mapped = self.mapped
+        assert mapped is not None
+        typed = []
+        for where, size, (shape, dtype) in zip(places, self.layout.sample_bytes, shapes):
+            at = where[sel]
+            if 0 < size < ROW_COPY:  # one fancy index, viewed as the field's type
+                typed.append(mapped.rows(size)[at].view(dtype).reshape((len(at), *shape)))
+            else:
+                typed.append(mapped.take_at(at, size, None).view(dtype).reshape((len(at), *shape)))
+        return typed
+
     def gather(
         self, rec: np.ndarray, row: np.ndarray, out: Sequence[np.ndarray | None] | None = None, at: int = 0
     ) -> list[Any]:
@@ -400,6 +416,8 @@ class FixedWindowReader:
         self._capacity = (-(-capacity // k) + 2) * layout.length if self.joined else 0
         #: where records are found and kept in address books: read as views, and not compressed
         self._books = read_as_views(layout) and layout.expander is None
+        #: windows whose books know them whole may be looked up (:meth:`read_known`): read from the map
+        self.looks_up = self._books and not self.joined
         self._recycled: list[tuple[np.ndarray, weakref.ref[FixedWindow]]] = []
 
     def read(
@@ -455,7 +473,7 @@ class FixedWindowReader:
         A handful of NumPy calls over the window's samples, none a piece: each sample's record is looked up
         in its book, and the window is a :class:`Mapped` of one row a sample (its record's address).
         """
-        if self.joined or not self._books or not pieces or any(p[0].checks for p in pieces):
+        if not self.looks_up or not pieces or any(p[0].checks for p in pieces):
             return None
         k = self.layout.rows
         records = samples // k
