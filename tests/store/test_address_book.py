@@ -73,6 +73,18 @@ def _epoch(path: Path, epoch: int, **kwargs: Any) -> list[tuple[np.ndarray, np.n
     return [(b["label"].numpy().copy(), b["x"].numpy().copy()) for b in ds]
 
 
+def _assert_read_as_without_books(
+    path: Path, epoch: int, check: str | None, batches: list[tuple[np.ndarray, np.ndarray]]
+) -> None:
+    """``batches`` (epoch ``epoch``) are those a process without address books reads, each sample intact."""
+    address_book._BOOKS.clear()
+    without = _epoch(path, epoch, check=check)
+    assert len(batches) == len(without) == -(-COUNT // 8)
+    for (label, x), (label_0, x_0) in zip(batches, without):
+        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
+        assert np.array_equal(x[:, 0], label % 251)
+
+
 def _write(tmp_path: Path, sharded: bool, k: int, width: int) -> Path:
     if not sharded:
         write_record(_samples(width), tmp_path / "set.tr", seed=1, progress=False, samples_per_record=k)
@@ -102,12 +114,7 @@ def test_a_second_pass_walks_only_records_the_first_could_not_vouch_for(
     assert all(any(first <= r < stop for r in short_last) for first, stop in walked), walked
     if k == 1:
         assert walked == []
-    address_book._BOOKS.clear()
-    without = _epoch(path, 1, check=check)
-    assert len(second) == len(without) == -(-COUNT // 8)
-    for (label, x), (label_0, x_0) in zip(second, without):
-        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
-        assert np.array_equal(x[:, 0], label % 251)
+    _assert_read_as_without_books(path, 1, check, second)
 
 
 @pytest.mark.parametrize("sharded", [False, True])
@@ -131,12 +138,7 @@ def test_a_window_the_books_know_in_part_walks_only_the_pieces_they_do_not(
     assert sum(min(stop, max(lost)) - first for first, stop in walked) >= sum(lost)  # each lost one walked
     assert sum(stop - first for first, stop in walked) < COUNT * 2 // 3, walked  # not the pieces known whole
     assert all(book.addresses.all() for book in address_book._BOOKS.values()), "walked records are learned"
-    address_book._BOOKS.clear()
-    without = _epoch(path, 1, check=check)
-    assert len(second) == len(without) == -(-COUNT // 8)
-    for (label, x), (label_0, x_0) in zip(second, without):
-        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
-        assert np.array_equal(x[:, 0], label % 251)
+    _assert_read_as_without_books(path, 1, check, second)
 
 
 def test_checksums_are_checked_on_every_pass(tmp_path: Path, walked: list[tuple[int, int]], width: int) -> None:
@@ -235,12 +237,7 @@ def test_a_window_known_whole_is_looked_up_sample_by_sample_without_a_walk_or_it
         assert calls["read"] <= sum(c % 2 for c in counts)  # a window holding a shard's short last record
     else:
         assert calls["read_known"] == 0 and calls["read"] > 0
-    address_book._BOOKS.clear()
-    without = _epoch(path, 1, check=check)
-    assert len(second) == len(without) == -(-COUNT // 8)
-    for (label, x), (label_0, x_0) in zip(second, without):
-        assert np.array_equal(label, label_0) and np.array_equal(x, x_0)
-        assert np.array_equal(x[:, 0], label % 251)
+    _assert_read_as_without_books(path, 1, check, second)
 
 
 def _walk_log(log: Path) -> np.ndarray:

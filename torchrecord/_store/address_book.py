@@ -8,8 +8,10 @@ new snapshot, with another transaction id). So a record found and checked once i
 address, and a later pass in the same process (the next epoch at 0 workers, or in a persistent worker)
 takes the addresses of a piece's records from here: one array lookup a piece instead of a cursor step and
 a key check a record, and no second template check. A window the book knows in part walks only the pieces
-holding a record it does not know (:func:`booked`; a persistent worker reads another share each epoch, so
-its book fills over several).
+holding a record it does not know (:func:`booked`). A persistent worker reads another share each epoch, so
+its book would fill over many: in its second pass over a cached file it walks, once, every record the book
+does not know yet (``FixedWindowReader.learn_all``; :attr:`AddressBook.first_pass` tells a second pass from
+the first, so a process that reads once never walks records it will not read).
 
 A book is kept per environment (a weak key: it goes with the environment, whose map the addresses point
 into) for its records database, in the process that made it, for the snapshot it was made under: a walk of

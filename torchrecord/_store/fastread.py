@@ -19,7 +19,7 @@ to compute, is a lookup of each sample's record (:meth:`FixedWindowReader.read_k
 and its batches are gathered at offsets worked out once for the window
 (:meth:`FixedWindow.places`).
 
-The module is long (about 750 lines) because it is one mechanism: the window's records found
+The module is long (about 800 lines) because it is one mechanism: the window's records found
 (:class:`_WindowBuilder`, or an address book), where they lie (:class:`Mapped`) and the gather
 from them (:class:`FixedWindow`) share their layout arithmetic and invariants.
 """
