@@ -61,8 +61,10 @@ def write(path: Path, n: int = 64, offset: int = 0, **kwargs: Any) -> Path:
 
 
 def raw_env(path: Path) -> lmdb.Environment:
-    """Open a record set for raw writing (only before torchrecord opens it in this process)."""
-    return lmdb.open(str(path), subdir=False, lock=False, max_dbs=_format.MAX_DBS)
+    """Open a record set for raw writing (only before torchrecord opens it in this process), with room for a
+    file over lmdb's default map size (10 MiB)."""
+    room = max(10 << 20, 2 * path.stat().st_size) if path.exists() else 10 << 20
+    return lmdb.open(str(path), subdir=False, lock=False, max_dbs=_format.MAX_DBS, map_size=room)
 
 
 def put(path: Path, db: bytes, key: bytes, value: bytes | None) -> None:

@@ -21,12 +21,12 @@ from torch.utils.data import DataLoader
 import torchrecord
 from tests.read.test_reliability import _flip_in_file, put
 from tests.store.test_crc_blocks import _raw_meta, _records, _stored_blocks
-from torchrecord._store import checks_ahead
+from torchrecord._store import checks_ahead, fastread
 from torchrecord._store import format as _format
 from torchrecord.errors import ChecksumError
 
 COUNT = 300
-WIDTH = 24 << 10  # bytes a sample: a record is longer than fastread.JOIN_LIMIT, read from the map
+WIDTH = 40 << 10  # bytes a sample: read from the map, copied a sample at a time (fastread.checks_ahead_pay)
 BATCH = 16
 
 
@@ -179,3 +179,37 @@ def test_one_ahead_makes_each_item_early_and_raises_in_turn() -> None:
     with pytest.raises(ValueError, match="the fourth item"):
         next(ahead)
     assert list(checks_ahead.one_ahead(iter([]))) == []
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_samples_gathered_by_one_fancy_index_are_checked_as_each_window_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, k: int
+) -> None:
+    """Samples under ``fastread.ROW_COPY`` (records still read from the map) are gathered by one NumPy fancy
+    index that keeps the GIL, so no helper is started (``fastread.checks_ahead_pay``): each window's records are
+    checked as it is found, the batches are those read without checks, and a damaged record is refused, named,
+    before any batch holding it."""
+    width = 20 << 10
+    assert fastread.JOIN_LIMIT <= width < fastread.ROW_COPY
+    path = tmp_path / "set.tr"
+    samples = [{"x": np.full(width // k, i % 251, np.uint8), "label": i} for i in range(COUNT)]
+    torchrecord.write_record(samples, path, progress=False, samples_per_record=k, seed=4)
+    made: list[Any] = []
+    original = checks_ahead.ChecksAhead.__init__
+    monkeypatch.setattr(checks_ahead.ChecksAhead, "__init__", lambda self, *a: made.append(original(self, *a)))
+    got, want = _batches(path, check="checksums"), _batches(path)
+    assert len(got) == len(want) > 3 and made == []
+    for a, b in zip(got, want):
+        assert torch.equal(a["label"], b["label"]) and torch.equal(a["x"], b["x"])
+    damaged = tmp_path / "damaged.tr"  # a copy: this process holds the first open
+    damaged.write_bytes(path.read_bytes())
+    values = _records(damaged)
+    victim = 41
+    _flip_in_file(damaged, values[victim], len(values[victim]) // 2)
+    order = [label for b in _batches(damaged) for label in b["label"].tolist()]
+    handed: list[int] = []
+    with pytest.raises(ChecksumError, match=rf"{damaged}: record {victim}: CRC-32"):
+        for batch in torchrecord.RecordDataset(damaged, batch_size=BATCH, seed=2, check="checksums"):
+            handed += batch["label"].tolist()
+    held = [int(torchrecord.RecordFile(damaged)[victim * k + i]["label"]) for i in range(k)]
+    assert handed == order[: len(handed)] and not set(held) & set(handed)

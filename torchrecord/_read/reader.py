@@ -34,7 +34,7 @@ from torchrecord._read.orders_ahead import OrdersAhead, orders_ahead_pay
 from torchrecord._read.shard_walks import LocalRun, ShardWalks
 from torchrecord._store.advise import resident
 from torchrecord._store.checks_ahead import one_ahead
-from torchrecord._store.fastread import FixedWindowReader, joins, read_as_views
+from torchrecord._store.fastread import FixedWindowReader, checks_ahead_pay, read_as_views
 from torchrecord._store.record_file import RecordFile
 from torchrecord._store.record_set import RecordSet
 from torchrecord._store.walk import record_runs
@@ -143,9 +143,10 @@ class ShareReader:
             buffers = read_as_views(layout)
         else:
             buffers = WireDecoder.of(self.file.schema) is not None
-        # checksums of long records from the map: each window read one ahead, its CRC-32s computed on a
-        # helper thread while the window before is handed out (torchrecord._store.checks_ahead)
-        ahead = int(self.verify and layout is not None and not joins(layout))
+        # checksums of long samples from the map: each window read one ahead, its CRC-32s computed on a
+        # helper thread while the window before is handed out (torchrecord._store.checks_ahead); others
+        # are checked as each window is found
+        ahead = int(self.verify and layout is not None and checks_ahead_pay(layout))
         walks = ShardWalks(self.file, plan, verify=self.verify, buffers=buffers, defer_checks=bool(ahead))
         orders = self._orders(first_window, groups, window_runs, total - start)
         try:

@@ -49,6 +49,7 @@ __all__ = [
     "PENDING_VIEWS",
     "ROW_COPY",
     "VIEW_LIMIT",
+    "checks_ahead_pay",
     "joins",
     "read_as_views",
 ]
@@ -72,6 +73,17 @@ VIEW_LIMIT = 4 << 10
 def joins(layout: FixedLayout) -> bool:
     """True when records are copied (or decompressed) into the window buffer; False: read from the map."""
     return layout.length < JOIN_LIMIT or layout.expander is not None
+
+
+def checks_ahead_pay(layout: FixedLayout) -> bool:
+    """True where a window's checksums are worth computing on a helper thread (``checks_ahead``): records read
+    from the map whose largest field is copied a sample at a time (at least :data:`ROW_COPY`), a copy that lets
+    the GIL go, so the helper's loop (which needs the GIL between two records) runs beside it. Smaller samples
+    are gathered by one NumPy fancy index that keeps the GIL: the helper would wait for it, and checking each
+    window as it is found costs less (small images packed 25 a record, a /tmp script: 47.9 ms an epoch against
+    60.7 ms with the helper and 29.5 ms without checksums; large images, 147 KB: 284.7 against 217.7 and 167.8).
+    """
+    return not joins(layout) and max(layout.sample_bytes, default=0) >= ROW_COPY
 
 
 def read_as_views(layout: FixedLayout) -> bool:
