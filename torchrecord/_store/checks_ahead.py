@@ -4,8 +4,9 @@ With ``check="checksums"``, the CRC-32 of every value read has to be computed be
 a byte of it reaches a batch. On long records that is a second pass over memory at
 CRC speed (ISA-L's about 8 GB/s here) in front of the gather, which itself runs at
 memory speed: 1.3-1.6x the epoch without checks. ``RecordDataset``'s fixed-layout
-path therefore reads each window one window early (keys and layout checked as
-always, in the reading thread) and hands its CRC-32s to a helper thread
+path therefore reads each window of long samples (``fastread.checks_ahead_pay``: copied
+a sample at a time, a copy that lets the GIL go) one window early (keys and layout
+checked as always, in the reading thread) and hands its CRC-32s to a helper thread
 (:class:`ChecksAhead`), which computes them record by record in the order the
 window's batches will use them, while the batches before are gathered; both CRC
 implementations release the GIL on long buffers. Before a batch is gathered,
@@ -13,6 +14,10 @@ implementations release the GIL on long buffers. Before a batch is gathered,
 compares their CRC-32s with the stored ones: no unchecked byte is handed out, and a
 mismatch raises the same ChecksumError, naming the record, as a check in the reading
 thread would (at the first batch that holds a sample of the record).
+
+The helper's loop takes the GIL between two records: beside a reading thread that keeps it (samples
+gathered by one NumPy fancy index) it mostly waits, so windows of shorter samples are checked as each is
+found instead.
 
 Where the stored checksums are not one a record (blocks of several short records;
 damaged entries), the helper checks the whole window and the first batch waits for
