@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -173,25 +173,7 @@ class ShareReader:
                     walks.advise(plan[following] if following < len(plan) else [])
                 if skip:
                     taker.offset, skip = skip, 0
-                while taker.remaining:
-                    whole = min(taker.remaining, total - position) // size if plain and not chunk.held else 0
-                    if whole:  # whole chunks of this window, one after another
-                        yield from self._whole_chunks(taker, size, whole)
-                        position += whole * size
-                        chunk = _Chunk(self, min(size, total - position), out, position)
-                        continue
-                    several = self._chunks_at_once(chunk, taker, size)
-                    if several > 1:  # whole chunks of this window, gathered and typed together
-                        arrays, indices, several = self._take_several(taker, several, size)
-                        yield from self._split(self.typed(arrays), indices, size, tensors)
-                        position += several * size
-                        chunk = _Chunk(self, min(size, total - position), out, position)
-                        continue
-                    chunk.take(taker)
-                    if chunk.full:
-                        yield chunk.result()
-                        position += chunk.n
-                        chunk = _Chunk(self, min(size, total - position), out, position)
+                chunk, position = yield from self._hand_out(taker, chunk, position, size, total, out, plain, tensors)
                 walks.done(i)
             if chunk.held:  # cannot happen: the windows cover the share exactly
                 yield chunk.result()
@@ -199,6 +181,42 @@ class ShareReader:
             if isinstance(orders, OrdersAhead):
                 orders.close()
             self.records_read += walks.close()
+
+    def _hand_out(
+        self,
+        taker: _Taken,
+        chunk: _Chunk,
+        position: int,
+        size: int,
+        total: int,
+        out: Sequence[np.ndarray | None] | None,
+        plain: bool,
+        tensors: bool,
+    ) -> Generator[tuple[list[Any], np.ndarray], None, tuple[_Chunk, int]]:
+        """Hand out one window's samples (``taker``) as chunks of ``size`` (of a share of ``total``), from
+        ``chunk``, the chunk being assembled at share position ``position``: whole chunks of the window at once
+        (``plain``: :meth:`_whole_chunks`; small ones several at once), a chunk that spans windows sample by
+        sample. Returns the chunk being assembled after the window, and its position."""
+        while taker.remaining:
+            whole = min(taker.remaining, total - position) // size if plain and not chunk.held else 0
+            if whole:  # whole chunks of this window, one after another
+                yield from self._whole_chunks(taker, size, whole)
+                position += whole * size
+                chunk = _Chunk(self, min(size, total - position), out, position)
+                continue
+            several = self._chunks_at_once(chunk, taker, size)
+            if several > 1:  # whole chunks of this window, gathered and typed together
+                arrays, indices, several = self._take_several(taker, several, size)
+                yield from self._split(self.typed(arrays), indices, size, tensors)
+                position += several * size
+                chunk = _Chunk(self, min(size, total - position), out, position)
+                continue
+            chunk.take(taker)
+            if chunk.full:
+                yield chunk.result()
+                position += chunk.n
+                chunk = _Chunk(self, min(size, total - position), out, position)
+        return chunk, position
 
     def _whole_chunks(self, taker: _Taken, size: int, count: int) -> Iterator[tuple[list[Any], np.ndarray]]:
         """The next ``count`` chunks of ``size`` samples of ``taker``, each gathered into fresh arrays (typed
