@@ -39,6 +39,8 @@ from benchmarks.workloads import WORKLOADS, load_workload
 from torchrecord._core import crc as _crc_module
 from torchrecord._core.crc import CRC32_BACKEND
 from torchrecord._store import checked as _checked
+from torchrecord._store import checks_ahead as _checks_ahead
+from torchrecord._store import fastread as _fastread
 from torchrecord._store import walk as _walk_module
 from torchrecord._store.format import encode_key
 from torchrecord._store.lmdb_check import check_structure
@@ -76,11 +78,13 @@ def _walk(path: str, keys_checked: bool) -> int:
 def _zlib_crc() -> Iterator[None]:
     """Checksums checked with zlib.crc32 (the baseline without the fastcrc extra)."""
     fast = _walk_module.crc32
-    _walk_module.crc32 = _crc_module.crc32 = zlib.crc32  # each record's, and each block's (crc32_joined)
+    # each record's (a walk's, or a window's at once: fastread), and each block's (crc32_joined)
+    # (checks_ahead's helper thread: records of long samples)
+    _walk_module.crc32 = _crc_module.crc32 = _fastread.crc32 = _checks_ahead.crc32 = zlib.crc32
     try:
         yield
     finally:
-        _walk_module.crc32 = _crc_module.crc32 = fast
+        _walk_module.crc32 = _crc_module.crc32 = _fastread.crc32 = _checks_ahead.crc32 = fast
 
 
 def _epoch(path: str, batch_size: int, check: str | None, keys_checked: bool = True, zlib_crc: bool = False) -> int:

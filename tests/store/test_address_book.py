@@ -141,12 +141,27 @@ def test_a_window_the_books_know_in_part_walks_only_the_pieces_they_do_not(
     _assert_read_as_without_books(path, 1, check, second)
 
 
-def test_checksums_are_checked_on_every_pass(tmp_path: Path, walked: list[tuple[int, int]], width: int) -> None:
+def test_checksums_are_checked_on_every_pass(
+    tmp_path: Path, walked: list[tuple[int, int]], width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A record damaged in place after the first pass (its payload: the layout still fits) is refused on the
-    second, which finds it through the book."""
+    second, which finds it through the book. On an intact file the second pass checks each window's records all
+    at once (``fastread.matches_stored_crcs``), without a walk's check of each piece."""
     path = tmp_path / "set.tr"
     raw = write_record(_samples(width), path, seed=1, progress=False, samples_per_record=1).raw(7)
-    _epoch(path, 0, check="checksums")
+    first = _epoch(path, 0, check="checksums")
+    piece_checks: list[int] = []
+    original = Walk._run_check
+
+    def counting(self: Walk, values: list[Any], first: int) -> Any:
+        piece_checks.append(first)
+        return original(self, values, first)
+
+    monkeypatch.setattr(Walk, "_run_check", counting)
+    walked.clear()
+    again = _epoch(path, 0, check="checksums")
+    assert piece_checks == [] and walked == [], "every window known whole and checked at once"
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
     data = path.read_bytes()
     at = data.index(raw) + len(raw) // 2
     assert data.count(raw) == 1
@@ -157,6 +172,7 @@ def test_checksums_are_checked_on_every_pass(tmp_path: Path, walked: list[tuple[
     with pytest.raises(ChecksumError, match=rf"{path}: record 7\b"):
         _epoch(path, 1, check="checksums")
     assert walked == [], "the second pass found its records in the book"
+    assert piece_checks, "the window that differs is checked piece by piece, which names the record"
 
 
 _REPLACE = """
@@ -207,10 +223,11 @@ def test_a_database_over_the_limit_gets_an_empty_book(
 def test_a_window_known_whole_is_looked_up_sample_by_sample_without_a_walk_or_its_pieces(
     tmp_path: Path, walked: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch, sharded: bool, check: str | None
 ) -> None:
-    """Records read from the map, a second pass: a window whose records the books know every one of (no
-    checksums to compute; of one shard or several) is read by ``FixedWindowReader.read_known``, a lookup of each
-    sample's record, without :meth:`FixedWindowReader.read`'s look at its pieces; it gives the batches a process
-    without books reads. With checksums every window goes through ``read``."""
+    """Records read from the map, a second pass: a window whose records the books know every one of (of one
+    shard or several) is read by ``FixedWindowReader.read_known``, a lookup of each sample's record, without
+    :meth:`FixedWindowReader.read`'s look at its pieces; it gives the batches a process without books reads.
+    With checksums too: every record's CRC-32 is computed where it lies and all compared with the stored ones
+    at once (each shard's own, where a window holds several)."""
     path = _write(tmp_path, sharded, 2, MAPPED)
     _epoch(path, 0, check=check)
     calls = {"read": 0, "read_known": 0}
@@ -232,11 +249,8 @@ def test_a_window_known_whole_is_looked_up_sample_by_sample_without_a_walk_or_it
     ds.set_epoch(1)
     second = [(b["label"].numpy().copy(), b["x"].numpy().copy()) for b in ds]
     counts = np.diff(ds.file.shard_offsets).tolist()
-    if check is None:
-        assert calls["read_known"] > calls["read"]
-        assert calls["read"] <= sum(c % 2 for c in counts)  # a window holding a shard's short last record
-    else:
-        assert calls["read_known"] == 0 and calls["read"] > 0
+    assert calls["read_known"] > calls["read"]
+    assert calls["read"] <= sum(c % 2 for c in counts)  # a window holding a shard's short last record
     _assert_read_as_without_books(path, 1, check, second)
 
 

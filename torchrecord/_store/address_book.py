@@ -84,12 +84,16 @@ class Booked(NamedTuple):
 
     ``addresses`` holds each record's address (0 where its book does not know it yet); piece ``i``'s records
     are ``firsts[i]``, ``firsts[i] + 1``, ..., ``counts[i]`` of them, from ``row0s[i]`` on in ``addresses``.
+    Row ``r`` is record ``records[r]`` of walk ``walks[owner[r]]`` (of ``walks[0]`` where ``owner`` is None).
     """
 
     firsts: np.ndarray
     counts: np.ndarray
     row0s: np.ndarray
     addresses: np.ndarray
+    records: np.ndarray
+    walks: list[Walk]
+    owner: np.ndarray | None
 
     def known_pieces(self) -> list[bool]:
         """For each piece: True when its book knows every one of its records."""
@@ -123,4 +127,4 @@ def booked(pieces: Sequence[tuple[Walk, int, int, int]], k: int) -> Booked | Non
             addresses[rows] = part
         else:
             addresses[rows] = book.addresses[wanted]
-    return Booked(firsts, counts, row0s, addresses)
+    return Booked(firsts, counts, row0s, addresses, records, walks, owner)

@@ -175,12 +175,23 @@ class Walk:
         """True when this walk checks every record against its stored CRC-32."""
         return self._crc_cursor is not None
 
-    def found(self, first: int, count: int, values: Sequence[Any] | None = None) -> None:
+    def record_crcs(self) -> np.ndarray | None:
+        """The stored CRC-32 of every record (uint32, indexed by record) where this walk checks checksums, does
+        not defer its checks, and holds them in memory: block checksums of one record a block (records of
+        4 KiB or more). None otherwise: its checks need the stored CRC-32s read record by record or a block's
+        records joined (:meth:`records` does both)."""
+        blocks = self.crc_blocks
+        if self._crc_cursor is None or self.deferred is not None or blocks is None or blocks.block != 1:
+            return None
+        return blocks.crcs
+
+    def found(self, first: int, count: int, values: Sequence[Any] | None = None, *, checked: bool = False) -> None:
         """Records [first, first + count) were found without a step of the cursor (``address_book``: where an
         earlier walk of this snapshot found them, keys checked). With checksums, ``values`` are theirs, checked
-        (or deferred) as :meth:`records` checks them. They count as read."""
+        (or deferred) as :meth:`records` checks them, unless the caller has ``checked`` them already against
+        :meth:`record_crcs`. They count as read."""
         check = None
-        if self._crc_cursor is not None:
+        if self._crc_cursor is not None and not checked:
             if values is None or len(values) != count:
                 raise AssertionError(
                     "a walk with checksums needs the values of the records found"
