@@ -9,6 +9,7 @@ window one ahead and computes its CRC-32s on a helper; ``THREAD_BYTES`` is set t
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ from torch.utils.data import DataLoader
 import torchrecord
 from tests.read.test_reliability import _flip_in_file, put
 from tests.store.test_crc_blocks import _raw_meta, _records, _stored_blocks
-from torchrecord._store import checks_ahead, fastread
+from torchrecord._store import address_book, checks_ahead, fastread
 from torchrecord._store import format as _format
+from torchrecord._store.walk import RunCheck
 from torchrecord.errors import ChecksumError
 
 COUNT = 300
@@ -113,6 +115,56 @@ def test_damaged_block_checksums_are_named_on_a_helper(written: Path, tmp_path: 
     message = rf"{copy}: records 77 to 77: the checksum of their block does not match while every record's own does"
     with pytest.raises(ChecksumError, match=message):
         _batches(copy, check="checksums")
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_second_pass_hands_the_records_its_books_know_to_the_helper(
+    tmp_path: Path, helper: list[Any], k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second pass in the process looks each window up in the address books (``fastread.read_known``) and hands
+    its records' checks over as one ``KnownChecks`` (their CRC-32s computed where they lie, in the order the
+    batches need them): the same batches as without checks. A record damaged in place after that (the pages this
+    process has mapped change) is named on the next pass, and no batch holding it is handed out."""
+    path = tmp_path / "set.tr"
+    samples = [{"x": np.full(WIDTH, i % 251, np.uint8), "label": i} for i in range(COUNT)]
+    written = torchrecord.write_record(samples, path, progress=False, samples_per_record=k, seed=4)
+    address_book._BOOKS.clear()
+    _batches(path, check="checksums")  # the first pass: the books learn where every record lies
+    made: list[str] = []  # the deferred checks made: a window's records at once, or a walk's run
+    for kind in (checks_ahead.KnownChecks, RunCheck):
+        monkeypatch.setattr(kind, "__init__", _recorded(kind.__init__, kind.__name__, made))
+    helper.clear()
+    got, want = _batches(path, check="checksums"), _batches(path)
+    assert len(got) == len(want) == -(-COUNT // BATCH)
+    for a, b in zip(got, want):
+        assert torch.equal(a["label"], b["label"]) and torch.equal(a["x"], b["x"])
+    assert helper and made and set(made) == {"KnownChecks"}, made
+    victim = 111
+    value = written.raw(victim)
+    damaged = [int(written[s]["label"]) for s in range(victim * k, victim * k + k)]  # the record's samples
+    data = path.read_bytes()
+    assert data.count(value) == 1
+    with open(path, "r+b") as file:  # in place
+        file.seek(data.index(value) + len(value) // 2)
+        file.write(bytes([data[data.index(value) + len(value) // 2] ^ 0x10]))
+    helper.clear()
+    made.clear()
+    handed: list[int] = []
+    with pytest.raises(ChecksumError, match=rf"{path}: record {victim}: CRC-32 is"):
+        for batch in torchrecord.RecordDataset(path, batch_size=BATCH, seed=2, check="checksums"):
+            handed += batch["label"].tolist()
+    order = [label for b in want for label in b["label"].tolist()]
+    first_damaged = min(order.index(label) for label in damaged)
+    assert handed == order[: len(handed)] and len(handed) <= first_damaged  # none holding it
+    assert helper and made and set(made) == {"KnownChecks"}, made
+
+
+def _recorded(init: Any, name: str, made: list[str]) -> Any:
+    def recording(self: Any, *args: Any) -> None:
+        made.append(name)
+        init(self, *args)
+
+    return recording
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -213,3 +265,29 @@ def test_samples_gathered_by_one_fancy_index_are_checked_as_each_window_is_found
             handed += batch["label"].tolist()
     held = [int(torchrecord.RecordFile(damaged)[victim * k + i]["label"]) for i in range(k)]
     assert handed == order[: len(handed)] and not set(held) & set(handed)
+
+
+def test_one_helper_computes_at_a_time(written: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows are read one ahead, so two windows' checks are handed over at once; the second helper waits for
+    the first to finish before it computes, so that the helpers never take both cores from the reading thread.
+    Each CRC-32 is slowed down here, so that helpers computing at once would overlap."""
+    monkeypatch.setattr(checks_ahead, "THREAD_BYTES", 0)
+    events: list[tuple[str, int]] = []
+    original = checks_ahead.ChecksAhead._compute_rows
+
+    def logged(self: checks_ahead.ChecksAhead) -> None:
+        events.append(("start", id(self)))
+        original(self)
+        events.append(("end", id(self)))
+
+    def slow_crc32(data: Any) -> int:
+        time.sleep(0.0005)
+        return fastread.crc32(data)
+
+    monkeypatch.setattr(checks_ahead.ChecksAhead, "_compute_rows", logged)
+    monkeypatch.setattr(checks_ahead, "crc32", slow_crc32)
+    got = list(torchrecord.RecordDataset(written, batch_size=BATCH, seed=2, shuffle_buffer=64, check="checksums"))
+    assert len(got) == -(-COUNT // BATCH)
+    assert len(events) >= 8, events  # at least four windows on helpers
+    for (a, first), (b, second) in zip(events[::2], events[1::2], strict=True):
+        assert (a, b) == ("start", "end") and first == second, events  # one helper's start, then its own end

@@ -19,7 +19,7 @@ from torchrecord._store.advise import Advisor
 from torchrecord._store.checks_ahead import ChecksAhead
 from torchrecord._store.record_file import RecordFile, shard_file
 from torchrecord._store.record_set import RecordSet
-from torchrecord._store.walk import RunCheck, Walk, record_runs
+from torchrecord._store.walk import DeferredCheck, Walk, record_runs
 
 __all__ = ["LocalRun", "ShardWalks"]
 
@@ -47,7 +47,7 @@ class ShardWalks:
         defer_checks: bool = False,
     ) -> None:
         self.set, self.verify, self.buffers = file, verify, buffers
-        self._deferred: list[RunCheck] | None = [] if defer_checks else None  # every walk's, in read order
+        self._deferred: list[DeferredCheck] | None = [] if defer_checks else None  # every walk's, in read order
         self._ahead: list[ChecksAhead] = []  # checks computing on a helper thread over open walks
         self.counts = np.diff(file.shard_offsets).tolist()
         self._walks: dict[int, tuple[RecordFile, Walk]] = {}
@@ -76,7 +76,7 @@ class ShardWalks:
             held = self._walks[s] = (file, walk)
         return held[1]
 
-    def _take_deferred(self) -> list[RunCheck]:
+    def _take_deferred(self) -> list[DeferredCheck]:
         if not self._deferred:
             return []
         checks = self._deferred[:]
@@ -95,7 +95,7 @@ class ShardWalks:
         if not checks:
             return None
         self._ahead = [a for a in self._ahead if not a.done]
-        self._ahead.append(ChecksAhead(checks, need))
+        self._ahead.append(ChecksAhead(checks, need, self._ahead[-1] if self._ahead else None))
         return self._ahead[-1]
 
     def advise(self, pieces: Sequence[LocalRun]) -> None:

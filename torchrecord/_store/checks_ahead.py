@@ -35,15 +35,19 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from torchrecord._core.crc import crc32
-from torchrecord._store.walk import RunCheck
+from torchrecord._store.addresses import memory_at
+from torchrecord._store.walk import DeferredCheck, Walk
 from torchrecord.errors import ChecksumError
 
-__all__ = ["ChecksAhead", "THREAD_BYTES", "one_ahead"]
+if TYPE_CHECKING:
+    from torchrecord._store.address_book import Booked
+
+__all__ = ["ChecksAhead", "KnownChecks", "THREAD_BYTES", "one_ahead"]
 
 T = TypeVar("T")
 
@@ -63,8 +67,14 @@ def _wait_for_helpers() -> None:
         _helpers.discard(helper)
 
 
-def _helping(target: Callable[[], None]) -> None:
+def _helping(after: ChecksAhead | None, target: Callable[[], None]) -> None:
+    """The helper's body: ``target`` once the helper of ``after`` (the window before) has finished, so that one
+    helper computes at a time and two windows' helpers (a window is read one ahead) never take both cores from
+    the reading thread."""
     try:
+        helper = after._helper if after is not None else None
+        if helper is not None:
+            helper.join()
         target()
     finally:
         _helpers.discard(threading.current_thread())
@@ -85,8 +95,12 @@ class ChecksAhead:
     row used or :meth:`join` has returned: the values may be views of LMDB's map.
     """
 
-    def __init__(self, checks: Sequence[RunCheck], need: np.ndarray) -> None:
+    def __init__(self, checks: Sequence[DeferredCheck], need: np.ndarray, after: ChecksAhead | None = None) -> None:
         self._checks = list(checks)
+        # a window looked up sample by sample (one row a sample) is checked a record at a time: rows mapped
+        self._row_records = checks[0].window_rows if len(checks) == 1 and isinstance(checks[0], KnownChecks) else None
+        if self._row_records is not None:
+            need = self._row_records[need]
         self._failure: BaseException | None = None
         self._helper: threading.Thread | None = None
         self._stop = False
@@ -108,7 +122,7 @@ class ChecksAhead:
         if sum(check.nbytes for check in self._checks) >= THREAD_BYTES:
             self._by_rows = self._expected is not None
             target = self._compute_rows if self._by_rows else self._compute_runs
-            helper = threading.Thread(target=_helping, args=(target,), name="torchrecord-checksums", daemon=True)
+            helper = threading.Thread(target=_helping, args=(after, target), name="torchrecord-checksums", daemon=True)
             _helpers.add(helper)
             helper.start()
             self._helper = helper
@@ -158,7 +172,7 @@ class ChecksAhead:
             raise self._failure
         try:
             if self._by_rows and rows is not None:
-                self._settle_rows(rows)
+                self._settle_rows(rows if self._row_records is None else self._row_records[rows])
             else:
                 self._settle_all()
         except BaseException as failure:
@@ -199,9 +213,87 @@ class ChecksAhead:
         for check in self._checks:
             if row < at + len(check.values):
                 check.settle()  # raises, naming the record (and saying whether the block checksums are damaged)
-                record = check.first + row - at
-                raise ChecksumError(f"{check.walk.path}: record {record}: CRC-32 does not match the stored checksum")
+                raise ChecksumError(f"{check.name(row - at)}: CRC-32 does not match the stored checksum")
             at += len(check.values)
+
+
+class KnownChecks:
+    """The checksum check of a window whose records the address books know whole (``fastread``'s lookup of each
+    sample's record), deferred as a walk's run check is (:class:`ChecksAhead` computes it): each record's value
+    a view of LMDB's map, its stored CRC-32 held in memory (``Walk.record_crcs``: no LMDB call).
+
+    Args:
+        values: each record's value (views of the map), in the books' row order (``address_book.Booked``).
+        expected: each one's stored CRC-32.
+        walks, owner, records: row ``r`` is record ``records[r]`` of ``walks[owner[r]]`` (to name it).
+        window_rows: the row of each window row's record (a window of one row a sample).
+    """
+
+    def __init__(
+        self,
+        values: list[Any],
+        expected: np.ndarray,
+        walks: Sequence[Walk],
+        owner: np.ndarray | None,
+        records: np.ndarray,
+        window_rows: np.ndarray,
+    ) -> None:
+        self.values, self._expected, self.window_rows = values, expected, window_rows
+        self._walks, self._owner, self._records = list(walks), owner, records
+        self._matched: bool | None = None
+
+    @classmethod
+    def of(cls, known: Booked, length: int, window_rows: np.ndarray) -> KnownChecks | None:
+        """The check of the records ``known`` locates (every address known, ``length`` bytes each), or None where a
+        walk does not hold its stored CRC-32s in memory."""
+        expected = np.empty(len(known.records), np.uint32)
+        for i, walk in enumerate(known.walks):
+            crcs = walk.record_crcs()
+            rows = slice(None) if known.owner is None else known.owner == i
+            wanted = known.records[rows]
+            if crcs is None or (len(wanted) and int(wanted.max()) >= len(crcs)):
+                return None
+            expected[rows] = crcs[wanted]
+        base = int(known.addresses.min()) if len(known.addresses) else 0
+        memory = memory_at(base, int(known.addresses.max()) + length - base).data if base else memoryview(b"")
+        values = [memory[at : at + length] for at in (known.addresses - base).tolist()]
+        return cls(values, expected, known.walks, known.owner, known.records, window_rows)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the values this check reads."""
+        return sum(map(len, self.values))
+
+    def record_crcs(self) -> np.ndarray:
+        """The stored CRC-32 of each record, in row order."""
+        return self._expected
+
+    def compute(self) -> None:
+        """Compute every CRC-32 and compare them with the stored ones (never raises)."""
+        actual = np.fromiter(map(crc32, self.values), np.uint32, len(self.values))
+        self._matched = bool(np.array_equal(actual, self._expected))
+
+    def name(self, row: int) -> str:
+        """``"<file>: record <index>"`` of row ``row``."""
+        return f"{self._walk_of(row).path}: record {int(self._records[row])}"
+
+    def _walk_of(self, row: int) -> Walk:
+        return self._walks[0 if self._owner is None else int(self._owner[row])]
+
+    def settle(self) -> None:
+        """Raise ChecksumError, naming the record at fault, unless every record matched its stored CRC-32."""
+        if self._matched is None:
+            self.compute()
+        if self._matched:
+            return
+        actual = np.fromiter(map(crc32, self.values), np.uint32, len(self.values))
+        row = int(np.flatnonzero(actual != self._expected)[0])
+        self._walk_of(row).check_each([self.values[row]], int(self._records[row]))  # its own stored CRC-32
+        path, record = self._walk_of(row).path, int(self._records[row])
+        raise ChecksumError(  # as RunCheck says it
+            f"{path}: records {record} to {record}: the checksum of their block does not match while every "
+            "record's own does: the block checksums are damaged; run torchrecord.verify on it"
+        )
 
 
 def one_ahead(items: Iterator[T]) -> Iterator[T]:

@@ -40,6 +40,7 @@ from torchrecord._core.crc import crc32
 from torchrecord._core.layout import FixedLayout
 from torchrecord._store.address_book import AddressBook, Booked, book_of, booked
 from torchrecord._store.addresses import address_of, memory_at, view_addresses
+from torchrecord._store.checks_ahead import KnownChecks
 from torchrecord._store.walk import Walk
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "VIEW_LIMIT",
     "checks_ahead_pay",
     "joins",
+    "matches_stored_crcs",
     "read_as_views",
 ]
 
@@ -489,11 +491,6 @@ class FixedWindowReader:
         if not self.looks_up or not pieces:
             return None
         k = self.layout.rows
-        checked = any(p[0].checks for p in pieces)
-        if checked:  # every record's CRC-32 computed where it lies and compared at once, before a byte is used
-            known = booked(pieces, k)
-            if known is None or not known.addresses.all() or not matches_stored_crcs(known, self.layout.length):
-                return None
         records = samples // k
         walks = list(dict.fromkeys(p[0] for p in pieces))
         if len(walks) == 1:
@@ -509,11 +506,35 @@ class FixedWindowReader:
                 addresses[mine] = found
         if addresses is None or not addresses.all():
             return None
-        for walk, _, start, stop in pieces:  # counted as read (their checksums, if any, checked above)
+        checked = any(p[0].checks for p in pieces)
+        if checked and not self._check_known(pieces, samples):
+            return None
+        for walk, _, start, stop in pieces:  # counted as read (their checksums, if any, checked or handed over)
             walk.found(start // k, (stop - 1) // k + 1 - start // k, checked=checked)
         window = FixedWindow(self.layout, None, [], self._buffer(), Mapped([], addresses, self.layout.length))
         self._recycled.append((window.buffer, weakref.ref(window)))
         return window, np.arange(len(samples)), samples - records * k
+
+    def _check_known(self, pieces: Sequence[Piece], samples: np.ndarray) -> bool:
+        """Check the checksums of the records of a window its books know whole (:meth:`read_known`; ``samples`` as
+        there), before a byte is used: all at once here (:func:`matches_stored_crcs`), or, where the walks defer
+        their checks, handed to them (``checks_ahead.KnownChecks``, computed on a helper thread in the order the
+        window's batches need them). False where the window is to be read the usual way (:meth:`read`): a
+        record unknown, the stored CRC-32s not in memory, or a record that differs."""
+        layout = self.layout
+        known = booked(pieces, layout.rows)
+        if known is None or not known.addresses.all():
+            return False
+        deferred = known.walks[0].deferred
+        if deferred is None:
+            return matches_stored_crcs(known, layout.length)
+        lengths = [stop - start for _, _, start, stop in pieces]
+        rows = np.repeat(known.row0s - known.firsts, lengths) + samples // layout.rows  # each sample's record
+        checks = KnownChecks.of(known, layout.length, rows)
+        if checks is None:
+            return False
+        deferred.append(checks)
+        return True
 
     def learn_all(self, walk: Walk, count: int) -> None:
         """Walk every record of ``walk``'s shard (``count`` samples) its book does not know yet, once a book, so
@@ -621,13 +642,13 @@ def matches_stored_crcs(known: Booked, length: int) -> bool:
     CRC-32: each computed where it lies in LMDB's map, one call a record, and all compared in one NumPy call.
 
     False where one differs, or where a walk does not hold its records' CRC-32s in memory (``Walk.record_crcs``:
-    blocks of several records, checks deferred to a helper): the caller then has each walk check its pieces the
-    usual way, which names the record at fault. A pass over a piece at a time cost about 40 us a piece of
+    blocks of several records) or defers its checks to a helper: the caller then has each walk check its pieces
+    the usual way, which names the record at fault. A pass over a piece at a time cost about 40 us a piece of
     bookkeeping (small images packed 25 a record, an epoch 1.6x one without checks).
     """
     expected = np.empty(len(known.records), np.uint32)
     for i, walk in enumerate(known.walks):
-        crcs = walk.record_crcs()
+        crcs = walk.record_crcs() if walk.deferred is None else None
         rows = slice(None) if known.owner is None else known.owner == i
         wanted = known.records[rows]
         if crcs is None or (len(wanted) and int(wanted.max()) >= len(crcs)):

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import lmdb
 import numpy as np
@@ -35,7 +35,7 @@ from torchrecord._store.crc_blocks import BlockChecksums
 from torchrecord._store.format import encode_key, lmdb_error, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
-__all__ = ["PIECE", "RunCheck", "Walk", "check_crc", "check_crcs", "crcs_match", "record_runs"]
+__all__ = ["DeferredCheck", "PIECE", "RunCheck", "Walk", "check_crc", "check_crcs", "crcs_match", "record_runs"]
 
 #: Records fetched per cursor step by :meth:`Walk.pieces`: bounds memory, amortizes the calls.
 PIECE = 256
@@ -125,7 +125,7 @@ class Walk:
         crc_blocks: BlockChecksums | None = None,
         buffers: bool = False,
         keyed: bool = False,
-        defer_checks: list[RunCheck] | None = None,
+        defer_checks: list[DeferredCheck] | None = None,
     ) -> None:
         self.env, self.db, self.path, self.crc_db, self.buffers = env, db, path, crc_db, buffers
         self.crc_blocks = crc_blocks if crc_db is not None else None
@@ -176,12 +176,12 @@ class Walk:
         return self._crc_cursor is not None
 
     def record_crcs(self) -> np.ndarray | None:
-        """The stored CRC-32 of every record (uint32, indexed by record) where this walk checks checksums, does
-        not defer its checks, and holds them in memory: block checksums of one record a block (records of
-        4 KiB or more). None otherwise: its checks need the stored CRC-32s read record by record or a block's
-        records joined (:meth:`records` does both)."""
+        """The stored CRC-32 of every record (uint32, indexed by record) where this walk checks checksums and
+        holds them in memory: block checksums of one record a block (records of 4 KiB or more). None otherwise:
+        its checks need the stored CRC-32s read record by record or a block's records joined (:meth:`records`
+        does both)."""
         blocks = self.crc_blocks
-        if self._crc_cursor is None or self.deferred is not None or blocks is None or blocks.block != 1:
+        if self._crc_cursor is None or blocks is None or blocks.block != 1:
             return None
         return blocks.crcs
 
@@ -235,8 +235,9 @@ class Walk:
         """The stored CRC-32 of records [first, stop)."""
         return self._read(self._crc_cursor, first, stop, f"{self.path} (checksums)")
 
-    def _check_each(self, values: list[Any], first: int) -> None:
-        """Each of ``values`` (records ``first``, ...) against its own stored CRC-32."""
+    def check_each(self, values: Sequence[Any], first: int) -> None:
+        """Each of ``values`` (records ``first``, ...) against its own stored CRC-32 (in the checksums database,
+        not the block checksums): raises the ChecksumError naming the first record at fault."""
         stop = first + len(values)
         check_crcs(values, self._stored(first, stop), self.path, range(first, stop))
 
@@ -297,6 +298,24 @@ class Walk:
                 lo = hi
 
 
+class DeferredCheck(Protocol):
+    """A check a walk defers (``defer_checks``): :class:`RunCheck`, or ``checks_ahead.KnownChecks`` (a window's
+    records found through the address books). Its values joined are records in a window's row order."""
+
+    values: list[Any]
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def record_crcs(self) -> np.ndarray | None: ...
+
+    def compute(self) -> None: ...
+
+    def settle(self) -> None: ...
+
+    def name(self, at: int) -> str: ...
+
+
 class RunCheck:
     """The checksum check of one run of records a walk read: its parts, in record order, checked record by
     record (:meth:`each`) or block by block (:meth:`whole_blocks`).
@@ -345,6 +364,10 @@ class RunCheck:
         """Records [first, stop) (whole blocks) are checked one CRC-32 a block."""
         self._parts.append((first, stop, blocks))
 
+    def name(self, at: int) -> str:
+        """``"<file>: record <index>"`` of the run's record ``at`` (from its first)."""
+        return f"{self.walk.path}: record {self.first + at}"
+
     def compute(self) -> None:
         """Compute and compare every CRC-32 of the run (thread-safe while the walk is open; never raises)."""
         try:
@@ -392,7 +415,7 @@ class RunCheck:
         wrong = np.flatnonzero(actual != blocks.crcs[first // size : first // size + len(starts)])
         at = starts[int(wrong[0])]
         block = values[at - first : at - first + size]
-        self.walk._check_each(block, at)  # names the record at fault
+        self.walk.check_each(block, at)  # names the record at fault
         raise ChecksumError(
             f"{self.walk.path}: records {at} to {at + len(block) - 1}: the checksum of their block does not "
             "match while every record's own does: the block checksums are damaged; run torchrecord.verify on it"
