@@ -15,8 +15,9 @@ the first, so a process that reads once never walks records it will not read).
 
 A book is kept per environment (a weak key: it goes with the environment, whose map the addresses point
 into) for its records database, in the process that made it, for the snapshot it was made under: a walk of
-another snapshot starts a new book. Only where a record lies is kept: a walk that checks checksums still
-reads each record's stored CRC-32 and checks the record against it on every pass (``Walk.found``).
+another snapshot starts a new book. Only where a record lies is kept: with checksums, every record is still
+checked against its stored CRC-32 on every pass (a window known whole all at once:
+``fastread.matches_stored_crcs``, ``checks_ahead.KnownChecks``; else by its walk, ``Walk.found``).
 
 A book costs 8 bytes a record, in the pages its records touch. A database of more than :data:`BOOK_LIMIT`
 records (at least 64 GiB of records of 4 KiB or more: a set larger than memory, whose reads wait on the disk

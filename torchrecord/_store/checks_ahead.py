@@ -21,7 +21,11 @@ found instead.
 
 Where the stored checksums are not one a record (blocks of several short records;
 damaged entries), the helper checks the whole window and the first batch waits for
-all of it.
+all of it. A window whose records the address books know every one of comes as one
+:class:`KnownChecks` (each record a view of the map, its stored CRC-32 from the block
+checksums), not as its walks' run checks. One helper computes at a time: a window is
+read one ahead, so the next window's helper waits for the one before (two at once took
+both cores from the reading thread).
 
 Threads and fork: a helper lives only while it computes one window's checks. A fork
 waits for it to finish (``os.register_at_fork``), so a forked child (a DataLoader

@@ -14,8 +14,8 @@ and checked, goes into its file's address book (``address_book``): a later pass 
 the process finds a window whose records the book knows without walking or checking
 them again, and walks only the pieces of a window holding a record it does not know
 (a persistent DataLoader worker reads another share each epoch, so its book fills
-over several). A window read from the map whose books know it whole, without checksums
-to compute, is a lookup of each sample's record (:meth:`FixedWindowReader.read_known`),
+over several). A window read from the map whose books know it whole is a lookup of each sample's record
+(:meth:`FixedWindowReader.read_known`; with checksums, its records checked as a whole first),
 and its batches are gathered at offsets worked out once for the window
 (:meth:`FixedWindow.places`).
 
