@@ -351,11 +351,13 @@ class ShareReader:
             places = win.places(rec, row)  # a window read from the map: where its samples lie, once
 
             def gather(sel: slice, out: Sequence[np.ndarray | None] | None = None, at: int = 0) -> list[Any]:
-                if checks is not None:
-                    checks.settle(rec[sel])  # no byte is handed out before its record's CRC-32 matched
                 if places is not None:
-                    return win.gather_at(places, sel, out, at)
-                return win.gather(rec[sel], row[sel], out, at)
+                    got = win.gather_at(places, sel, out, at)
+                else:
+                    got = win.gather(rec[sel], row[sel], out, at)
+                if checks is not None:  # copied while the helper computed: handed out only once the CRC-32s match
+                    checks.settle(rec[sel])
+                return got
 
             def typed(sel: slice) -> list[Any]:  # a window from the map, no checksums, no bools: typed at once
                 assert places is not None

@@ -9,11 +9,13 @@ a sample at a time, a copy that lets the GIL go) one window early (keys and layo
 checked as always, in the reading thread) and hands its CRC-32s to a helper thread
 (:class:`ChecksAhead`), which computes them record by record in the order the
 window's batches will use them, while the batches before are gathered; both CRC
-implementations release the GIL on long buffers. Before a batch is gathered,
-:meth:`ChecksAhead.settle` waits until the helper has done the batch's records and
-compares their CRC-32s with the stored ones: no unchecked byte is handed out, and a
-mismatch raises the same ChecksumError, naming the record, as a check in the reading
-thread would (at the first batch that holds a sample of the record).
+implementations release the GIL on long buffers. Once a batch is gathered (a copy
+that runs while the helper computes the same batch's records), :meth:`ChecksAhead.settle`
+waits until the helper has done them and compares their CRC-32s with the stored ones,
+before the batch is handed out: no unchecked byte is handed out, and a mismatch raises
+the same ChecksumError, naming the record, as a check in the reading thread would (at
+the first batch that holds a sample of the record). A batch refused so was copied into
+its array (a worker's slot, an ``out=``) but never handed out.
 
 The helper's loop takes the GIL between two records: beside a reading thread that keeps it (samples
 gathered by one NumPy fancy index) it mostly waits, so windows of shorter samples are checked as each is
