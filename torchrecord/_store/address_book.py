@@ -96,6 +96,19 @@ class Booked(NamedTuple):
     walks: list[Walk]
     owner: np.ndarray | None
 
+    def stored_crcs(self) -> np.ndarray | None:
+        """Each row's stored CRC-32 (uint32), from its walk's checksums held in memory (``Walk.record_crcs``);
+        None where a walk holds none (no checksums, or blocks of several records)."""
+        expected = np.empty(len(self.records), np.uint32)
+        for i, walk in enumerate(self.walks):
+            crcs = walk.record_crcs()
+            rows = slice(None) if self.owner is None else self.owner == i
+            wanted = self.records[rows]
+            if crcs is None or (len(wanted) and int(wanted.max()) >= len(crcs)):
+                return None
+            expected[rows] = crcs[wanted]
+        return expected
+
     def known_pieces(self) -> list[bool]:
         """For each piece: True when its book knows every one of its records."""
         if not len(self.firsts):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["address_of", "memory_at", "view_addresses"]
+__all__ = ["address_of", "memory_at", "view_addresses", "views_at"]
 
 _WORD = 8
 
@@ -45,6 +45,16 @@ def memory_at(address: int, size: int, *, read_only: bool = True) -> np.ndarray:
     """
     memory: np.ndarray = np.asarray(_Memory(address, size, read_only))
     return memory
+
+
+def views_at(addresses: np.ndarray, size: int) -> list[memoryview]:
+    """A memoryview of ``size`` bytes at each address (not copied; the caller keeps their owner alive): slices of
+    one view over the span that holds them all, the cheapest buffer to make one of a record."""
+    if not len(addresses):
+        return []
+    base = int(addresses.min())
+    memory = memory_at(base, int(addresses.max()) + size - base).data
+    return [memory[at : at + size] for at in (addresses - base).tolist()]
 
 
 def _words(obj: object, count: int) -> np.ndarray:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from torchrecord._core.crc import crc32
-from torchrecord._store.addresses import memory_at
+from torchrecord._store.addresses import views_at
 from torchrecord._store.walk import DeferredCheck, Walk
 from torchrecord.errors import ChecksumError
 
@@ -252,17 +252,10 @@ class KnownChecks:
     def of(cls, known: Booked, length: int, window_rows: np.ndarray) -> KnownChecks | None:
         """The check of the records ``known`` locates (every address known, ``length`` bytes each), or None where a
         walk does not hold its stored CRC-32s in memory."""
-        expected = np.empty(len(known.records), np.uint32)
-        for i, walk in enumerate(known.walks):
-            crcs = walk.record_crcs()
-            rows = slice(None) if known.owner is None else known.owner == i
-            wanted = known.records[rows]
-            if crcs is None or (len(wanted) and int(wanted.max()) >= len(crcs)):
-                return None
-            expected[rows] = crcs[wanted]
-        base = int(known.addresses.min()) if len(known.addresses) else 0
-        memory = memory_at(base, int(known.addresses.max()) + length - base).data if base else memoryview(b"")
-        values = [memory[at : at + length] for at in (known.addresses - base).tolist()]
+        expected = known.stored_crcs()
+        if expected is None:
+            return None
+        values = views_at(known.addresses, length)
         return cls(values, expected, known.walks, known.owner, known.records, window_rows)
 
     @property
