@@ -47,7 +47,7 @@ import numpy as np
 
 from torchrecord._core.crc import crc32
 from torchrecord._store.addresses import views_at
-from torchrecord._store.walk import DeferredCheck, Walk
+from torchrecord._store.walk import DeferredCheck, Walk, block_damaged
 from torchrecord.errors import ChecksumError
 
 if TYPE_CHECKING:
@@ -288,11 +288,8 @@ class KnownChecks:
         actual = np.fromiter(map(crc32, self.values), np.uint32, len(self.values))
         row = int(np.flatnonzero(actual != self._expected)[0])
         self._walk_of(row).check_each([self.values[row]], int(self._records[row]))  # its own stored CRC-32
-        path, record = self._walk_of(row).path, int(self._records[row])
-        raise ChecksumError(  # as RunCheck says it
-            f"{path}: records {record} to {record}: the checksum of their block does not match while every "
-            "record's own does: the block checksums are damaged; run torchrecord.verify on it"
-        )
+        record = int(self._records[row])
+        raise block_damaged(self._walk_of(row).path, record, record + 1)
 
 
 def one_ahead(items: Iterator[T]) -> Iterator[T]:

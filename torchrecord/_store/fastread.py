@@ -629,10 +629,10 @@ def _found_window(pieces: Sequence[Piece], layout: FixedLayout, known: Booked) -
     mapped = Mapped([], known.addresses, length)
     checks = any(walk.checks for walk, _, _, _ in pieces)
     checked = checks and matches_stored_crcs(known, length)  # else each piece's records checked by its walk
-    at = mapped.offsets.tolist() if checks and not checked else []  # views, for the walks' checks
+    views = views_at(known.addresses, length) if checks and not checked else []  # for the walks' checks
     row0s, firsts = known.row0s, known.firsts
     for (walk, _, _, _), row0, first, n in zip(pieces, row0s.tolist(), firsts.tolist(), known.counts.tolist()):
-        values = [mapped.memory[a : a + length] for a in at[row0 : row0 + n]] if at and walk.checks else None
+        values = views[row0 : row0 + n] if walk.checks and not checked else None
         walk.found(first, n, values, checked=checked)
     return mapped, (row0s - firsts).tolist()
 
@@ -663,7 +663,7 @@ def _add_known(
     for i in [i for i, w in enumerate(whole) if w]:
         walk, count, _, _ = pieces[i]
         addresses = known.addresses[row0s[i] : row0s[i] + counts[i]]
-        values = [memory_at(a, length) for a in addresses.tolist()] if walk.checks else None
+        values = views_at(addresses, length) if walk.checks else None
         walk.found(firsts[i], counts[i], values)
         shifts[i] = build.add_known(firsts[i], addresses, count, walk.path) - firsts[i]
 

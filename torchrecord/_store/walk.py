@@ -35,7 +35,17 @@ from torchrecord._store.crc_blocks import BlockChecksums
 from torchrecord._store.format import encode_key, lmdb_error, lmdb_errors
 from torchrecord.errors import ChecksumError, CorruptRecordError
 
-__all__ = ["DeferredCheck", "PIECE", "RunCheck", "Walk", "check_crc", "check_crcs", "crcs_match", "record_runs"]
+__all__ = [
+    "DeferredCheck",
+    "PIECE",
+    "RunCheck",
+    "Walk",
+    "block_damaged",
+    "check_crc",
+    "check_crcs",
+    "crcs_match",
+    "record_runs",
+]
 
 #: Records fetched per cursor step by :meth:`Walk.pieces`: bounds memory, amortizes the calls.
 PIECE = 256
@@ -416,10 +426,16 @@ class RunCheck:
         at = starts[int(wrong[0])]
         block = values[at - first : at - first + size]
         self.walk.check_each(block, at)  # names the record at fault
-        raise ChecksumError(
-            f"{self.walk.path}: records {at} to {at + len(block) - 1}: the checksum of their block does not "
-            "match while every record's own does: the block checksums are damaged; run torchrecord.verify on it"
-        )
+        raise block_damaged(self.walk.path, at, at + len(block))
+
+
+def block_damaged(path: str, first: int, stop: int) -> ChecksumError:
+    """The error for a block of records [first, stop) whose block checksum does not match while each record's own
+    does."""
+    return ChecksumError(
+        f"{path}: records {first} to {stop - 1}: the checksum of their block does not match while every record's "
+        "own does: the block checksums are damaged; run torchrecord.verify on it"
+    )
 
 
 def _block_crcs(values: list[Any], size: int, blocks: int) -> np.ndarray:
