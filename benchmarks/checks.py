@@ -18,7 +18,16 @@ For each workload (the same generated samples as ``benchmarks.run``, written wit
   check's per-process memo cleared, so every epoch pays the check once, as a new
   training process would;
 * the same epoch with ``check="checksums"`` (every record's CRC-32), with the CRC-32
-  torchrecord chose (ISA-L's with the ``fastcrc`` extra) and with zlib's.
+  torchrecord chose (ISA-L's with the ``fastcrc`` extra) and with zlib's;
+* every record's checksum alone, computed where the record lies in LMDB's map, one call a
+  record (the check's own work, without reading a sample): with each CRC-32, and with the
+  hardware CRC-32C of the ``crc32c`` package where it is installed (not a dependency: a
+  checksum another format version could store). ``floor`` is the epoch with that work added
+  to the epoch without checks, over the epoch without checks: what checking costs when it
+  is done in the reading thread, whatever the code around it;
+* the epoch without checks while a helper thread computes every record's CRC-32 (torchrecord's)
+  beside it, nothing waiting for the other: what the second core could hide at best, were no
+  batch to wait for its records' checksums.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -47,6 +57,8 @@ from torchrecord._store.lmdb_check import check_structure
 from torchrecord._store.walk import Walk
 
 __all__ = ["main"]
+
+_BESIDE = "epoch, checksums on a helper"
 
 
 def _unchecked(cursor: Any, first: int, stop: int, path: str) -> list[Any]:
@@ -97,6 +109,45 @@ def _epoch(path: str, batch_size: int, check: str | None, keys_checked: bool = T
         return sum(len(labels) for _, labels in ds)
 
 
+def _checksum_functions() -> dict[str, Callable[[Any], int]]:
+    """The checksums timed alone: torchrecord's CRC-32, zlib's, and crc32c's CRC-32C where it is installed."""
+    functions: dict[str, Callable[[Any], int]] = {CRC32_BACKEND: _crc_module.crc32, "zlib": zlib.crc32}
+    try:
+        import crc32c  # optional: a hardware CRC-32C (SSE 4.2)
+    except ImportError:
+        return functions
+    functions["crc32c (CRC-32C)"] = crc32c.crc32c
+    return functions
+
+
+@contextlib.contextmanager
+def _mapped_records(path: str) -> Iterator[list[Any]]:
+    """Every record's value as a view of LMDB's map (valid inside the block)."""
+    rf = torchrecord.RecordFile(path)
+    env, db = rf.environment()
+    with env.begin(db=db, buffers=True) as txn:
+        cursor = txn.cursor()
+        cursor.set_range(encode_key(0))
+        yield [value for _, value in islice(cursor.iternext(keys=True, values=True), rf.num_records)]
+
+
+def _checksums_alone(values: list[Any], checksum: Callable[[Any], int]) -> int:
+    """Compute every value's checksum, one call a value (as a check in the reading thread does)."""
+    for value in values:
+        checksum(value)
+    return len(values)
+
+
+def _epoch_beside_checksums(path: str, batch_size: int, values: list[Any]) -> int:
+    """An epoch without checks while a helper thread computes every value's CRC-32 (torchrecord's)."""
+    helper = threading.Thread(target=_checksums_alone, args=(values, _crc_module.crc32))
+    helper.start()
+    try:
+        return _epoch(path, batch_size, None)
+    finally:
+        helper.join()
+
+
 def _time(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -140,15 +191,20 @@ def main(argv: list[str] | None = None) -> int:
             'epoch, check="checksums"': lambda f=file, b=data.batch_size: _epoch(f, b, "checksums"),
             'epoch, "checksums", zlib': lambda f=file, b=data.batch_size: _epoch(f, b, "checksums", zlib_crc=True),
         }
-        for fn in configs.values():  # warm the page cache and the imports
-            fn()
-        seconds: dict[str, list[float]] = {k: [] for k in configs}
-        for _ in range(args.rounds):
-            for label, fn in configs.items():
-                seconds[label].append(_time(fn))
+        alone = {f"checksums alone, {name}": function for name, function in _checksum_functions().items()}
+        with _mapped_records(file) as values:
+            for name, function in alone.items():
+                configs[name] = lambda v=values, c=function: _checksums_alone(v, c)
+            configs[_BESIDE] = lambda f=file, b=data.batch_size, v=values: _epoch_beside_checksums(f, b, v)
+            for fn in configs.values():  # warm the page cache and the imports
+                fn()
+            seconds: dict[str, list[float]] = {k: [] for k in configs}
+            for _ in range(args.rounds):
+                for label, fn in configs.items():
+                    seconds[label].append(_time(fn))
         median = {k: statistics.median(v) for k, v in seconds.items()}
         for label, s in median.items():
-            print(f"  {label:<28} {s * 1e3:9.1f} ms")
+            print(f"  {label:<36} {s * 1e3:9.1f} ms")
         check = median["check_structure"]
         print(
             f"  check_structure: {check / (size / 1e8):.3f} s per 100 MB, {check / data.count * 1e6:.2f} us per record"
@@ -164,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         crc = median['epoch, check="checksums"'] / median["epoch, check=None"]
         crc_zlib = median['epoch, "checksums", zlib'] / median["epoch, check=None"]
         print(f"  check=\"checksums\": epoch x{crc:.3f} with {CRC32_BACKEND}'s CRC-32, x{crc_zlib:.3f} with zlib's")
+        unchecked = median["epoch, check=None"]
+        for label in alone:
+            bytes_per_second = size / median[label]
+            print(
+                f"  {label}: {bytes_per_second / 1e9:.1f} GB/s of the file; "
+                f"floor x{(unchecked + median[label]) / unchecked:.3f} in the reading thread"
+            )
+        print(f"  an epoch beside {CRC32_BACKEND}'s checksums on a helper thread: x{median[_BESIDE] / unchecked:.3f}")
     return 0
 
 
