@@ -186,6 +186,60 @@ def _chunks(ds: RecordDataset, start: int, size: int, worker: int = 0, workers: 
     ]
 
 
+def test_windows_gathered_from_the_map_are_read_in_larger_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows whose samples are gathered straight from LMDB's map (records of 16 KiB or more) are grouped up to
+    MAPPED_GROUP_BYTES, more than GROUP_BYTES allows, and give the same chunks, checksums checked, as one
+    window at a time."""
+    samples = [(torch.full((1024,), i % 251, dtype=torch.int16), i) for i in range(600)]  # 2 KiB images
+    path = tmp_path / "mapped.tr"
+    write_record(samples, path, seed=1, progress=False, samples_per_record=10)  # records of about 20 KiB
+    ds = RecordDataset(path, shuffle_buffer=100, seed=9, batch_size=8)  # windows of 100 samples, 205 KB
+    ds.set_epoch(1)
+    layout = ds._fixed_layout()
+    assert layout is not None and reader_module.gathers_from_map(layout)
+    reader = ShareReader(ds.file, ds.share(), layout=layout)
+    window_bytes = 100 * layout.length // layout.rows
+    assert reader_module.GROUP_BYTES // window_bytes < 6 == len(window_runs(ds.share().runs, 100))
+    plans = [split_runs(runs, ds.file.shard_offsets) for runs in window_runs(ds.share().runs, 100)]
+    assert reader._groups(plans) == [(0, 6)]  # all six windows in one group
+    cases = [(start, size) for start in (0, 1, 99, 100, 350, 599) for size in (7, 64)]
+    grouped = {case: _chunks(ds, *case) for case in cases}
+    monkeypatch.setattr(reader_module, "MAPPED_GROUP_BYTES", 0)  # one window a group
+    assert ShareReader(ds.file, ds.share(), layout=layout)._groups(plans) == [(i, i + 1) for i in range(6)]
+    for case, chunks in grouped.items():
+        alone = _chunks(ds, *case)
+        assert len(chunks) == len(alone), case
+        for got, want in zip(chunks, alone):
+            assert np.array_equal(got, want), case
+
+
+def test_a_window_holding_a_short_last_record_is_read_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of windows gathered from the map, the one holding the set's short last record (fewer samples than the
+    others, which a second pass cannot look up in the address books) is a group of its own: the windows
+    around it stay grouped and looked up. The chunks are the same as one window at a time."""
+    samples = [(torch.full((1024,), i % 251, dtype=torch.int16), i) for i in range(605)]  # 60 records and 5
+    path = tmp_path / "tail.tr"
+    write_record(samples, path, seed=1, progress=False, samples_per_record=10)
+    ds = RecordDataset(path, shuffle_buffer=100, seed=9, batch_size=8)
+    ds.set_epoch(1)
+    layout = ds._fixed_layout()
+    assert layout is not None and reader_module.gathers_from_map(layout)
+    plans = [split_runs(runs, ds.file.shard_offsets) for runs in window_runs(ds.share().runs, 100)]
+    tail = [w for w, pieces in enumerate(plans) if any(b == 605 for _, _, b in pieces)]
+    assert len(tail) == 1 and len(plans) == 7
+    groups = ShareReader(ds.file, ds.share(), layout=layout)._groups(plans)
+    assert (tail[0], tail[0] + 1) in groups and [a for a, _ in groups] == sorted({a for a, _ in groups})
+    assert groups[-1][1] == 7 and len(groups) <= 3  # the windows before it and after it, grouped
+    cases = [(start, size) for start in (0, 99, 300, 604) for size in (7, 64)]
+    grouped = {case: _chunks(ds, *case) for case in cases}
+    monkeypatch.setattr(reader_module, "MAPPED_GROUP_BYTES", 0)  # one window a group
+    for case, chunks in grouped.items():
+        alone = _chunks(ds, *case)
+        assert len(chunks) == len(alone) and all(np.array_equal(g, w) for g, w in zip(chunks, alone)), case
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 def test_windows_read_together_give_what_windows_read_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sharded: bool

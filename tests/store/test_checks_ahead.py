@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 import torchrecord
 from tests.read.test_reliability import _flip_in_file, put
 from tests.store.test_crc_blocks import _raw_meta, _records, _stored_blocks
+from torchrecord._read import reader as reader_module
 from torchrecord._store import address_book, checks_ahead, fastread
 from torchrecord._store import format as _format
 from torchrecord._store.walk import RunCheck
@@ -272,6 +273,7 @@ def test_one_helper_computes_at_a_time(written: Path, monkeypatch: pytest.Monkey
     the first to finish before it computes, so that the helpers never take both cores from the reading thread.
     Each CRC-32 is slowed down here, so that helpers computing at once would overlap."""
     monkeypatch.setattr(checks_ahead, "THREAD_BYTES", 0)
+    monkeypatch.setattr(reader_module, "MAPPED_GROUP_BYTES", reader_module.GROUP_BYTES)  # windows read apart
     events: list[tuple[str, int]] = []
     original = checks_ahead.ChecksAhead._compute_rows
 

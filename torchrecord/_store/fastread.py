@@ -52,6 +52,7 @@ __all__ = [
     "ROW_COPY",
     "VIEW_LIMIT",
     "checks_ahead_pay",
+    "gathers_from_map",
     "joins",
     "matches_stored_crcs",
     "read_as_views",
@@ -76,6 +77,12 @@ VIEW_LIMIT = 4 << 10
 def joins(layout: FixedLayout) -> bool:
     """True when records are copied (or decompressed) into the window buffer; False: read from the map."""
     return layout.length < JOIN_LIMIT or layout.expander is not None
+
+
+def gathers_from_map(layout: FixedLayout) -> bool:
+    """True when a window's samples are gathered straight from LMDB's map: records read as views, neither
+    copied nor decompressed into a window buffer (a window then holds no memory of its own)."""
+    return read_as_views(layout) and not joins(layout)
 
 
 def checks_ahead_pay(layout: FixedLayout) -> bool:
