@@ -12,6 +12,9 @@ Two decoding paths give the same samples in the same order:
   typed column arrays [B, ...], one per schema field (``torchrecord._store.fastread``);
 * any other schema: a chunk is a list of decoded samples; the window holds the
   stored bytes and each sample is decoded by protobuf only when it is handed out.
+
+The module is about 600 lines: the window loop, the grouping of windows and the hand-out of
+chunks share the reader's state and are read together.
 """
 
 from __future__ import annotations

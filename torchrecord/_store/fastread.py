@@ -439,7 +439,7 @@ class FixedWindowReader:
         #: where records are found and kept in address books: read as views, and not compressed
         self._books = read_as_views(layout) and layout.expander is None
         #: windows whose books know them whole may be looked up (:meth:`read_known`): read from the map
-        self.looks_up = self._books and not self.joined
+        self.looks_up = gathers_from_map(layout)
         self._recycled: list[tuple[np.ndarray, weakref.ref[FixedWindow]]] = []
 
     def read(
